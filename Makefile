@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 PYTEST    := $(PY) -m pytest
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: all venv demo test lint typecheck test-unit test-trainer test-integration test-e2e k8s-binaries bench clean-venv
+.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-e2e k8s-binaries bench clean-venv
 
 all: test
 
@@ -17,7 +17,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --find-links $(CACHE)/wheels -e '.[trainer,operator,dev]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
-venv: $(STAMP)
+system-deps:
+	@hack/install-system-deps.sh
+
+venv: system-deps $(STAMP)
 
 ## The README's main job: train the digits example with 2 ranks on this machine.
 demo: venv

@@ -1,0 +1,229 @@
+"""Manifests of a DDPJob's children: the headless Service, the rank pods and the checkpoint PVC.
+
+Pure functions of a JobSpec. The pod template is the user's; this module adds the env contract and
+the pod defaults of DESIGN.md wherever the template does not already say otherwise. A few fields are
+the operator's and always win: the pod name, hostname, subdomain and `restartPolicy: Never` (the
+operator owns restarts), the labels and ownerReference, and the env variables of the contract.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Final
+
+from ddp_operator import names
+from ddp_operator.spec import JobSpec
+
+# Long enough for rank 0 to finish a step and write a checkpoint after SIGTERM.
+DEFAULT_TERMINATION_GRACE_SECONDS: Final = 120
+# A lost node is noticed in seconds instead of the apiserver's default 300.
+NODE_LOSS_TOLERATION_SECONDS: Final = 30
+NODE_LOSS_TAINTS: Final = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+# Variables the trainer needs to join its group: the operator's values replace any the template sets.
+CONTRACT_ENV: Final = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NNODES",
+    "NODE_RANK",
+    "NPROC_PER_NODE",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "PET_NNODES",
+    "PET_NODE_RANK",
+    "PET_NPROC_PER_NODE",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "DDPJOB_NAME",
+    "DDPJOB_NAMESPACE",
+    "DDPJOB_ATTEMPT",
+    "DDP_BACKEND",
+    "DDP_METRICS_PORT",
+    "DDP_CHECKPOINT_DIR",
+    "POD_IP",
+)
+# Defaults the template may override.
+DEFAULT_ENV: Final = {"PYTHONUNBUFFERED": "1"}
+
+
+def owner_reference(job: JobSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": names.API_GROUP_VERSION,
+        "kind": names.KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(job: JobSpec, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": job.namespace,
+        "labels": labels,
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def build_service(job: JobSpec) -> dict[str, Any]:
+    """Headless, and publishing not-ready addresses: ranks resolve rank 0 before anyone is Ready."""
+    ports = [
+        {"name": names.RENDEZVOUS_PORT_NAME, "port": job.rendezvous_port, "targetPort": job.rendezvous_port}
+    ]
+    if job.metrics.enabled:
+        ports.append(
+            {"name": names.METRICS_PORT_NAME, "port": job.metrics.port, "targetPort": job.metrics.port}
+        )
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(job, names.service_name(job.name), names.job_selector(job.name)),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": names.job_selector(job.name),
+            "ports": ports,
+        },
+    }
+
+
+def build_checkpoint_pvc(job: JobSpec) -> dict[str, Any] | None:
+    """Created once per job (not per attempt) and kept until the job is deleted."""
+    if job.checkpoint is None:
+        return None
+    spec = copy.deepcopy(dict(job.checkpoint.volume_claim_template))
+    spec.setdefault("accessModes", ["ReadWriteOnce"])
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(job, names.pvc_name(job.name), names.job_selector(job.name)),
+        "spec": spec,
+    }
+
+
+def contract_env(job: JobSpec, rank: int, attempt: int) -> list[dict[str, Any]]:
+    """The env contract of DESIGN.md for one rank, in a stable order."""
+    master = names.master_addr(job.name, job.namespace)
+    values: list[tuple[str, str]] = [
+        ("MASTER_ADDR", master),
+        ("MASTER_PORT", str(job.rendezvous_port)),
+        ("NNODES", str(job.replicas)),
+        ("NODE_RANK", str(rank)),
+        ("NPROC_PER_NODE", str(job.nproc_per_node)),
+        ("WORLD_SIZE", str(job.world_size)),
+    ]
+    if job.nproc_per_node == 1:
+        # With several processes per pod the launcher assigns these per worker.
+        values += [("RANK", str(rank)), ("LOCAL_RANK", "0")]
+    values += [
+        ("PET_NNODES", str(job.replicas)),
+        ("PET_NODE_RANK", str(rank)),
+        ("PET_NPROC_PER_NODE", str(job.nproc_per_node)),
+        ("PET_MASTER_ADDR", master),
+        ("PET_MASTER_PORT", str(job.rendezvous_port)),
+        ("DDPJOB_NAME", job.name),
+        ("DDPJOB_NAMESPACE", job.namespace),
+        ("DDPJOB_ATTEMPT", str(attempt)),
+        ("DDP_BACKEND", job.backend),
+        ("DDP_METRICS_PORT", str(job.metrics.port)),
+    ]
+    if job.checkpoint is not None:
+        values.append(("DDP_CHECKPOINT_DIR", job.checkpoint.mount_path))
+    env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in values]
+    env.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    return env
+
+
+def _merge_env(user_env: list[dict[str, Any]], contract: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    user_names = {entry.get("name") for entry in user_env}
+    defaults = [{"name": key, "value": value} for key, value in DEFAULT_ENV.items() if key not in user_names]
+    kept = [entry for entry in user_env if entry.get("name") not in CONTRACT_ENV]
+    # Contract first, so a user variable can refer to it with $(MASTER_ADDR).
+    return contract + defaults + kept
+
+
+def _add_port(container: dict[str, Any], name: str, port: int) -> None:
+    ports: list[dict[str, Any]] = container.setdefault("ports", [])
+    if any(p.get("name") == name or p.get("containerPort") == port for p in ports):
+        return
+    ports.append({"name": name, "containerPort": port, "protocol": "TCP"})
+
+
+def _restrict_container(container: dict[str, Any]) -> None:
+    """Pod Security "restricted" for one container, keeping whatever the template set."""
+    context: dict[str, Any] = container.setdefault("securityContext", {})
+    context.setdefault("allowPrivilegeEscalation", False)
+    context.setdefault("capabilities", {"drop": ["ALL"]})
+
+
+def _add_tolerations(pod_spec: dict[str, Any]) -> None:
+    tolerations: list[dict[str, Any]] = pod_spec.setdefault("tolerations", [])
+    present = {t.get("key") for t in tolerations}
+    for key in NODE_LOSS_TAINTS:
+        if key not in present:
+            tolerations.append(
+                {
+                    "key": key,
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": NODE_LOSS_TOLERATION_SECONDS,
+                }
+            )
+
+
+def _mounts_path(container: dict[str, Any], path: str) -> bool:
+    return any(m.get("mountPath") == path for m in container.get("volumeMounts", []))
+
+
+def build_rank_pod(job: JobSpec, rank: int, attempt: int) -> dict[str, Any]:
+    template = copy.deepcopy(dict(job.template))
+    template_meta: dict[str, Any] = template.get("metadata") or {}
+    pod_spec: dict[str, Any] = template.get("spec") or {}
+
+    labels = {**(template_meta.get("labels") or {}), **names.rank_labels(job.name, rank, attempt)}
+    metadata = _metadata(job, names.pod_name(job.name, rank, attempt), labels)
+    if template_meta.get("annotations"):
+        metadata["annotations"] = dict(template_meta["annotations"])
+
+    # The operator's own fields.
+    pod_spec["restartPolicy"] = "Never"
+    pod_spec["hostname"] = names.pod_hostname(job.name, rank)
+    pod_spec["subdomain"] = names.service_name(job.name)
+
+    # Defaults: the template wins wherever it says something.
+    pod_spec.setdefault("enableServiceLinks", False)
+    pod_spec.setdefault("automountServiceAccountToken", False)
+    pod_spec.setdefault("terminationGracePeriodSeconds", DEFAULT_TERMINATION_GRACE_SECONDS)
+    pod_context: dict[str, Any] = pod_spec.setdefault("securityContext", {})
+    pod_context.setdefault("runAsNonRoot", True)
+    pod_context.setdefault("seccompProfile", {"type": "RuntimeDefault"})
+    _add_tolerations(pod_spec)
+    for container in pod_spec.get("initContainers", []) + pod_spec.get("containers", []):
+        _restrict_container(container)
+
+    volumes: list[dict[str, Any]] = pod_spec.setdefault("volumes", [])
+    trainer = next(c for c in pod_spec["containers"] if c.get("name") == names.TRAINER_CONTAINER)
+    volume_names = {v.get("name") for v in volumes}
+    if names.SHM_VOLUME not in volume_names and not _mounts_path(trainer, names.SHM_PATH):
+        volumes.append({"name": names.SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
+        trainer.setdefault("volumeMounts", []).append({"name": names.SHM_VOLUME, "mountPath": names.SHM_PATH})
+    if job.checkpoint is not None and rank == 0:
+        # Only rank 0 writes checkpoints and broadcasts them on start, so only it mounts the volume.
+        volumes.append(
+            {
+                "name": names.CHECKPOINT_VOLUME,
+                "persistentVolumeClaim": {"claimName": names.pvc_name(job.name)},
+            }
+        )
+        trainer.setdefault("volumeMounts", []).append(
+            {"name": names.CHECKPOINT_VOLUME, "mountPath": job.checkpoint.mount_path}
+        )
+
+    trainer["env"] = _merge_env(list(trainer.get("env") or []), contract_env(job, rank, attempt))
+    _add_port(trainer, names.RENDEZVOUS_PORT_NAME, job.rendezvous_port)
+    if job.metrics.enabled:
+        _add_port(trainer, names.METRICS_PORT_NAME, job.metrics.port)
+
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}

@@ -1,0 +1,118 @@
+"""Names, labels and DNS of a DDPJob and its children: the contract every other module builds on.
+
+A job `<job>` owns a headless Service `<job>`, one pod per rank and attempt `<job>-<rank>-<attempt>`
+whose hostname is `<job>-<rank>` under the subdomain `<job>`, and optionally a PVC `<job>-checkpoint`.
+The hostname must be a DNS label (63 characters), which is why a job name is limited to
+``MAX_JOB_NAME_LENGTH``: `<job>-` plus a rank of up to four digits still fits. Pod names carry the
+attempt and are DNS subdomains (253 characters), which they always are for any attempt number.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+API_GROUP: Final = "ddp.dev"
+API_VERSION: Final = "v1alpha1"
+API_GROUP_VERSION: Final = f"{API_GROUP}/{API_VERSION}"
+KIND: Final = "DDPJob"
+PLURAL: Final = "ddpjobs"
+SINGULAR: Final = "ddpjob"
+SHORT_NAME: Final = "ddpj"
+CRD_NAME: Final = f"{PLURAL}.{API_GROUP}"
+
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE: Final = "ddp-operator"
+LABEL_JOB_NAME: Final = "ddp.dev/job-name"
+LABEL_RANK: Final = "ddp.dev/rank"
+LABEL_ATTEMPT: Final = "ddp.dev/attempt"
+
+TRAINER_CONTAINER: Final = "trainer"
+SHM_VOLUME: Final = "dshm"
+SHM_PATH: Final = "/dev/shm"
+CHECKPOINT_VOLUME: Final = "checkpoint"
+METRICS_PORT_NAME: Final = "metrics"
+RENDEZVOUS_PORT_NAME: Final = "rendezvous"
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+MAX_REPLICAS: Final = 4096
+MAX_RANK_DIGITS: Final = len(str(MAX_REPLICAS - 1))
+DNS_LABEL_MAX: Final = 63
+# `<job>-<rank>` must stay a DNS label for every rank: 63 - len("-") - 4 digits.
+MAX_JOB_NAME_LENGTH: Final = DNS_LABEL_MAX - 1 - MAX_RANK_DIGITS
+# A DNS-1035 label: the Service is named after the job, and Service names must start with a letter.
+JOB_NAME_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+_JOB_NAME_RE: Final = re.compile(JOB_NAME_PATTERN)
+
+# Phases of status.phase, in the order a healthy job passes through them.
+PHASE_PENDING: Final = "Pending"
+PHASE_STARTING: Final = "Starting"
+PHASE_RUNNING: Final = "Running"
+PHASE_RESTARTING: Final = "Restarting"
+PHASE_SUCCEEDED: Final = "Succeeded"
+PHASE_FAILED: Final = "Failed"
+PHASE_SUSPENDED: Final = "Suspended"
+PHASES: Final = (
+    PHASE_PENDING,
+    PHASE_STARTING,
+    PHASE_RUNNING,
+    PHASE_RESTARTING,
+    PHASE_SUCCEEDED,
+    PHASE_FAILED,
+    PHASE_SUSPENDED,
+)
+FINISHED_PHASES: Final = frozenset({PHASE_SUCCEEDED, PHASE_FAILED})
+
+# Condition types: each one is True exactly while status.phase has the same name.
+CONDITION_TYPES: Final = (PHASE_RUNNING, PHASE_RESTARTING, PHASE_SUSPENDED, PHASE_SUCCEEDED, PHASE_FAILED)
+
+
+def job_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a DDPJob name, or None when it can."""
+    if not name:
+        return "must not be empty"
+    if len(name) > MAX_JOB_NAME_LENGTH:
+        return (
+            f"is {len(name)} characters; at most {MAX_JOB_NAME_LENGTH} keep the pod hostname "
+            f"'<job>-<rank>' a {DNS_LABEL_MAX}-character DNS label"
+        )
+    if not _JOB_NAME_RE.match(name):
+        return "must start with a lowercase letter and contain only lowercase letters, digits and '-', ending alphanumeric"
+    return None
+
+
+def pod_name(job: str, rank: int, attempt: int) -> str:
+    return f"{job}-{rank}-{attempt}"
+
+
+def pod_hostname(job: str, rank: int) -> str:
+    """Stable across attempts, so rank 0's DNS name never changes."""
+    return f"{job}-{rank}"
+
+
+def service_name(job: str) -> str:
+    return job
+
+
+def pvc_name(job: str) -> str:
+    return f"{job}-checkpoint"
+
+
+def master_addr(job: str, namespace: str) -> str:
+    return f"{pod_hostname(job, 0)}.{service_name(job)}.{namespace}.svc"
+
+
+def job_selector(job: str) -> dict[str, str]:
+    """Labels that select every child of one job (all ranks, all attempts)."""
+    return {LABEL_MANAGED_BY: MANAGED_BY_VALUE, LABEL_JOB_NAME: job}
+
+
+def label_selector(job: str | None = None) -> str:
+    """The selector string for a server-side LIST/WATCH: all our pods, or one job's."""
+    if job is None:
+        return f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE},{LABEL_JOB_NAME}"
+    return ",".join(f"{key}={value}" for key, value in job_selector(job).items())
+
+
+def rank_labels(job: str, rank: int, attempt: int) -> dict[str, str]:
+    return {**job_selector(job), LABEL_RANK: str(rank), LABEL_ATTEMPT: str(attempt)}

@@ -1,0 +1,195 @@
+"""What the decision code needs to know about one rank pod, read once from the pod object.
+
+``observe_pod`` takes a pod as the apiserver returns it (a plain mapping: kopf's body or a client's
+``to_dict()`` with camelCase keys) and never raises on missing fields: a pod that was just created has
+almost no status yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from ddp_operator import names
+
+IMAGE_PULL_FAILURES: Final = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable"}
+)
+
+# DisruptionTarget reasons (set by the scheduler, taint manager, eviction API, kubelet and pod GC),
+# mapped to the reason a job reports when such a pod ends an attempt.
+_DISRUPTION_REASONS: Final = {
+    "PreemptionByScheduler": "Preempted",
+    "PreemptionByKubeScheduler": "Preempted",
+    "DeletionByTaintManager": "Evicted",
+    "EvictionByEvictionAPI": "Evicted",
+    "TerminationByKubelet": "Evicted",
+    "DeletionByPodGC": "PodDeleted",
+}
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp from the apiserver (or a datetime from a typed client)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value
+    text = str(value)
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def format_time(value: datetime) -> str:
+    """The apiserver's own format: UTC, whole seconds, a trailing Z (a naive datetime is taken as UTC)."""
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class PodObservation:
+    name: str
+    rank: int | None
+    attempt: int | None
+    phase: str = "Pending"
+    uid: str = ""
+    owner_uid: str | None = None
+    created_at: datetime | None = None
+    deleting: bool = False
+    # When the deletion was requested: deletionTimestamp is that instant plus the grace period.
+    deleted_at: datetime | None = None
+    scheduled: bool = False
+    unschedulable_message: str | None = None
+    ready: bool = False
+    started_at: datetime | None = None
+    # The trainer container's termination (or, when it never ran, the first failed init container's).
+    terminated: bool = False
+    exit_code: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    finished_at: datetime | None = None
+    waiting_reason: str | None = None
+    waiting_message: str | None = None
+    # Evicted, preempted or removed by node loss: the job-facing reason, or None.
+    disruption: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def trainer_succeeded(self) -> bool:
+        return self.phase == "Succeeded" or (self.terminated and self.exit_code == 0)
+
+    @property
+    def trainer_failed(self) -> bool:
+        if self.terminated and self.exit_code not in (None, 0):
+            return True
+        return self.phase == "Failed" and not self.trainer_succeeded
+
+    @property
+    def running(self) -> bool:
+        return self.phase == "Running" and not self.deleting
+
+
+def _int_label(labels: Mapping[str, Any], key: str) -> int | None:
+    value = labels.get(key)
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == kind:
+            return condition  # type: ignore[no-any-return]
+    return None
+
+
+def _container_status(statuses: list[Any], name: str) -> Mapping[str, Any] | None:
+    for status in statuses:
+        if status.get("name") == name:
+            return status  # type: ignore[no-any-return]
+    return None
+
+
+def _disruption(status: Mapping[str, Any]) -> str | None:
+    if status.get("reason") == "Evicted":
+        return "Evicted"
+    if status.get("reason") == "Preempting":
+        return "Preempted"
+    condition = _condition(status, "DisruptionTarget")
+    if condition is not None and condition.get("status") == "True":
+        return _DISRUPTION_REASONS.get(str(condition.get("reason")), "Evicted")
+    return None
+
+
+def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
+    metadata: Mapping[str, Any] = pod.get("metadata") or {}
+    status: Mapping[str, Any] = pod.get("status") or {}
+    labels: Mapping[str, Any] = metadata.get("labels") or {}
+    owners = [o for o in metadata.get("ownerReferences") or [] if o.get("controller")]
+
+    deletion = parse_time(metadata.get("deletionTimestamp"))
+    grace = metadata.get("deletionGracePeriodSeconds") or 0
+    deleted_at = deletion - timedelta(seconds=int(grace)) if deletion is not None else None
+
+    scheduled = _condition(status, "PodScheduled")
+    unschedulable = (
+        str(scheduled.get("message") or "unschedulable")
+        if scheduled is not None
+        and scheduled.get("status") == "False"
+        and scheduled.get("reason") == "Unschedulable"
+        else None
+    )
+    ready = _condition(status, "Ready")
+
+    trainer = _container_status(status.get("containerStatuses") or [], names.TRAINER_CONTAINER) or {}
+    state: Mapping[str, Any] = trainer.get("state") or {}
+    terminated: Mapping[str, Any] | None = state.get("terminated")
+    if terminated is None:
+        # A trainer that never started because an init container failed: that container's ending decides.
+        for init in status.get("initContainerStatuses") or []:
+            candidate = (init.get("state") or {}).get("terminated")
+            if candidate and candidate.get("exitCode", 0) != 0:
+                terminated = candidate
+                break
+    waiting: Mapping[str, Any] = state.get("waiting") or {}
+    if not waiting:
+        for other in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            other_waiting = (other.get("state") or {}).get("waiting") or {}
+            if other_waiting.get("reason") in IMAGE_PULL_FAILURES:
+                waiting = other_waiting
+                break
+
+    exit_code = terminated.get("exitCode") if terminated else None
+    return PodObservation(
+        name=str(metadata.get("name", "")),
+        rank=_int_label(labels, names.LABEL_RANK),
+        attempt=_int_label(labels, names.LABEL_ATTEMPT),
+        phase=str(status.get("phase") or "Pending"),
+        uid=str(metadata.get("uid") or ""),
+        owner_uid=str(owners[0].get("uid")) if owners else None,
+        created_at=parse_time(metadata.get("creationTimestamp")),
+        deleting=deletion is not None,
+        deleted_at=deleted_at,
+        scheduled=scheduled is not None and scheduled.get("status") == "True",
+        unschedulable_message=unschedulable,
+        ready=ready is not None and ready.get("status") == "True",
+        started_at=parse_time(status.get("startTime")),
+        terminated=terminated is not None,
+        exit_code=int(exit_code) if isinstance(exit_code, int) else None,
+        reason=(terminated.get("reason") if terminated else None) or status.get("reason"),
+        message=(terminated.get("message") if terminated else None) or status.get("message"),
+        finished_at=parse_time(terminated.get("finishedAt")) if terminated else None,
+        waiting_reason=waiting.get("reason"),
+        waiting_message=waiting.get("message"),
+        disruption=_disruption(status),
+    )

@@ -1,0 +1,144 @@
+"""Which failure of an attempt decides, and whether it is retried: shared by the operator and `ddpjob run`.
+
+A DDP group cannot lose one rank: when one fails, its peers' collectives break and they fail too, a
+moment later. So only the first failure of an attempt decides (ordered by when the process ended);
+the rest are collateral. The restart policy then says whether the gang is restarted:
+
+- ``ExitCode``: exit codes 1-127 are permanent (the program said it cannot succeed), 128 and above are
+  retried (killed by a signal: OOM, SIGTERM, the trainer's lost-peer code 170); evictions,
+  preemptions and pods deleted under the job are retried.
+- ``OnFailure``: every failure is retried.
+- ``Never``: the first failure ends the job.
+
+Every retry counts against ``backoffLimit``; when it is spent the job fails with
+``BackoffLimitExceeded``, unless the deciding failure was an OOM kill, which keeps its own reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+REASON_EXIT_CODE: Final = "ExitCode"
+REASON_OOM: Final = "OOMKilled"
+REASON_BACKOFF: Final = "BackoffLimitExceeded"
+REASON_EVICTED: Final = "Evicted"
+REASON_PREEMPTED: Final = "Preempted"
+REASON_POD_DELETED: Final = "PodDeleted"
+REASON_POD_FAILED: Final = "PodFailed"
+
+FIRST_SIGNAL_CODE: Final = 128
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One rank's failure. ``finish_key`` orders failures: a timestamp in seconds, or a finish sequence."""
+
+    rank: int
+    finish_key: float
+    exit_code: int | None = None
+    # The container's own reason (OOMKilled, Error) when known.
+    container_reason: str | None = None
+    # Evicted / Preempted / PodDeleted when the pod was disrupted rather than the process failing.
+    disruption: str | None = None
+
+    @property
+    def oom_killed(self) -> bool:
+        return self.container_reason == REASON_OOM
+
+    @property
+    def reason(self) -> str:
+        """The job-facing reason when this failure is the deciding one."""
+        if self.disruption:
+            return self.disruption
+        if self.oom_killed:
+            return REASON_OOM
+        if self.exit_code is not None:
+            return REASON_EXIT_CODE
+        return REASON_POD_FAILED
+
+    def describe(self) -> str:
+        if self.disruption == REASON_POD_DELETED:
+            return f"rank {self.rank}'s pod was deleted"
+        if self.disruption:
+            return f"rank {self.rank}'s pod was {self.disruption.lower()}"
+        if self.exit_code is not None:
+            oom = " (OOMKilled)" if self.oom_killed else ""
+            return f"rank {self.rank} exited with code {self.exit_code}{oom}"
+        return f"rank {self.rank}'s pod failed ({self.container_reason or 'no exit code'})"
+
+
+def exit_code_from_returncode(returncode: int) -> int:
+    """A local process's return code as a container would report it: killed by signal N is 128 + N."""
+    return FIRST_SIGNAL_CODE - returncode if returncode < 0 else returncode
+
+
+def looks_permanent(failure: RankFailure) -> bool:
+    """What the ExitCode policy calls permanent: the program itself exited with 1-127."""
+    return (
+        failure.disruption is None
+        and not failure.oom_killed
+        and failure.exit_code is not None
+        and 0 < failure.exit_code < FIRST_SIGNAL_CODE
+    )
+
+
+def first_failure(failures: Sequence[RankFailure]) -> RankFailure:
+    """The failure that decides an attempt.
+
+    Kubernetes records finishedAt in whole seconds, so a crash and its peers' collateral failures
+    often tie. A tie goes to the failure that looks permanent: our trainer maps a lost peer to a
+    retryable code, so among simultaneous failures a 1-127 code is the cause, not the collateral.
+    """
+    if not failures:
+        raise ValueError("an attempt without failures has no first failure")
+    return min(failures, key=lambda f: (f.finish_key, not looks_permanent(f), f.rank))
+
+
+def is_retryable(restart_policy: str, failure: RankFailure) -> bool:
+    if restart_policy == "Never":
+        return False
+    if restart_policy == "OnFailure":
+        return True
+    return not looks_permanent(failure)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What to do about a failed attempt."""
+
+    retry: bool
+    reason: str
+    message: str
+    failure: RankFailure
+
+
+def judge_failures(
+    restart_policy: str,
+    backoff_limit: int,
+    restarts: int,
+    failures: Sequence[RankFailure],
+    attempt: int,
+) -> Verdict:
+    """Retry the gang as a new attempt, or fail the job; ``restarts`` is how many retries were spent."""
+    failure = first_failure(failures)
+    what = f"{failure.describe()} in attempt {attempt}"
+    collateral = len(failures) - 1
+    if collateral:
+        what += f" ({collateral} later failure{'s' if collateral > 1 else ''} of other ranks ignored)"
+    if not is_retryable(restart_policy, failure):
+        why = (
+            "restartPolicy Never"
+            if restart_policy == "Never"
+            else f"exit code {failure.exit_code} is permanent under restartPolicy ExitCode (1-127)"
+        )
+        return Verdict(retry=False, reason=failure.reason, message=f"{what}; {why}", failure=failure)
+    if restarts >= backoff_limit:
+        reason = REASON_OOM if failure.oom_killed else REASON_BACKOFF
+        message = f"{what}; backoffLimit {backoff_limit} reached after {restarts} restart(s)"
+        return Verdict(retry=False, reason=reason, message=message, failure=failure)
+    message = (
+        f"{what}; restarting the gang as attempt {attempt + 1} (restart {restarts + 1} of {backoff_limit})"
+    )
+    return Verdict(retry=True, reason=failure.reason, message=message, failure=failure)

@@ -1,0 +1,647 @@
+"""The DDPJob state machine: from the job, its last status and its own pods to what to do next.
+
+``decide`` is pure and cheap (no API calls, linear in the job's own pods). A handler executes a
+``Decision``, treating "not found" on delete and "already exists" (of our own object) on create as
+success:
+
+- patch ``status`` when ``status_changed`` (before or after the creates: both orders are safe, see
+  below), and post ``event`` when there is one (one per phase change, nothing else);
+- delete ``delete_pods``;
+- create the Service if ``create_service`` and the checkpoint PVC if ``create_pvc``, then the pods of
+  ``create_ranks`` (attempt ``create_attempt``) concurrently; a 403 on a pod create (Pod Security,
+  quota) fails the job: write ``failed_status(status, REASON_POD_CREATE_FORBIDDEN, message, now)``;
+- delete the DDPJob when ``delete_job`` (TTL);
+- call ``decide`` again after ``requeue_after`` seconds when it is set (deadlines, TTL, restarts).
+
+The state lives in status. While the phase is Pending, Starting or Running, ``attempt`` is the
+attempt whose pods should exist; during Restarting it is the attempt being torn down, and during
+Suspended the last attempt that ran (absent when none did). The next attempt is created only once
+no pod of another attempt is alive, so a rank never has two live pods and pod names never repeat.
+Until every rank's pod has been observed once (``status.replicas`` reached the job's replicas), a
+missing pod is (re)created, which is idempotent: that is how an operator killed mid-create finishes
+the attempt. After that, a missing pod was deleted under the job and fails its rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from ddp_operator import names
+from ddp_operator.observe import PodObservation, format_time, parse_time
+from ddp_operator.policies import deadline, success, ttl
+from ddp_operator.policies.failure import (
+    REASON_POD_DELETED,
+    RankFailure,
+    Verdict,
+    exit_code_from_returncode,
+    judge_failures,
+)
+from ddp_operator.spec import JobSpec
+
+REASON_CREATED: Final = "Created"
+REASON_RESUMED: Final = "Resumed"
+REASON_SCHEDULED: Final = "Scheduled"
+REASON_RUNNING: Final = "Running"
+REASON_SUSPENDED: Final = "Suspended"
+REASON_POD_CREATE_FORBIDDEN: Final = "PodCreateForbidden"
+# Reasons that fail a job which must stop consuming resources whatever cleanPodPolicy says.
+_STOP_REASONS: Final = frozenset(
+    {
+        deadline.REASON_DEADLINE,
+        deadline.REASON_UNSCHEDULABLE,
+        deadline.REASON_IMAGE_PULL,
+        deadline.REASON_STARTUP_TIMEOUT,
+        REASON_POD_CREATE_FORBIDDEN,
+    }
+)
+# While waiting for the old attempt's pods to go, look again this often even without pod events.
+RESTART_POLL_SECONDS: Final = 5.0
+
+_LIVE_PHASES: Final = frozenset({names.PHASE_PENDING, names.PHASE_STARTING, names.PHASE_RUNNING})
+_WARNING_PHASES: Final = frozenset({names.PHASE_RESTARTING, names.PHASE_FAILED})
+
+
+@dataclass(frozen=True)
+class PhaseEvent:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: dict[str, Any]
+    status_changed: bool
+    create_attempt: int = 0
+    create_ranks: tuple[int, ...] = ()
+    delete_pods: tuple[str, ...] = ()
+    create_service: bool = False
+    create_pvc: bool = False
+    delete_job: bool = False
+    # True when this decision starts a gang restart (for the operator's restart counter).
+    gang_restart: bool = False
+    event: PhaseEvent | None = None
+    requeue_after: float | None = None
+
+    @property
+    def attempt(self) -> int:
+        """The attempt of ``create_ranks`` (another name for ``create_attempt``)."""
+        return self.create_attempt
+
+    @property
+    def phase(self) -> str:
+        return str(self.status.get("phase", ""))
+
+
+@dataclass(frozen=True)
+class _Counts:
+    replicas: int = 0
+    ready: int = 0
+    succeeded: int = 0
+    failed: int = 0
+
+
+@dataclass(frozen=True)
+class _Transition:
+    phase: str
+    reason: str
+    message: str
+    counts: _Counts = field(default_factory=_Counts)
+    attempt: int | None = None
+    restarts: int = 0
+    start_time: str | None = None
+    completion_time: str | None = None
+
+
+def _int(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _counts(pods: Sequence[PodObservation]) -> _Counts:
+    return _Counts(
+        replicas=len(pods),
+        ready=sum(1 for p in pods if p.ready and not p.deleting and not p.terminal),
+        succeeded=sum(1 for p in pods if p.trainer_succeeded),
+        failed=sum(1 for p in pods if p.trainer_failed),
+    )
+
+
+def _conditions(
+    old: Sequence[Mapping[str, Any]], phase: str, reason: str, message: str, now: str
+) -> list[Any]:
+    """Each condition type is True exactly while the phase has its name; times change only on a flip."""
+    result: list[dict[str, Any]] = []
+    seen = False
+    for condition in old:
+        updated = dict(condition)
+        kind = condition.get("type")
+        was_true = condition.get("status") == "True"
+        if kind == phase:
+            seen = True
+            updated.update(status="True", reason=reason, message=message)
+            if not was_true:
+                updated["lastTransitionTime"] = now
+        elif was_true:
+            updated.update(status="False", reason=reason, message=message, lastTransitionTime=now)
+        result.append(updated)
+    if not seen and phase in names.CONDITION_TYPES:
+        result.append(
+            {"type": phase, "status": "True", "reason": reason, "message": message, "lastTransitionTime": now}
+        )
+    return result
+
+
+def _status(job: JobSpec, old: Mapping[str, Any], change: _Transition, now: datetime) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "phase": change.phase,
+        "conditions": _conditions(
+            old.get("conditions") or [], change.phase, change.reason, change.message, format_time(now)
+        ),
+        "observedGeneration": job.generation,
+        "replicas": change.counts.replicas,
+        "readyReplicas": change.counts.ready,
+        # For the Ready printer column, which can only show one field: "<ready ranks>/<ranks>".
+        "ready": f"{change.counts.ready}/{job.replicas}",
+        "succeededReplicas": change.counts.succeeded,
+        "failedReplicas": change.counts.failed,
+        "restarts": change.restarts,
+        "worldSize": job.world_size,
+    }
+    if change.attempt is not None:
+        status["attempt"] = change.attempt
+    if change.start_time is not None:
+        status["startTime"] = change.start_time
+    if change.completion_time is not None:
+        status["completionTime"] = change.completion_time
+    return status
+
+
+_STATUS_KEYS: Final = (
+    "phase",
+    "conditions",
+    "observedGeneration",
+    "replicas",
+    "readyReplicas",
+    "ready",
+    "succeededReplicas",
+    "failedReplicas",
+    "restarts",
+    "attempt",
+    "worldSize",
+    "startTime",
+    "completionTime",
+)
+
+
+def _decision(
+    job: JobSpec, old: Mapping[str, Any], change: _Transition, now: datetime, **actions: Any
+) -> Decision:
+    status = _status(job, old, change, now)
+    changed = any(status.get(key) != old.get(key) for key in _STATUS_KEYS)
+    event = None
+    if change.phase != old.get("phase"):
+        kind: Literal["Normal", "Warning"] = "Warning" if change.phase in _WARNING_PHASES else "Normal"
+        event = PhaseEvent(type=kind, reason=change.reason, message=change.message)
+    return Decision(status=status, status_changed=changed, event=event, **actions)
+
+
+def _min_wait(*waits: float | None) -> float | None:
+    present = [max(0.0, w) for w in waits if w is not None]
+    return min(present) if present else None
+
+
+def _ours(job: JobSpec, pods: Sequence[PodObservation]) -> list[PodObservation]:
+    """Pods of this job object: a pod owned by an earlier job of the same name is not ours to judge."""
+    return [
+        p
+        for p in pods
+        if p.rank is not None and p.attempt is not None and (not job.uid or p.owner_uid in (None, job.uid))
+    ]
+
+
+def _deletable(pods: Sequence[PodObservation]) -> tuple[str, ...]:
+    return tuple(sorted(p.name for p in pods if not p.deleting))
+
+
+def _finished(
+    job: JobSpec,
+    old: Mapping[str, Any],
+    pods: Sequence[PodObservation],
+    now: datetime,
+) -> Decision:
+    """Succeeded or Failed: clean up pods per cleanPodPolicy, then wait for the TTL."""
+    phase = str(old.get("phase"))
+    reason = ""
+    for condition in old.get("conditions") or []:
+        if condition.get("type") == phase:
+            reason = str(condition.get("reason", ""))
+    policy = job.run_policy.clean_pod_policy
+    if policy == "All":
+        doomed = list(pods)
+    elif policy == "Running" or reason in _STOP_REASONS:
+        doomed = [p for p in pods if not p.terminal]
+    else:
+        doomed = []
+    completion = parse_time(old.get("completionTime"))
+    left = ttl.ttl_seconds_left(completion, job.run_policy.ttl_seconds_after_finished, now)
+    expired = left is not None and left <= 0
+    status = dict(old)
+    status["observedGeneration"] = job.generation
+    return Decision(
+        status=status,
+        status_changed=old.get("observedGeneration") != job.generation,
+        delete_pods=() if expired else _deletable(doomed),
+        delete_job=expired,
+        requeue_after=None if expired else left,
+    )
+
+
+def _finish(
+    job: JobSpec,
+    old: Mapping[str, Any],
+    pods: Sequence[PodObservation],
+    now: datetime,
+    *,
+    phase: str,
+    reason: str,
+    message: str,
+    attempt: int | None,
+    counts: _Counts,
+) -> Decision:
+    change = _Transition(
+        phase=phase,
+        reason=reason,
+        message=message,
+        counts=counts,
+        attempt=attempt,
+        restarts=_int(old.get("restarts"), 0),
+        start_time=old.get("startTime") or format_time(now),
+        completion_time=format_time(now),
+    )
+    status = _status(job, old, change, now)
+    cleanup = _finished(job, status, pods, now)
+    return _decision(
+        job,
+        old,
+        change,
+        now,
+        create_attempt=attempt or 0,
+        delete_pods=cleanup.delete_pods,
+        delete_job=cleanup.delete_job,
+        requeue_after=cleanup.requeue_after,
+    )
+
+
+def _suspend(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime) -> Decision:
+    attempt = old.get("attempt")
+    if not isinstance(attempt, int) and pods:
+        # Suspended while the first attempt was being created: resuming must not reuse its pod names.
+        attempt = max(p.attempt or 0 for p in pods)
+    alive = [p for p in pods if not p.terminal]
+    message = f"suspended: {len(alive)} live rank pod(s) deleted" if alive else "suspended"
+    if old.get("phase") == names.PHASE_SUSPENDED:
+        message = _condition_message(old, names.PHASE_SUSPENDED) or message
+    change = _Transition(
+        phase=names.PHASE_SUSPENDED,
+        reason=REASON_SUSPENDED,
+        message=message,
+        counts=_counts(pods),
+        attempt=attempt if isinstance(attempt, int) else None,
+        restarts=_int(old.get("restarts"), 0),
+    )
+    return _decision(job, old, change, now, delete_pods=_deletable(pods))
+
+
+def _condition_message(old: Mapping[str, Any], kind: str) -> str | None:
+    for condition in old.get("conditions") or []:
+        if condition.get("type") == kind and condition.get("status") == "True":
+            return str(condition.get("message", ""))
+    return None
+
+
+def _start_attempt(
+    job: JobSpec,
+    old: Mapping[str, Any],
+    pods: Sequence[PodObservation],
+    now: datetime,
+    target: int,
+) -> Decision:
+    """Create attempt ``target`` once no pod of another attempt is alive; delete those pods meanwhile."""
+    stale = [p for p in pods if p.attempt != target or (p.rank or 0) >= job.replicas]
+    current = [p for p in pods if p not in stale]
+    if any(not p.terminal for p in stale):
+        # Still tearing down: the status stays as it is (Restarting, Suspended, or nothing yet).
+        keep = dict(old)
+        return Decision(
+            status=keep,
+            status_changed=False,
+            delete_pods=_deletable(stale),
+            requeue_after=RESTART_POLL_SECONDS,
+        )
+    present = {p.rank for p in current}
+    create = tuple(r for r in range(job.replicas) if r not in present)
+    resumed = old.get("phase") == names.PHASE_SUSPENDED
+    restarting = old.get("phase") == names.PHASE_RESTARTING
+    start_time = old.get("startTime") if restarting and old.get("startTime") else format_time(now)
+    verb = "resumed: created" if resumed else "created"
+    change = _Transition(
+        phase=names.PHASE_PENDING,
+        reason=REASON_RESUMED if resumed else REASON_CREATED,
+        message=f"{verb} {job.replicas} rank pod(s) of attempt {target} (world size {job.world_size})",
+        counts=_counts(current),
+        attempt=target,
+        restarts=_int(old.get("restarts"), 0),
+        start_time=start_time,
+    )
+    return _decision(
+        job,
+        old,
+        change,
+        now,
+        create_attempt=target,
+        create_ranks=create,
+        delete_pods=_deletable(stale),
+        create_service=bool(create),
+        create_pvc=bool(create) and job.checkpoint is not None,
+    )
+
+
+def _failure_of(pod: PodObservation, now: datetime) -> RankFailure | None:
+    assert pod.rank is not None
+    if pod.trainer_succeeded:
+        return None
+    disruption = pod.disruption
+    if disruption is None and pod.deleting and not pod.terminal:
+        disruption = REASON_POD_DELETED
+    if disruption is None and not pod.trainer_failed:
+        return None
+    when = pod.finished_at or pod.deleted_at or now
+    return RankFailure(
+        rank=pod.rank,
+        finish_key=when.timestamp(),
+        exit_code=pod.exit_code,
+        container_reason=pod.reason,
+        disruption=disruption,
+    )
+
+
+def _missing_ranks(
+    job: JobSpec, old: Mapping[str, Any], current: Sequence[PodObservation], now: datetime
+) -> tuple[tuple[int, ...], list[RankFailure]]:
+    """Ranks of the current attempt without a pod: still to create, or deleted under the job.
+
+    Until every rank's pod has been observed once (status.replicas reached the job's replicas), a
+    missing pod may never have been created (an operator stopped mid-create) or not yet be in the
+    watch cache; creating it again is idempotent. After that, a missing pod was deleted (node loss,
+    a user) and fails its rank like any other disruption.
+    """
+    present = {p.rank for p in current}
+    missing = tuple(r for r in range(job.replicas) if r not in present)
+    if not missing:
+        return (), []
+    if _int(old.get("replicas"), 0) < job.replicas:
+        return missing, []
+    return (), [
+        RankFailure(rank=r, finish_key=now.timestamp(), disruption=REASON_POD_DELETED) for r in missing
+    ]
+
+
+def _live(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime) -> Decision:
+    attempt = _int(old.get("attempt"), 0)
+    restarts = _int(old.get("restarts"), 0)
+    stale = [p for p in pods if p.attempt != attempt or (p.rank or 0) >= job.replicas]
+    current = [p for p in pods if p not in stale]
+    counts = _counts(current)
+
+    failures = [f for f in (_failure_of(p, now) for p in current) if f is not None]
+    to_create, missing = _missing_ranks(job, old, current, now)
+    failures += missing
+    if failures:
+        verdict: Verdict = judge_failures(
+            job.restart_policy, job.run_policy.backoff_limit, restarts, failures, attempt
+        )
+        if verdict.retry:
+            change = _Transition(
+                phase=names.PHASE_RESTARTING,
+                reason=verdict.reason,
+                message=verdict.message,
+                counts=counts,
+                attempt=attempt,
+                restarts=restarts + 1,
+                start_time=old.get("startTime"),
+            )
+            return _decision(
+                job,
+                old,
+                change,
+                now,
+                gang_restart=True,
+                delete_pods=_deletable(pods),
+                requeue_after=0.0 if all(p.terminal for p in pods) else RESTART_POLL_SECONDS,
+            )
+        return _finish(
+            job,
+            old,
+            pods,
+            now,
+            phase=names.PHASE_FAILED,
+            reason=verdict.reason,
+            message=verdict.message,
+            attempt=attempt,
+            counts=counts,
+        )
+
+    if success.attempt_succeeded(job.replicas, current):
+        return _finish(
+            job,
+            old,
+            pods,
+            now,
+            phase=names.PHASE_SUCCEEDED,
+            reason=success.REASON_SUCCEEDED,
+            message=success.success_message(job.replicas, attempt),
+            attempt=attempt,
+            counts=counts,
+        )
+
+    active_left = deadline.seconds_left(
+        parse_time(old.get("startTime")), job.run_policy.active_deadline_seconds, now
+    )
+    if active_left is not None and active_left <= 0:
+        assert job.run_policy.active_deadline_seconds is not None
+        return _finish(
+            job,
+            old,
+            pods,
+            now,
+            phase=names.PHASE_FAILED,
+            reason=deadline.REASON_DEADLINE,
+            message=deadline.active_deadline_message(job.run_policy.active_deadline_seconds),
+            attempt=attempt,
+            counts=counts,
+        )
+
+    all_running = len(current) == job.replicas and all(p.running or p.trainer_succeeded for p in current)
+    startup_left = None
+    if old.get("phase") != names.PHASE_RUNNING and not all_running:
+        created = [p.created_at for p in current if p.created_at is not None]
+        startup_limit = job.run_policy.startup_deadline_seconds
+        startup_left = deadline.seconds_left(min(created) if created else None, startup_limit, now)
+        if startup_left is not None and startup_left <= 0:
+            assert startup_limit is not None
+            reason, message = deadline.classify_startup(current, job.replicas, startup_limit)
+            return _finish(
+                job,
+                old,
+                pods,
+                now,
+                phase=names.PHASE_FAILED,
+                reason=reason,
+                message=message,
+                attempt=attempt,
+                counts=counts,
+            )
+
+    if all_running or old.get("phase") == names.PHASE_RUNNING:
+        phase, reason = names.PHASE_RUNNING, REASON_RUNNING
+        message = f"all {job.replicas} rank(s) of attempt {attempt} are running (world size {job.world_size})"
+    elif len(current) == job.replicas and all(p.scheduled or p.running for p in current):
+        phase, reason = names.PHASE_STARTING, REASON_SCHEDULED
+        message = f"all {job.replicas} rank pod(s) of attempt {attempt} are scheduled"
+    else:
+        phase, reason = names.PHASE_PENDING, REASON_CREATED
+        message = f"{sum(1 for p in current if p.scheduled)} of {job.replicas} rank pod(s) of attempt {attempt} scheduled"
+    if phase == old.get("phase"):
+        # Same phase: keep the message of the transition, so conditions do not churn per pod event.
+        message = _condition_message(old, phase) or message
+    change = _Transition(
+        phase=phase,
+        reason=reason,
+        message=message,
+        counts=counts,
+        attempt=attempt,
+        restarts=restarts,
+        start_time=old.get("startTime") or format_time(now),
+    )
+    return _decision(
+        job,
+        old,
+        change,
+        now,
+        delete_pods=_deletable(stale),
+        create_attempt=attempt,
+        create_ranks=to_create,
+        create_service=bool(to_create),
+        create_pvc=bool(to_create) and job.checkpoint is not None,
+        requeue_after=_min_wait(active_left, startup_left),
+    )
+
+
+def decide(
+    job: JobSpec, status: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime
+) -> Decision:
+    """The next step for one job. ``pods``: observations of the job's own pods; ``now``: timezone-aware."""
+    old: Mapping[str, Any] = status or {}
+    ours = _ours(job, pods)
+    phase = old.get("phase")
+    if phase in names.FINISHED_PHASES:
+        return _finished(job, old, ours, now)
+    if job.run_policy.suspend:
+        return _suspend(job, old, ours, now)
+    attempt = old.get("attempt")
+    if phase == names.PHASE_RESTARTING and isinstance(attempt, int):
+        return _start_attempt(job, old, ours, now, attempt + 1)
+    if phase == names.PHASE_SUSPENDED:
+        return _start_attempt(job, old, ours, now, attempt + 1 if isinstance(attempt, int) else 0)
+    if phase in _LIVE_PHASES and isinstance(attempt, int):
+        return _live(job, old, ours, now)
+    # A new job, or one whose first creation was interrupted: finish creating its newest attempt.
+    newest = max((p.attempt for p in ours if p.attempt is not None), default=0)
+    return _start_attempt(job, old, ours, now, newest)
+
+
+def failed_status(status: Mapping[str, Any], reason: str, message: str, now: datetime) -> dict[str, Any]:
+    """``status`` moved to Failed for a reason found outside ``decide`` (a refused create, an invalid spec)."""
+    old: Mapping[str, Any] = status or {}
+    result = dict(old)
+    timestamp = format_time(now)
+    result.update(
+        phase=names.PHASE_FAILED,
+        conditions=_conditions(old.get("conditions") or [], names.PHASE_FAILED, reason, message, timestamp),
+        restarts=_int(old.get("restarts"), 0),
+        startTime=old.get("startTime") or timestamp,
+        completionTime=timestamp,
+    )
+    return result
+
+
+def pod_create_forbidden(
+    job: JobSpec, status: Mapping[str, Any], rank: int, attempt: int, message: str, now: datetime
+) -> Decision:
+    """The apiserver refused a rank pod with 403: fail the job with its message instead of retrying forever.
+
+    The pods of the attempt that were created go at the next ``decide`` (a finished job cleans up).
+    """
+    text = f"creating rank {rank} of attempt {attempt} was forbidden: {message}"
+    failed = failed_status(status, REASON_POD_CREATE_FORBIDDEN, text, now)
+    failed.update(observedGeneration=job.generation, attempt=attempt, worldSize=job.world_size)
+    return Decision(
+        status=failed,
+        status_changed=True,
+        create_attempt=attempt,
+        event=PhaseEvent(type="Warning", reason=REASON_POD_CREATE_FORBIDDEN, message=text),
+        requeue_after=0.0,
+    )
+
+
+# --- `ddpjob run`: the same rules for local processes ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """How one local rank process ended; ``finish_order`` is its position (or time) among the ranks."""
+
+    rank: int
+    returncode: int
+    finish_order: float
+    oom_killed: bool = False
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    action: Literal["succeed", "retry", "fail"]
+    reason: str
+    message: str
+    restarts: int
+
+
+def judge_local_attempt(
+    job: JobSpec, attempt: int, restarts: int, exits: Sequence[RankExit]
+) -> AttemptOutcome:
+    """Succeed, retry the gang, or fail: the cluster's rules, applied to local rank processes."""
+    failures = [
+        RankFailure(
+            rank=e.rank,
+            finish_key=e.finish_order,
+            exit_code=exit_code_from_returncode(e.returncode),
+            container_reason="OOMKilled" if e.oom_killed else "Error",
+        )
+        for e in exits
+        if e.returncode != 0
+    ]
+    if not failures:
+        return AttemptOutcome(
+            action="succeed",
+            reason=success.REASON_SUCCEEDED,
+            message=success.success_message(len(exits), attempt),
+            restarts=restarts,
+        )
+    verdict = judge_failures(job.restart_policy, job.run_policy.backoff_limit, restarts, failures, attempt)
+    if verdict.retry:
+        return AttemptOutcome(
+            action="retry", reason=verdict.reason, message=verdict.message, restarts=restarts + 1
+        )
+    return AttemptOutcome(action="fail", reason=verdict.reason, message=verdict.message, restarts=restarts)

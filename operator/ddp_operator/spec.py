@@ -1,0 +1,284 @@
+"""Parse a DDPJob object into a typed, defaulted, validated ``JobSpec``.
+
+The CRD already refuses most invalid manifests on a cluster; this parser repeats those checks so that
+`ddpjob run` (no apiserver) refuses the same manifests with the same field paths, and so that the
+operator never acts on an object that slipped past an older CRD.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, cast
+
+from ddp_operator import names
+
+Backend = Literal["nccl", "gloo"]
+RestartPolicy = Literal["Never", "OnFailure", "ExitCode"]
+CleanPodPolicy = Literal["Running", "All", "None"]
+
+BACKENDS: Final = ("auto", "nccl", "gloo")
+RESTART_POLICIES: Final = ("Never", "OnFailure", "ExitCode")
+CLEAN_POD_POLICIES: Final = ("Running", "All", "None")
+
+DEFAULT_REPLICAS: Final = 1
+DEFAULT_NPROC_PER_NODE: Final = 1
+MAX_NPROC_PER_NODE: Final = 256
+DEFAULT_RESTART_POLICY: Final[RestartPolicy] = "ExitCode"
+DEFAULT_BACKOFF_LIMIT: Final = 3
+MAX_BACKOFF_LIMIT: Final = 1000
+DEFAULT_CLEAN_POD_POLICY: Final[CleanPodPolicy] = "Running"
+DEFAULT_CHECKPOINT_MOUNT_PATH: Final = "/var/run/ddp/checkpoints"
+DEFAULT_RENDEZVOUS_PORT: Final = 29500
+DEFAULT_METRICS_PORT: Final = 9400
+MAX_CONTAINERS: Final = 16
+
+
+class SpecError(ValueError):
+    """A manifest the operator cannot run; str() names the field path and the fix."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class RunPolicy:
+    backoff_limit: int = DEFAULT_BACKOFF_LIMIT
+    active_deadline_seconds: int | None = None
+    startup_deadline_seconds: int | None = None
+    ttl_seconds_after_finished: int | None = None
+    clean_pod_policy: CleanPodPolicy = DEFAULT_CLEAN_POD_POLICY
+    suspend: bool = False
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    volume_claim_template: Mapping[str, Any]
+    mount_path: str = DEFAULT_CHECKPOINT_MOUNT_PATH
+
+
+@dataclass(frozen=True)
+class MetricsSpec:
+    enabled: bool = True
+    port: int = DEFAULT_METRICS_PORT
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    replicas: int
+    nproc_per_node: int
+    world_size: int
+    backend: Backend
+    template: Mapping[str, Any]
+    restart_policy: RestartPolicy = DEFAULT_RESTART_POLICY
+    run_policy: RunPolicy = field(default_factory=RunPolicy)
+    checkpoint: CheckpointSpec | None = None
+    rendezvous_port: int = DEFAULT_RENDEZVOUS_PORT
+    metrics: MetricsSpec = field(default_factory=MetricsSpec)
+
+
+def _mapping(value: Any, path: str, *, required: bool = False) -> Mapping[str, Any]:
+    if value is None:
+        if required:
+            raise SpecError(path, "is required")
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(path, f"must be an object, got {type(value).__name__}")
+    return value
+
+
+def _int(
+    obj: Mapping[str, Any],
+    key: str,
+    path: str,
+    default: int | None,
+    *,
+    minimum: int,
+    maximum: int | None = None,
+) -> int | None:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{path}.{key}", f"must be an integer, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+        raise SpecError(f"{path}.{key}", f"must be {bounds}, got {value}")
+    return value
+
+
+def _required_int(obj: Mapping[str, Any], key: str, path: str, default: int, **bounds: int) -> int:
+    value = _int(obj, key, path, default, **bounds)
+    assert value is not None
+    return value
+
+
+def _enum(obj: Mapping[str, Any], key: str, path: str, allowed: tuple[str, ...], default: str) -> str:
+    value = obj.get(key, default)
+    if value not in allowed:
+        raise SpecError(f"{path}.{key}", f"must be one of {', '.join(allowed)}, got {value!r}")
+    return cast(str, value)
+
+
+def _bool(obj: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
+    value = obj.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError(f"{path}.{key}", f"must be true or false, got {value!r}")
+    return value
+
+
+def trainer_container(template: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The container named `trainer` of a (validated) pod template."""
+    for container in template.get("spec", {}).get("containers", []):
+        if container.get("name") == names.TRAINER_CONTAINER:
+            return cast(Mapping[str, Any], container)
+    raise SpecError("spec.template.spec.containers", f"needs a container named '{names.TRAINER_CONTAINER}'")
+
+
+def _quantity_is_positive(value: Any) -> bool:
+    text = str(value).strip()
+    try:
+        return float(text) > 0
+    except ValueError:
+        return text not in ("", "0")
+
+
+def requests_gpu(container: Mapping[str, Any]) -> bool:
+    """Whether the container's limits or requests name a positive count of nvidia.com/gpu."""
+    resources = container.get("resources") or {}
+    for section in ("limits", "requests"):
+        amounts = resources.get(section) or {}
+        if names.GPU_RESOURCE in amounts and _quantity_is_positive(amounts[names.GPU_RESOURCE]):
+            return True
+    return False
+
+
+def resolve_backend(requested: str, template: Mapping[str, Any]) -> Backend:
+    if requested == "nccl" or (requested == "auto" and requests_gpu(trainer_container(template))):
+        return "nccl"
+    return "gloo"
+
+
+def _validate_template(template: Mapping[str, Any]) -> None:
+    pod_spec = _mapping(template.get("spec"), "spec.template.spec", required=True)
+    containers = pod_spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise SpecError("spec.template.spec.containers", "must list at least one container")
+    if len(containers) > MAX_CONTAINERS:
+        raise SpecError("spec.template.spec.containers", f"may list at most {MAX_CONTAINERS} containers")
+    seen: set[str] = set()
+    for index, container in enumerate(containers):
+        path = f"spec.template.spec.containers[{index}]"
+        container = _mapping(container, path, required=True)
+        name = container.get("name")
+        if not isinstance(name, str) or not name:
+            raise SpecError(f"{path}.name", "is required")
+        if name in seen:
+            raise SpecError(f"{path}.name", f"duplicates the container name {name!r}")
+        seen.add(name)
+        image = container.get("image")
+        if not isinstance(image, str) or not image.strip():
+            raise SpecError(f"{path}.image", f"container {name!r} needs an image")
+    if names.TRAINER_CONTAINER not in seen:
+        raise SpecError(
+            "spec.template.spec.containers",
+            f"needs a container named '{names.TRAINER_CONTAINER}' (the DDP process); rename your training container",
+        )
+
+
+def _parse_run_policy(raw: Mapping[str, Any]) -> RunPolicy:
+    path = "spec.runPolicy"
+    return RunPolicy(
+        backoff_limit=_required_int(
+            raw, "backoffLimit", path, DEFAULT_BACKOFF_LIMIT, minimum=0, maximum=MAX_BACKOFF_LIMIT
+        ),
+        active_deadline_seconds=_int(raw, "activeDeadlineSeconds", path, None, minimum=1),
+        startup_deadline_seconds=_int(raw, "startupDeadlineSeconds", path, None, minimum=1),
+        ttl_seconds_after_finished=_int(raw, "ttlSecondsAfterFinished", path, None, minimum=0),
+        clean_pod_policy=cast(
+            CleanPodPolicy, _enum(raw, "cleanPodPolicy", path, CLEAN_POD_POLICIES, DEFAULT_CLEAN_POD_POLICY)
+        ),
+        suspend=_bool(raw, "suspend", path, False),
+    )
+
+
+def _parse_checkpoint(raw: Any) -> CheckpointSpec | None:
+    if raw is None:
+        return None
+    checkpoint = _mapping(raw, "spec.checkpoint")
+    claim = _mapping(
+        checkpoint.get("volumeClaimTemplate"), "spec.checkpoint.volumeClaimTemplate", required=True
+    )
+    storage = ((claim.get("resources") or {}).get("requests") or {}).get("storage")
+    if storage is None:
+        raise SpecError(
+            "spec.checkpoint.volumeClaimTemplate.resources.requests.storage", "is required (e.g. 10Gi)"
+        )
+    mount_path = checkpoint.get("mountPath", DEFAULT_CHECKPOINT_MOUNT_PATH)
+    if not isinstance(mount_path, str) or not mount_path.startswith("/"):
+        raise SpecError("spec.checkpoint.mountPath", f"must be an absolute path, got {mount_path!r}")
+    return CheckpointSpec(volume_claim_template=copy.deepcopy(dict(claim)), mount_path=mount_path)
+
+
+def parse_job(obj: Mapping[str, Any]) -> JobSpec:
+    """A defaulted JobSpec from a DDPJob object (as the apiserver returns it, or as a user wrote it)."""
+    metadata = _mapping(obj.get("metadata"), "metadata", required=True)
+    name = metadata.get("name")
+    if not isinstance(name, str):
+        raise SpecError("metadata.name", "is required")
+    problem = names.job_name_problem(name)
+    if problem:
+        raise SpecError("metadata.name", problem)
+    spec = _mapping(obj.get("spec"), "spec", required=True)
+
+    replicas = _required_int(
+        spec, "replicas", "spec", DEFAULT_REPLICAS, minimum=1, maximum=names.MAX_REPLICAS
+    )
+    nproc = _required_int(
+        spec, "nprocPerNode", "spec", DEFAULT_NPROC_PER_NODE, minimum=1, maximum=MAX_NPROC_PER_NODE
+    )
+    requested_backend = _enum(spec, "backend", "spec", BACKENDS, "auto")
+    restart_policy = cast(
+        RestartPolicy, _enum(spec, "restartPolicy", "spec", RESTART_POLICIES, DEFAULT_RESTART_POLICY)
+    )
+    template = _mapping(spec.get("template"), "spec.template", required=True)
+    _validate_template(template)
+    run_policy = _parse_run_policy(_mapping(spec.get("runPolicy"), "spec.runPolicy"))
+    checkpoint = _parse_checkpoint(spec.get("checkpoint"))
+    rendezvous_port = _required_int(
+        spec, "rendezvousPort", "spec", DEFAULT_RENDEZVOUS_PORT, minimum=1, maximum=65535
+    )
+    raw_metrics = _mapping(spec.get("metrics"), "spec.metrics")
+    metrics = MetricsSpec(
+        enabled=_bool(raw_metrics, "enabled", "spec.metrics", True),
+        port=_required_int(
+            raw_metrics, "port", "spec.metrics", DEFAULT_METRICS_PORT, minimum=1, maximum=65535
+        ),
+    )
+    if metrics.enabled and metrics.port == rendezvous_port:
+        raise SpecError("spec.metrics.port", f"must differ from spec.rendezvousPort ({rendezvous_port})")
+
+    generation = metadata.get("generation", 1)
+    return JobSpec(
+        name=name,
+        namespace=str(metadata.get("namespace") or "default"),
+        uid=str(metadata.get("uid") or ""),
+        generation=generation if isinstance(generation, int) else 1,
+        replicas=replicas,
+        nproc_per_node=nproc,
+        world_size=replicas * nproc,
+        backend=resolve_backend(requested_backend, template),
+        template=copy.deepcopy(dict(template)),
+        restart_policy=restart_policy,
+        run_policy=run_policy,
+        checkpoint=checkpoint,
+        rendezvous_port=rendezvous_port,
+        metrics=metrics,
+    )

@@ -1,0 +1,248 @@
+"""The CRD on the real apiserver: `kubectl apply` refuses invalid DDPJobs naming the field, accepts the
+examples, applies defaults, guards the fields of a running job, and `kubectl explain` documents it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "ddp.dev_ddpjobs.yaml"
+# Unique per run: a namespace deleted by an earlier run may still be terminating.
+NAMESPACE = f"crd-validation-{uuid.uuid4().hex[:6]}"
+
+
+def valid_job(name: str = "valid") -> dict[str, Any]:
+    return {
+        "apiVersion": "ddp.dev/v1alpha1",
+        "kind": "DDPJob",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "replicas": 2,
+            "template": {"spec": {"containers": [{"name": "trainer", "image": "ddp-trainer:test"}]}},
+        },
+    }
+
+
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def setting(path: str, value: Any) -> Mutation:
+    """A mutation that sets a dotted path (creating objects on the way) to a value."""
+
+    def mutate(job: dict[str, Any]) -> None:
+        *parents, leaf = path.split(".")
+        node = job
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+
+    return mutate
+
+
+def containers(*items: dict[str, Any]) -> Mutation:
+    return setting("spec.template.spec.containers", list(items))
+
+
+def dropping(path: str) -> Mutation:
+    def mutate(job: dict[str, Any]) -> None:
+        *parents, leaf = path.split(".")
+        node = job
+        for key in parents:
+            node = node[key]
+        del node[leaf]
+
+    return mutate
+
+
+INVALID = [
+    pytest.param(setting("spec.replicas", 0), "spec.replicas", id="replicas-zero"),
+    pytest.param(setting("spec.replicas", 4097), "spec.replicas", id="replicas-too-many"),
+    pytest.param(setting("spec.nprocPerNode", 0), "spec.nprocPerNode", id="nproc-zero"),
+    pytest.param(setting("spec.backend", "mpi"), "spec.backend", id="backend-unknown"),
+    pytest.param(setting("spec.restartPolicy", "Always"), "spec.restartPolicy", id="restart-policy-unknown"),
+    pytest.param(
+        setting("spec.runPolicy.cleanPodPolicy", "Some"), "spec.runPolicy.cleanPodPolicy", id="clean-unknown"
+    ),
+    pytest.param(
+        setting("spec.runPolicy.backoffLimit", -1), "spec.runPolicy.backoffLimit", id="backoff-negative"
+    ),
+    pytest.param(
+        setting("spec.runPolicy.activeDeadlineSeconds", 0),
+        "spec.runPolicy.activeDeadlineSeconds",
+        id="deadline-zero",
+    ),
+    pytest.param(
+        setting("spec.runPolicy.startupDeadlineSeconds", -10),
+        "spec.runPolicy.startupDeadlineSeconds",
+        id="startup-deadline-negative",
+    ),
+    pytest.param(
+        setting("spec.runPolicy.ttlSecondsAfterFinished", -1),
+        "spec.runPolicy.ttlSecondsAfterFinished",
+        id="ttl-negative",
+    ),
+    pytest.param(setting("spec.rendezvousPort", 0), "spec.rendezvousPort", id="rendezvous-port-zero"),
+    pytest.param(setting("spec.metrics.port", 70000), "spec.metrics.port", id="metrics-port-too-big"),
+    pytest.param(setting("spec.metrics.port", 29500), "spec.metrics.port", id="metrics-port-clashes"),
+    pytest.param(setting("metadata.name", "1digits"), "metadata.name", id="name-starts-with-digit"),
+    pytest.param(setting("metadata.name", "d" * 59), "metadata.name", id="name-too-long-for-hostname"),
+    pytest.param(dropping("spec.template"), "spec.template", id="template-missing"),
+    pytest.param(
+        containers({"name": "main", "image": "i"}), "spec.template.spec.containers", id="no-trainer-container"
+    ),
+    pytest.param(containers({"name": "trainer"}), "spec.template.spec.containers[0].image", id="no-image"),
+    pytest.param(
+        containers({"name": "trainer", "image": "i"}, {"name": "trainer", "image": "j"}),
+        "spec.template.spec.containers[1]",
+        id="duplicate-container-name",
+    ),
+    pytest.param(
+        containers({"name": "trainer", "image": "i"}, *({"name": f"c{i}", "image": "i"} for i in range(16))),
+        "spec.template.spec.containers",
+        id="too-many-containers",
+    ),
+    pytest.param(
+        setting("spec.checkpoint", {"volumeClaimTemplate": {"resources": {"requests": {}}}}),
+        "spec.checkpoint.volumeClaimTemplate.resources.requests.storage",
+        id="checkpoint-without-size",
+    ),
+    pytest.param(setting("spec.replica", 2), "spec.replica", id="typo-refused-by-strict-field-validation"),
+]
+
+
+@pytest.fixture(scope="module")
+def kubectl(local_cluster: Any) -> Iterator[Callable[..., Any]]:
+    def run(*args: str, check: bool = True, input: str | None = None) -> Any:
+        return local_cluster.kubectl_run(*args, check=check, input=input)
+
+    run("apply", "-f", str(CRD))
+    run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    run("create", "namespace", NAMESPACE)
+    yield run
+    run("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+def apply(kubectl: Callable[..., Any], obj: dict[str, Any], *args: str) -> Any:
+    return kubectl("apply", "-f", "-", *args, check=False, input=json.dumps(obj))
+
+
+@pytest.mark.parametrize(("mutate", "field"), INVALID)
+def test_invalid_manifest_is_refused_naming_the_field(
+    kubectl: Callable[..., Any], mutate: Mutation, field: str
+) -> None:
+    job = valid_job("invalid")
+    mutate(job)
+    result = apply(kubectl, job)
+    assert result.returncode != 0, f"accepted: {json.dumps(job)}"
+    assert field in result.stderr, result.stderr
+    kubectl("delete", "ddpjob", "invalid", "-n", NAMESPACE, "--ignore-not-found", check=False)
+
+
+def test_valid_job_is_accepted_with_defaults(kubectl: Callable[..., Any]) -> None:
+    job = valid_job("defaults")
+    result = apply(kubectl, job)
+    assert result.returncode == 0, result.stderr
+    stored = json.loads(kubectl("get", "ddpjob", "defaults", "-n", NAMESPACE, "-o", "json").stdout)
+    spec = stored["spec"]
+    assert spec["nprocPerNode"] == 1
+    assert spec["backend"] == "auto"
+    assert spec["restartPolicy"] == "ExitCode"
+    assert spec["runPolicy"] == {"backoffLimit": 3, "cleanPodPolicy": "Running", "suspend": False}
+    assert spec["rendezvousPort"] == 29500
+    assert spec["metrics"] == {"enabled": True, "port": 9400}
+
+
+def test_unknown_fields_are_pruned_without_strict_validation(kubectl: Callable[..., Any]) -> None:
+    job = valid_job("pruned")
+    job["spec"]["replica"] = 7
+    result = apply(kubectl, job, "--validate=false")
+    assert result.returncode == 0, result.stderr
+    stored = json.loads(kubectl("get", "ddpjob", "pruned", "-n", NAMESPACE, "-o", "json").stdout)
+    assert "replica" not in stored["spec"]
+    assert stored["spec"]["replicas"] == 2
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
+def test_examples_are_accepted(kubectl: Callable[..., Any], example: str) -> None:
+    docs = [d for d in yaml.safe_load_all((REPO / "examples" / example).read_text()) if d]
+    jobs = [d for d in docs if d.get("kind") == "DDPJob"]
+    if not jobs:
+        pytest.skip(f"{example} holds no DDPJob")
+    for job in jobs:
+        result = apply(kubectl, job, "-n", NAMESPACE, "--dry-run=server")
+        assert result.returncode == 0, result.stderr
+
+
+def set_phase(kubectl: Callable[..., Any], name: str, phase: str) -> None:
+    patch = json.dumps({"status": {"phase": phase}})
+    kubectl("patch", "ddpjob", name, "-n", NAMESPACE, "--subresource=status", "--type=merge", "-p", patch)
+
+
+def test_fields_of_a_running_job_are_immutable(kubectl: Callable[..., Any]) -> None:
+    job = valid_job("immutable")
+    assert apply(kubectl, job).returncode == 0
+    set_phase(kubectl, "immutable", "Running")
+
+    resized = copy.deepcopy(job)
+    resized["spec"]["replicas"] = 3
+    refused = apply(kubectl, resized)
+    assert refused.returncode != 0
+    assert "spec.replicas" in refused.stderr
+
+    retemplated = copy.deepcopy(job)
+    retemplated["spec"]["template"]["spec"]["containers"][0]["image"] = "ddp-trainer:other"
+    refused = apply(kubectl, retemplated)
+    assert refused.returncode != 0
+    assert "spec.template" in refused.stderr
+
+    suspended = copy.deepcopy(job)
+    suspended["spec"]["runPolicy"] = {"suspend": True, "activeDeadlineSeconds": 600}
+    result = apply(kubectl, suspended)
+    assert result.returncode == 0, f"runPolicy stays mutable while running: {result.stderr}"
+
+    set_phase(kubectl, "immutable", "Suspended")
+    result = apply(kubectl, resized)
+    assert result.returncode == 0, f"a suspended job may be resized: {result.stderr}"
+
+
+def test_kubectl_explain_documents_the_run_policy(kubectl: Callable[..., Any]) -> None:
+    # The apiserver publishes a new CRD's OpenAPI a moment after it is established.
+    deadline = time.monotonic() + 60
+    while True:
+        result = kubectl("explain", "ddpjob.spec.runPolicy", check=False)
+        if result.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert result.returncode == 0, result.stderr
+    for field in (
+        "backoffLimit",
+        "activeDeadlineSeconds",
+        "startupDeadlineSeconds",
+        "ttlSecondsAfterFinished",
+    ):
+        assert field in result.stdout
+    assert "BackoffLimitExceeded" in result.stdout
+
+
+def test_printer_columns(kubectl: Callable[..., Any]) -> None:
+    job = valid_job("columns")
+    assert apply(kubectl, job).returncode == 0
+    patch = json.dumps({"status": {"phase": "Running", "ready": "1/2", "restarts": 1}})
+    kubectl(
+        "patch", "ddpjob", "columns", "-n", NAMESPACE, "--subresource=status", "--type=merge", "-p", patch
+    )
+    table = kubectl("get", "ddpj", "columns", "-n", NAMESPACE).stdout
+    header, row = table.strip().splitlines()
+    assert header.split() == ["NAME", "PHASE", "READY", "RESTARTS", "AGE"]
+    assert row.split()[:4] == ["columns", "Running", "1/2", "1"]

@@ -1,0 +1,112 @@
+"""Builders of DDPJob and pod objects as the apiserver returns them, for table-driven unit tests."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from ddp_operator import names
+from ddp_operator.observe import PodObservation, format_time, observe_pod
+from ddp_operator.spec import JobSpec, parse_job
+
+T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+JOB_UID = "uid-1234"
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def job_object(name: str = "mnist", **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "replicas": 2,
+        "template": {"spec": {"containers": [{"name": "trainer", "image": "ddp-trainer:1"}]}},
+    }
+    body.update(spec)
+    return {
+        "apiVersion": names.API_GROUP_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": name, "namespace": "team-a", "uid": JOB_UID, "generation": 1},
+        "spec": body,
+    }
+
+
+def job_spec(name: str = "mnist", **spec: Any) -> JobSpec:
+    return parse_job(job_object(name, **spec))
+
+
+def with_run_policy(**policy: Any) -> dict[str, Any]:
+    return {"runPolicy": policy}
+
+
+def pod(
+    rank: int,
+    attempt: int = 0,
+    *,
+    job: str = "mnist",
+    phase: str = "Running",
+    ready: bool | None = None,
+    scheduled: bool = True,
+    created: float = 0.0,
+    exit_code: int | None = None,
+    reason: str | None = None,
+    finished: float | None = None,
+    waiting: str | None = None,
+    unschedulable: str | None = None,
+    deleting_at: float | None = None,
+    pod_reason: str | None = None,
+    disruption: str | None = None,
+    owner_uid: str = JOB_UID,
+) -> dict[str, Any]:
+    """A rank pod; a given exit_code makes the trainer terminated (phase defaults from the code)."""
+    metadata: dict[str, Any] = {
+        "name": names.pod_name(job, rank, attempt),
+        "namespace": "team-a",
+        "uid": f"pod-{rank}-{attempt}",
+        "creationTimestamp": format_time(at(created)),
+        "labels": names.rank_labels(job, rank, attempt),
+        "ownerReferences": [{"kind": names.KIND, "name": job, "uid": owner_uid, "controller": True}],
+    }
+    if deleting_at is not None:
+        metadata["deletionTimestamp"] = format_time(at(deleting_at + 30))
+        metadata["deletionGracePeriodSeconds"] = 30
+    conditions: list[dict[str, Any]] = []
+    if unschedulable is not None:
+        conditions.append(
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable}
+        )
+        phase = "Pending"
+    else:
+        conditions.append({"type": "PodScheduled", "status": "True" if scheduled else "False"})
+    state: dict[str, Any] = {"running": {"startedAt": format_time(at(created + 1))}}
+    if exit_code is not None:
+        state = {
+            "terminated": {
+                "exitCode": exit_code,
+                "reason": reason or ("Completed" if exit_code == 0 else "Error"),
+                "finishedAt": format_time(at(finished if finished is not None else created + 10)),
+            }
+        }
+        if phase == "Running":
+            phase = "Succeeded" if exit_code == 0 else "Failed"
+    elif waiting is not None:
+        state = {"waiting": {"reason": waiting, "message": f"{waiting} for ddp-trainer:1"}}
+        phase = "Pending"
+    if ready is None:
+        ready = phase == "Running"
+    conditions.append({"type": "Ready", "status": "True" if ready else "False"})
+    if disruption is not None:
+        conditions.append({"type": "DisruptionTarget", "status": "True", "reason": disruption})
+    status: dict[str, Any] = {
+        "phase": phase,
+        "conditions": conditions,
+        "containerStatuses": [{"name": "trainer", "state": state}],
+    }
+    if pod_reason is not None:
+        status["reason"] = pod_reason
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "status": status}
+
+
+def observe(*pods: dict[str, Any]) -> list[PodObservation]:
+    return [observe_pod(copy.deepcopy(p)) for p in pods]

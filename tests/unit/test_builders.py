@@ -1,0 +1,321 @@
+"""The children of a DDPJob: names, DNS, labels, ownership, the env contract and the pod defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.unit.kube_factories import JOB_UID, job_spec
+
+from ddp_operator import builders, names
+
+pytestmark = pytest.mark.unit
+
+CHECKPOINT = {"volumeClaimTemplate": {"resources": {"requests": {"storage": "5Gi"}}}, "mountPath": "/ckpt"}
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    trainer = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in trainer["env"]}
+
+
+def trainer_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+
+
+@pytest.mark.parametrize(
+    ("rank", "attempt", "pod_name", "hostname"),
+    [
+        pytest.param(0, 0, "mnist-0-0", "mnist-0", id="rank0-attempt0"),
+        pytest.param(1, 0, "mnist-1-0", "mnist-1", id="rank1-attempt0"),
+        pytest.param(1, 3, "mnist-1-3", "mnist-1", id="hostname-stable-across-attempts"),
+    ],
+)
+def test_rank_pod_names_and_dns(rank: int, attempt: int, pod_name: str, hostname: str) -> None:
+    pod = builders.build_rank_pod(job_spec(), rank, attempt)
+    assert pod["metadata"]["name"] == pod_name
+    assert pod["metadata"]["namespace"] == "team-a"
+    assert pod["spec"]["hostname"] == hostname
+    assert pod["spec"]["subdomain"] == "mnist"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["metadata"]["labels"] == {
+        "app.kubernetes.io/managed-by": "ddp-operator",
+        "ddp.dev/job-name": "mnist",
+        "ddp.dev/rank": str(rank),
+        "ddp.dev/attempt": str(attempt),
+    }
+
+
+def test_every_child_has_a_controller_owner_reference() -> None:
+    job = job_spec(checkpoint=CHECKPOINT)
+    pvc = builders.build_checkpoint_pvc(job)
+    assert pvc is not None
+    for child in (builders.build_service(job), builders.build_rank_pod(job, 0, 0), pvc):
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert owner == {
+            "apiVersion": "ddp.dev/v1alpha1",
+            "kind": "DDPJob",
+            "name": "mnist",
+            "uid": JOB_UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert "finalizers" not in child["metadata"]
+
+
+def test_service_is_headless_and_publishes_not_ready_addresses() -> None:
+    service = builders.build_service(job_spec())
+    assert service["metadata"]["name"] == "mnist"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {
+        "app.kubernetes.io/managed-by": "ddp-operator",
+        "ddp.dev/job-name": "mnist",
+    }
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"rendezvous": 29500, "metrics": 9400}
+
+
+def test_the_service_selects_every_rank_pod() -> None:
+    job = job_spec()
+    selector = builders.build_service(job)["spec"]["selector"]
+    for rank in range(job.replicas):
+        labels = builders.build_rank_pod(job, rank, 2)["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+
+
+@pytest.mark.parametrize(
+    ("spec", "rank", "expected"),
+    [
+        pytest.param(
+            {"replicas": 2},
+            1,
+            {
+                "MASTER_ADDR": "mnist-0.mnist.team-a.svc",
+                "MASTER_PORT": "29500",
+                "NNODES": "2",
+                "NODE_RANK": "1",
+                "NPROC_PER_NODE": "1",
+                "WORLD_SIZE": "2",
+                "RANK": "1",
+                "LOCAL_RANK": "0",
+                "PET_NNODES": "2",
+                "PET_NODE_RANK": "1",
+                "PET_NPROC_PER_NODE": "1",
+                "PET_MASTER_ADDR": "mnist-0.mnist.team-a.svc",
+                "PET_MASTER_PORT": "29500",
+                "DDPJOB_NAME": "mnist",
+                "DDPJOB_NAMESPACE": "team-a",
+                "DDPJOB_ATTEMPT": "4",
+                "DDP_BACKEND": "gloo",
+                "DDP_METRICS_PORT": "9400",
+                "POD_IP": {"fieldRef": {"fieldPath": "status.podIP"}},
+                "PYTHONUNBUFFERED": "1",
+            },
+            id="cpu-one-process-per-pod",
+        ),
+        pytest.param(
+            {
+                "replicas": 2,
+                "nprocPerNode": 8,
+                "rendezvousPort": 23456,
+                "metrics": {"port": 9100},
+                "checkpoint": CHECKPOINT,
+                "template": {
+                    "spec": {
+                        "containers": [
+                            {"name": "trainer", "image": "i", "resources": {"limits": {"nvidia.com/gpu": 8}}}
+                        ]
+                    }
+                },
+            },
+            0,
+            {
+                "MASTER_ADDR": "mnist-0.mnist.team-a.svc",
+                "MASTER_PORT": "23456",
+                "NNODES": "2",
+                "NODE_RANK": "0",
+                "NPROC_PER_NODE": "8",
+                "WORLD_SIZE": "16",
+                "PET_NNODES": "2",
+                "PET_NODE_RANK": "0",
+                "PET_NPROC_PER_NODE": "8",
+                "PET_MASTER_ADDR": "mnist-0.mnist.team-a.svc",
+                "PET_MASTER_PORT": "23456",
+                "DDPJOB_NAME": "mnist",
+                "DDPJOB_NAMESPACE": "team-a",
+                "DDPJOB_ATTEMPT": "4",
+                "DDP_BACKEND": "nccl",
+                "DDP_METRICS_PORT": "9100",
+                "DDP_CHECKPOINT_DIR": "/ckpt",
+                "POD_IP": {"fieldRef": {"fieldPath": "status.podIP"}},
+                "PYTHONUNBUFFERED": "1",
+            },
+            id="gpu-eight-processes-no-rank-variables",
+        ),
+    ],
+)
+def test_env_contract(spec: dict[str, Any], rank: int, expected: dict[str, Any]) -> None:
+    assert env_of(builders.build_rank_pod(job_spec(**spec), rank, 4)) == expected
+
+
+def test_contract_env_replaces_the_templates_but_other_user_env_stays() -> None:
+    template = {
+        "spec": {
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "i",
+                    "env": [
+                        {"name": "MASTER_ADDR", "value": "wrong"},
+                        {"name": "PYTHONUNBUFFERED", "value": "0"},
+                        {"name": "LR", "value": "0.1"},
+                    ],
+                }
+            ]
+        }
+    }
+    env = env_of(builders.build_rank_pod(job_spec(template=template), 0, 0))
+    assert env["MASTER_ADDR"] == "mnist-0.mnist.team-a.svc"
+    assert env["PYTHONUNBUFFERED"] == "0"
+    assert env["LR"] == "0.1"
+    names_in_order = [
+        e["name"] for e in trainer_of(builders.build_rank_pod(job_spec(template=template), 0, 0))["env"]
+    ]
+    assert names_in_order.index("MASTER_ADDR") < names_in_order.index("LR"), (
+        "user env may refer to $(MASTER_ADDR)"
+    )
+
+
+def test_pod_defaults() -> None:
+    pod = builders.build_rank_pod(job_spec(), 0, 0)
+    spec = pod["spec"]
+    assert spec["enableServiceLinks"] is False
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["terminationGracePeriodSeconds"] == builders.DEFAULT_TERMINATION_GRACE_SECONDS
+    assert spec["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert trainer_of(pod)["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert {(t["key"], t["effect"], t["tolerationSeconds"]) for t in spec["tolerations"]} == {
+        ("node.kubernetes.io/not-ready", "NoExecute", 30),
+        ("node.kubernetes.io/unreachable", "NoExecute", 30),
+    }
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in spec["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in trainer_of(pod)["volumeMounts"]
+    assert {(p["name"], p["containerPort"]) for p in trainer_of(pod)["ports"]} == {
+        ("rendezvous", 29500),
+        ("metrics", 9400),
+    }
+
+
+def test_template_overrides_win() -> None:
+    template = {
+        "metadata": {"labels": {"team": "vision", "ddp.dev/rank": "99"}, "annotations": {"a": "b"}},
+        "spec": {
+            "enableServiceLinks": True,
+            "automountServiceAccountToken": True,
+            "terminationGracePeriodSeconds": 600,
+            "restartPolicy": "OnFailure",
+            "hostname": "mine",
+            "securityContext": {"runAsUser": 1000, "runAsNonRoot": False},
+            "tolerations": [
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}
+            ],
+            "volumes": [{"name": "shm", "hostPath": {"path": "/dev/shm"}}],
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "i",
+                    "securityContext": {"allowPrivilegeEscalation": True},
+                    "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+                    "ports": [{"name": "metrics", "containerPort": 8000}],
+                }
+            ],
+        },
+    }
+    pod = builders.build_rank_pod(job_spec(template=template), 1, 0)
+    spec = pod["spec"]
+    assert spec["enableServiceLinks"] is True
+    assert spec["automountServiceAccountToken"] is True
+    assert spec["terminationGracePeriodSeconds"] == 600
+    assert spec["securityContext"] == {
+        "runAsUser": 1000,
+        "runAsNonRoot": False,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    unreachable = [t for t in spec["tolerations"] if t["key"] == "node.kubernetes.io/unreachable"]
+    assert unreachable == [
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}
+    ]
+    assert [v["name"] for v in spec["volumes"]] == ["shm"], "a template /dev/shm mount replaces the default"
+    trainer = trainer_of(pod)
+    assert trainer["securityContext"]["allowPrivilegeEscalation"] is True
+    assert [p["containerPort"] for p in trainer["ports"] if p["name"] == "metrics"] == [8000]
+    # The operator's own fields are not overridable.
+    assert spec["restartPolicy"] == "Never"
+    assert spec["hostname"] == "mnist-1"
+    assert pod["metadata"]["labels"]["ddp.dev/rank"] == "1"
+    assert pod["metadata"]["labels"]["team"] == "vision"
+    assert pod["metadata"]["annotations"] == {"a": "b"}
+
+
+def test_every_container_gets_the_restricted_defaults() -> None:
+    template = {
+        "spec": {
+            "initContainers": [{"name": "fetch", "image": "i"}],
+            "containers": [{"name": "trainer", "image": "i"}, {"name": "sidecar", "image": "i"}],
+        }
+    }
+    pod = builders.build_rank_pod(job_spec(template=template), 0, 0)
+    for container in pod["spec"]["initContainers"] + pod["spec"]["containers"]:
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False, container["name"]
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}, container["name"]
+    sidecar = pod["spec"]["containers"][1]
+    assert "env" not in sidecar, "only the trainer gets the env contract"
+
+
+@pytest.mark.parametrize(
+    ("rank", "mounted"),
+    [pytest.param(0, True, id="rank0-mounts"), pytest.param(1, False, id="rank1-does-not")],
+)
+def test_checkpoint_volume_on_rank_zero_only(rank: int, mounted: bool) -> None:
+    pod = builders.build_rank_pod(job_spec(checkpoint=CHECKPOINT), rank, 0)
+    claims = [v for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v]
+    mounts = [m for m in trainer_of(pod)["volumeMounts"] if m["mountPath"] == "/ckpt"]
+    assert bool(claims) is mounted
+    assert bool(mounts) is mounted
+    if mounted:
+        assert claims[0]["persistentVolumeClaim"]["claimName"] == "mnist-checkpoint"
+    assert env_of(pod)["DDP_CHECKPOINT_DIR"] == "/ckpt"
+
+
+def test_checkpoint_pvc() -> None:
+    pvc = builders.build_checkpoint_pvc(job_spec(checkpoint=CHECKPOINT))
+    assert pvc is not None
+    assert pvc["metadata"]["name"] == "mnist-checkpoint"
+    assert pvc["spec"] == {"resources": {"requests": {"storage": "5Gi"}}, "accessModes": ["ReadWriteOnce"]}
+    assert builders.build_checkpoint_pvc(job_spec()) is None
+
+
+def test_metrics_disabled_declares_no_metrics_port() -> None:
+    pod = builders.build_rank_pod(job_spec(metrics={"enabled": False}), 0, 0)
+    assert [p["name"] for p in trainer_of(pod)["ports"]] == ["rendezvous"]
+
+
+def test_building_does_not_mutate_the_job_template() -> None:
+    job = job_spec()
+    before = repr(job.template)
+    builders.build_rank_pod(job, 0, 0)
+    builders.build_rank_pod(job, 1, 0)
+    assert repr(job.template) == before
+
+
+@pytest.mark.parametrize(
+    ("job", "rank"),
+    [pytest.param("a", 0, id="shortest"), pytest.param("j" * names.MAX_JOB_NAME_LENGTH, 4095, id="longest")],
+)
+def test_hostnames_are_dns_labels(job: str, rank: int) -> None:
+    hostname = names.pod_hostname(job, rank)
+    assert len(hostname) <= 63
+    assert names.job_name_problem(job) is None

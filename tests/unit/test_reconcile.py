@@ -1,0 +1,516 @@
+"""The DDPJob state machine (reconcile.decide): status, restarts, suspend, deadlines, TTL, cleanup."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.unit.kube_factories import at, job_spec, observe, pod, with_run_policy
+
+from ddp_operator.observe import format_time
+from ddp_operator.reconcile import (
+    Decision,
+    RankExit,
+    decide,
+    failed_status,
+    judge_local_attempt,
+    pod_create_forbidden,
+)
+from ddp_operator.spec import JobSpec
+
+pytestmark = pytest.mark.unit
+
+CHECKPOINT = {"volumeClaimTemplate": {"resources": {"requests": {"storage": "5Gi"}}}}
+
+
+def run(job: JobSpec, status: dict[str, Any], pods: list[dict[str, Any]], now: float) -> Decision:
+    return decide(job, status, observe(*pods), at(now))
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in status.get("conditions", []) if c["type"] == kind), None)
+
+
+def live_status(phase: str = "Running", attempt: int = 0, restarts: int = 0, **extra: Any) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "phase": phase,
+        "attempt": attempt,
+        "restarts": restarts,
+        "replicas": 2,
+        "startTime": format_time(at(0)),
+        "conditions": [],
+    }
+    if phase in ("Running", "Restarting"):
+        status["conditions"] = [
+            {
+                "type": phase,
+                "status": "True",
+                "reason": "Running" if phase == "Running" else "ExitCode",
+                "message": "all 2 rank(s) of attempt 0 are running (world size 2)",
+                "lastTransitionTime": format_time(at(5)),
+            }
+        ]
+    status.update(extra)
+    return status
+
+
+# --- creating attempts -----------------------------------------------------------------------------
+
+
+def test_new_job_creates_every_rank_of_attempt_zero() -> None:
+    decision = run(job_spec(), {}, [], now=0)
+    assert decision.create_ranks == (0, 1)
+    assert decision.create_attempt == 0
+    assert decision.create_service is True
+    assert decision.create_pvc is False
+    assert decision.delete_pods == ()
+    assert decision.status["phase"] == "Pending"
+    assert decision.status["attempt"] == 0
+    assert decision.status["worldSize"] == 2
+    assert decision.status["observedGeneration"] == 1
+    assert decision.status["startTime"] == format_time(at(0))
+    assert decision.status_changed
+    assert decision.event is not None
+    assert (decision.event.type, decision.event.reason) == ("Normal", "Created")
+
+
+def test_checkpoint_pvc_is_created_with_the_first_attempt() -> None:
+    assert run(job_spec(checkpoint=CHECKPOINT), {}, [], now=0).create_pvc is True
+
+
+def test_interrupted_first_creation_creates_only_the_missing_ranks() -> None:
+    decision = run(job_spec(replicas=3), {}, [pod(0), pod(2)], now=1)
+    assert decision.create_ranks == (1,)
+    assert decision.create_attempt == 0
+
+
+def test_missing_ranks_before_all_were_seen_are_created_again() -> None:
+    status = live_status("Pending", replicas=1)
+    decision = run(job_spec(), status, [pod(0, phase="Pending")], now=1)
+    assert decision.create_ranks == (1,)
+    assert decision.status["phase"] == "Pending"
+    assert decision.status.get("restarts") == 0
+
+
+# --- phases and conditions -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pods", "phase", "ready"),
+    [
+        pytest.param(
+            [pod(0, phase="Pending", scheduled=False), pod(1, phase="Pending")],
+            "Pending",
+            0,
+            id="unscheduled",
+        ),
+        pytest.param([pod(0, phase="Pending"), pod(1, phase="Pending")], "Starting", 0, id="scheduled"),
+        pytest.param([pod(0), pod(1, phase="Pending")], "Starting", 1, id="one-running"),
+        pytest.param([pod(0), pod(1)], "Running", 2, id="all-running"),
+        pytest.param([pod(0), pod(1, ready=False)], "Running", 1, id="running-not-ready"),
+    ],
+)
+def test_phase_follows_the_ranks(pods: list[dict[str, Any]], phase: str, ready: int) -> None:
+    decision = run(job_spec(), live_status("Pending", replicas=0), pods, now=3)
+    assert decision.status["phase"] == phase
+    assert decision.status["readyReplicas"] == ready
+    assert decision.status["replicas"] == 2
+    assert decision.create_ranks == ()
+    assert (decision.event is not None) is (phase != "Pending")
+
+
+def test_running_sets_its_condition_and_later_events_keep_its_time() -> None:
+    job = job_spec()
+    first = run(job, live_status("Starting"), [pod(0), pod(1)], now=10)
+    running = condition(first.status, "Running")
+    assert running is not None
+    assert (running["status"], running["lastTransitionTime"]) == ("True", format_time(at(10)))
+    assert first.event is not None and first.event.reason == "Running"
+
+    again = run(job, first.status, [pod(0), pod(1)], now=50)
+    assert condition(again.status, "Running") == running
+    assert not again.status_changed
+    assert again.event is None
+
+
+def test_success_finishes_the_job_and_flips_conditions() -> None:
+    decision = run(job_spec(), live_status(), [pod(0, exit_code=0), pod(1, exit_code=0)], now=100)
+    status = decision.status
+    assert status["phase"] == "Succeeded"
+    assert status["completionTime"] == format_time(at(100))
+    assert status["succeededReplicas"] == 2
+    assert condition(status, "Succeeded") == {
+        "type": "Succeeded",
+        "status": "True",
+        "reason": "AllRanksSucceeded",
+        "message": "all 2 rank(s) exited 0 in attempt 0",
+        "lastTransitionTime": format_time(at(100)),
+    }
+    running = condition(status, "Running")
+    assert running is not None and running["status"] == "False"
+    assert decision.delete_pods == ()
+    assert decision.event is not None and decision.event.type == "Normal"
+
+
+def test_observed_generation_follows_the_job() -> None:
+    job = job_spec()
+    newer = JobSpec(**{**job.__dict__, "generation": 7})
+    assert run(newer, live_status(), [pod(0), pod(1)], now=10).status["observedGeneration"] == 7
+
+
+# --- failures and restarts -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pods", "restarts", "phase", "reason", "in_message"),
+    [
+        pytest.param(
+            [pod(0, exit_code=170, finished=11), pod(1, exit_code=1, finished=10)],
+            0,
+            "Failed",
+            "ExitCode",
+            "rank 1 exited with code 1",
+            id="exitcode-1-then-retryable-fails",
+        ),
+        pytest.param(
+            [pod(0, exit_code=137, finished=10), pod(1, exit_code=1, finished=11)],
+            0,
+            "Restarting",
+            "ExitCode",
+            "rank 0 exited with code 137",
+            id="retryable-then-1-restarts",
+        ),
+        pytest.param(
+            [pod(0), pod(1, exit_code=137, finished=10)],
+            0,
+            "Restarting",
+            "ExitCode",
+            "as attempt 1",
+            id="exit-137",
+        ),
+        pytest.param(
+            [pod(0), pod(1, exit_code=137, reason="OOMKilled", finished=10)],
+            0,
+            "Restarting",
+            "OOMKilled",
+            "OOMKilled",
+            id="oom-restarts",
+        ),
+        pytest.param(
+            [pod(0), pod(1, exit_code=137, finished=10)],
+            3,
+            "Failed",
+            "BackoffLimitExceeded",
+            "backoffLimit 3",
+            id="backoff-spent",
+        ),
+        pytest.param(
+            [pod(0), pod(1, exit_code=137, reason="OOMKilled", finished=10)],
+            3,
+            "Failed",
+            "OOMKilled",
+            "backoffLimit 3",
+            id="repeated-oom-keeps-reason",
+        ),
+        pytest.param(
+            [pod(0), pod(1, phase="Failed", pod_reason="Evicted")],
+            0,
+            "Restarting",
+            "Evicted",
+            "evicted",
+            id="evicted",
+        ),
+        pytest.param(
+            [pod(0), pod(1, disruption="PreemptionByScheduler")],
+            0,
+            "Restarting",
+            "Preempted",
+            "preempted",
+            id="preempted",
+        ),
+        pytest.param(
+            [pod(0), pod(1, deleting_at=20)],
+            0,
+            "Restarting",
+            "PodDeleted",
+            "was deleted",
+            id="deleted-under-the-job",
+        ),
+        pytest.param([pod(0)], 0, "Restarting", "PodDeleted", "rank 1's pod was deleted", id="pod-gone"),
+        pytest.param(
+            [pod(0, exit_code=143, finished=20), pod(1, disruption="DeletionByTaintManager", deleting_at=15)],
+            0,
+            "Restarting",
+            "Evicted",
+            "rank 1",
+            id="node-loss-before-collateral-sigterm",
+        ),
+    ],
+)
+def test_failures(
+    pods: list[dict[str, Any]], restarts: int, phase: str, reason: str, in_message: str
+) -> None:
+    decision = run(job_spec(), live_status(restarts=restarts), pods, now=30)
+    assert decision.status["phase"] == phase
+    kind = condition(decision.status, phase)
+    assert kind is not None
+    assert kind["reason"] == reason
+    assert in_message in kind["message"]
+    assert decision.event is not None
+    assert (decision.event.type, decision.event.reason) == ("Warning", reason)
+    assert decision.create_ranks == ()
+    if phase == "Restarting":
+        assert decision.gang_restart
+        assert decision.status["restarts"] == restarts + 1
+        assert decision.status["attempt"] == 0
+        alive = {p["metadata"]["name"] for p in pods if "deletionTimestamp" not in p["metadata"]}
+        assert set(decision.delete_pods) == alive
+    else:
+        assert not decision.gang_restart
+        assert decision.status["restarts"] == restarts
+        assert decision.status["completionTime"] == format_time(at(30))
+
+
+def test_never_policy_fails_on_a_retryable_code() -> None:
+    decision = run(job_spec(restartPolicy="Never"), live_status(), [pod(0), pod(1, exit_code=143)], now=30)
+    assert decision.status["phase"] == "Failed"
+    assert decision.delete_pods == ("mnist-0-0",), "cleanPodPolicy Running stops the ranks still running"
+
+
+def test_on_failure_policy_retries_exit_code_1() -> None:
+    decision = run(job_spec(restartPolicy="OnFailure"), live_status(), [pod(0), pod(1, exit_code=1)], now=30)
+    assert decision.status["phase"] == "Restarting"
+
+
+def test_restart_waits_until_every_old_pod_is_gone_or_terminal() -> None:
+    status = live_status("Restarting", restarts=1)
+    pods = [pod(0, deleting_at=20), pod(1, exit_code=137)]
+    decision = run(job_spec(), status, pods, now=25)
+    assert decision.create_ranks == ()
+    assert decision.delete_pods == ("mnist-1-0",), (
+        "the terminal pod is deleted too; the deleting one is not again"
+    )
+    assert not decision.status_changed
+    assert decision.requeue_after is not None
+
+
+def test_restart_creates_the_next_attempt_with_new_names() -> None:
+    status = live_status("Restarting", restarts=1)
+    pods = [pod(0, exit_code=143, deleting_at=20), pod(1, exit_code=137, deleting_at=20)]
+    decision = run(job_spec(), status, pods, now=30)
+    assert decision.create_ranks == (0, 1)
+    assert decision.create_attempt == 1
+    assert decision.status["attempt"] == 1
+    assert decision.status["phase"] == "Pending"
+    assert decision.status["restarts"] == 1
+    assert decision.status["startTime"] == format_time(at(0)), "restarts count against activeDeadlineSeconds"
+    restarting = condition(decision.status, "Restarting")
+    assert restarting is not None and restarting["status"] == "False"
+
+
+def test_new_attempt_after_everything_old_is_gone() -> None:
+    decision = run(job_spec(), live_status("Restarting", attempt=2, restarts=2), [], now=30)
+    assert (decision.create_ranks, decision.create_attempt) == ((0, 1), 3)
+
+
+def test_pods_of_older_attempts_are_deleted_while_running() -> None:
+    pods = [pod(0, attempt=1), pod(1, attempt=1), pod(0, attempt=0, exit_code=143)]
+    decision = run(job_spec(), live_status(attempt=1), pods, now=30)
+    assert decision.status["phase"] == "Running"
+    assert decision.delete_pods == ("mnist-0-0",)
+
+
+def test_pods_of_another_job_with_the_same_name_are_ignored() -> None:
+    pods = [pod(0), pod(1), pod(1, attempt=0, exit_code=1, owner_uid="old-job")]
+    decision = run(job_spec(), live_status(), pods, now=30)
+    assert decision.status["phase"] == "Running"
+    assert decision.delete_pods == ()
+
+
+# --- suspend ---------------------------------------------------------------------------------------
+
+
+def test_suspend_deletes_the_pods() -> None:
+    job = job_spec(**with_run_policy(suspend=True))
+    decision = run(job, live_status(), [pod(0), pod(1)], now=30)
+    assert decision.status["phase"] == "Suspended"
+    assert set(decision.delete_pods) == {"mnist-0-0", "mnist-1-0"}
+    assert "startTime" not in decision.status, "suspended time does not count against the deadline"
+    assert decision.event is not None and decision.event.reason == "Suspended"
+    assert decision.create_ranks == ()
+
+
+def test_a_job_created_suspended_creates_nothing() -> None:
+    decision = run(job_spec(**with_run_policy(suspend=True)), {}, [], now=0)
+    assert decision.status["phase"] == "Suspended"
+    assert "attempt" not in decision.status
+    assert decision.create_ranks == ()
+
+
+@pytest.mark.parametrize(
+    ("status", "pods", "create", "attempt"),
+    [
+        pytest.param({"phase": "Suspended", "attempt": 0}, [], (0, 1), 1, id="resume-creates-a-new-attempt"),
+        pytest.param({"phase": "Suspended"}, [], (0, 1), 0, id="resume-before-any-attempt"),
+        pytest.param(
+            {"phase": "Suspended", "attempt": 0}, [pod(0, deleting_at=20)], (), 0, id="waits-for-old-pods"
+        ),
+    ],
+)
+def test_resume(
+    status: dict[str, Any], pods: list[dict[str, Any]], create: tuple[int, ...], attempt: int
+) -> None:
+    decision = run(job_spec(), status, pods, now=30)
+    assert decision.create_ranks == create
+    if create:
+        assert decision.create_attempt == attempt
+        assert decision.status["phase"] == "Pending"
+        assert decision.status["startTime"] == format_time(at(30))
+        assert decision.event is not None and decision.event.reason == "Resumed"
+
+
+def test_suspend_during_first_creation_does_not_reuse_names_on_resume() -> None:
+    suspended = run(job_spec(**with_run_policy(suspend=True)), {}, [pod(0, phase="Pending")], now=1)
+    resumed = run(job_spec(), suspended.status, [], now=5)
+    assert resumed.create_attempt == 1
+
+
+# --- deadlines and TTL -----------------------------------------------------------------------------
+
+
+def test_active_deadline_fails_the_job_and_stops_its_pods() -> None:
+    job = job_spec(**with_run_policy(activeDeadlineSeconds=60, cleanPodPolicy="None"))
+    early = run(job, live_status(), [pod(0), pod(1)], now=20)
+    assert early.status["phase"] == "Running"
+    assert early.requeue_after == 40.0
+    late = run(job, live_status(), [pod(0), pod(1)], now=61)
+    assert late.status["phase"] == "Failed"
+    failed = condition(late.status, "Failed")
+    assert failed is not None and failed["reason"] == "DeadlineExceeded"
+    assert set(late.delete_pods) == {"mnist-0-0", "mnist-1-0"}, "a job past its deadline stops even with None"
+
+
+@pytest.mark.parametrize(
+    ("pods", "reason"),
+    [
+        pytest.param(
+            [pod(0), pod(1, unschedulable="0/2 nodes are available")], "Unschedulable", id="unschedulable"
+        ),
+        pytest.param([pod(0), pod(1, waiting="ImagePullBackOff")], "ImagePullFailed", id="image"),
+        pytest.param([pod(0), pod(1, phase="Pending")], "StartupTimeout", id="slow"),
+    ],
+)
+def test_startup_deadline(pods: list[dict[str, Any]], reason: str) -> None:
+    job = job_spec(**with_run_policy(startupDeadlineSeconds=120))
+    waiting = run(job, live_status("Starting"), pods, now=100)
+    assert waiting.status["phase"] in ("Pending", "Starting")
+    assert waiting.requeue_after == 20.0
+    late = run(job, live_status("Starting"), pods, now=121)
+    assert late.status["phase"] == "Failed"
+    failed = condition(late.status, "Failed")
+    assert failed is not None and failed["reason"] == reason
+
+
+def test_startup_deadline_does_not_apply_once_running() -> None:
+    job = job_spec(**with_run_policy(startupDeadlineSeconds=10))
+    assert run(job, live_status(), [pod(0), pod(1)], now=500).status["phase"] == "Running"
+
+
+def finished_status(reason: str = "AllRanksSucceeded", phase: str = "Succeeded") -> dict[str, Any]:
+    return {
+        "phase": phase,
+        "attempt": 0,
+        "completionTime": format_time(at(100)),
+        "observedGeneration": 1,
+        "conditions": [
+            {"type": phase, "status": "True", "reason": reason, "message": "", "lastTransitionTime": ""}
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("now", "delete_job", "requeue"),
+    [
+        pytest.param(130, False, 30.0, id="waiting"),
+        pytest.param(160, True, None, id="due"),
+    ],
+)
+def test_ttl_deletes_the_finished_job(now: float, delete_job: bool, requeue: float | None) -> None:
+    job = job_spec(**with_run_policy(ttlSecondsAfterFinished=60))
+    decision = run(job, finished_status(), [pod(0, exit_code=0), pod(1, exit_code=0)], now=now)
+    assert decision.delete_job is delete_job
+    assert decision.requeue_after == requeue
+    assert not decision.status_changed
+
+
+@pytest.mark.parametrize(
+    ("policy", "reason", "deleted"),
+    [
+        pytest.param("Running", "ExitCode", {"mnist-0-0"}, id="running-deletes-live"),
+        pytest.param("All", "ExitCode", {"mnist-0-0", "mnist-1-0"}, id="all-deletes-every-pod"),
+        pytest.param("None", "ExitCode", set(), id="none-keeps-pods"),
+        pytest.param("None", "StartupTimeout", {"mnist-0-0"}, id="none-still-stops-a-timed-out-job"),
+    ],
+)
+def test_clean_pod_policy(policy: str, reason: str, deleted: set[str]) -> None:
+    job = job_spec(**with_run_policy(cleanPodPolicy=policy))
+    decision = run(job, finished_status(reason, "Failed"), [pod(0), pod(1, exit_code=1)], now=200)
+    assert set(decision.delete_pods) == deleted
+    assert decision.requeue_after is None, "no TTL set"
+
+
+def test_finished_jobs_do_not_come_back_to_life() -> None:
+    decision = run(job_spec(), finished_status(), [pod(0, exit_code=1)], now=200)
+    assert decision.status["phase"] == "Succeeded"
+    assert decision.create_ranks == ()
+    assert decision.event is None
+
+
+# --- failures found outside decide -----------------------------------------------------------------
+
+
+def test_pod_create_forbidden_fails_the_job_with_the_apiservers_message() -> None:
+    message = 'pods "mnist-1-0" is forbidden: violates PodSecurity "restricted:latest"'
+    decision = pod_create_forbidden(job_spec(), live_status("Pending"), 1, 0, message, at(5))
+    assert decision.status["phase"] == "Failed"
+    failed = condition(decision.status, "Failed")
+    assert failed is not None and failed["reason"] == "PodCreateForbidden"
+    assert message in failed["message"] and "rank 1" in failed["message"]
+    assert decision.event is not None and decision.event.reason == "PodCreateForbidden"
+    after = run(job_spec(), decision.status, [pod(0, phase="Pending")], now=6)
+    assert after.delete_pods == ("mnist-0-0",), "the ranks that were created are cleaned up"
+
+
+def test_failed_status_keeps_existing_fields() -> None:
+    status = failed_status(live_status(restarts=2), "InvalidSpec", "spec.replicas: bad", at(9))
+    assert status["phase"] == "Failed"
+    assert status["restarts"] == 2
+    assert status["completionTime"] == format_time(at(9))
+    running = condition(status, "Running")
+    assert running is not None and running["status"] == "False"
+
+
+# --- the local runner's path -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exits", "restarts", "action", "reason"),
+    [
+        pytest.param([RankExit(0, 0, 1), RankExit(1, 0, 2)], 0, "succeed", "AllRanksSucceeded", id="success"),
+        pytest.param([RankExit(1, 1, 1), RankExit(0, 170, 2)], 0, "fail", "ExitCode", id="permanent-first"),
+        pytest.param([RankExit(0, -9, 1), RankExit(1, 1, 2)], 0, "retry", "ExitCode", id="killed-first"),
+        pytest.param([RankExit(0, -9, 1, oom_killed=True)], 3, "fail", "OOMKilled", id="oom-backoff-spent"),
+        pytest.param([RankExit(0, 143, 1)], 3, "fail", "BackoffLimitExceeded", id="backoff-spent"),
+    ],
+)
+def test_local_attempts_follow_the_cluster_rules(
+    exits: list[RankExit], restarts: int, action: str, reason: str
+) -> None:
+    outcome = judge_local_attempt(job_spec(), attempt=0, restarts=restarts, exits=exits)
+    assert (outcome.action, outcome.reason) == (action, reason)
+    assert outcome.restarts == restarts + (1 if action == "retry" else 0)
+
+
+def test_a_rank_that_exited_0_is_not_failed_by_a_later_disruption() -> None:
+    pods = [pod(0, exit_code=0, disruption="DeletionByPodGC"), pod(1, exit_code=0)]
+    assert run(job_spec(), live_status(), pods, now=30).status["phase"] == "Succeeded"

@@ -1,0 +1,170 @@
+"""Parsing a DDPJob: defaults, backend resolution and the errors that name the field to fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.unit.kube_factories import job_object
+
+from ddp_operator.spec import SpecError, parse_job
+
+pytestmark = pytest.mark.unit
+
+
+def test_defaults_fill_every_optional_field() -> None:
+    job = parse_job(job_object(replicas=None))
+    assert (job.replicas, job.nproc_per_node, job.world_size) == (1, 1, 1)
+    assert job.restart_policy == "ExitCode"
+    assert job.backend == "gloo"
+    assert job.run_policy.backoff_limit == 3
+    assert job.run_policy.clean_pod_policy == "Running"
+    assert job.run_policy.suspend is False
+    assert job.run_policy.active_deadline_seconds is None
+    assert job.checkpoint is None
+    assert (job.rendezvous_port, job.metrics.enabled, job.metrics.port) == (29500, True, 9400)
+    assert (job.namespace, job.uid, job.generation) == ("team-a", "uid-1234", 1)
+
+
+def test_world_size_is_replicas_times_processes() -> None:
+    assert parse_job(job_object(replicas=3, nprocPerNode=8)).world_size == 24
+
+
+def _gpu_template(section: str, amount: Any) -> dict[str, Any]:
+    container = {"name": "trainer", "image": "img", "resources": {section: {"nvidia.com/gpu": amount}}}
+    return {"spec": {"containers": [container]}}
+
+
+@pytest.mark.parametrize(
+    ("backend", "template", "expected"),
+    [
+        pytest.param("auto", _gpu_template("limits", 8), "nccl", id="auto-gpu-limits"),
+        pytest.param("auto", _gpu_template("requests", "1"), "nccl", id="auto-gpu-requests"),
+        pytest.param("auto", _gpu_template("limits", "0"), "gloo", id="auto-zero-gpus"),
+        pytest.param(
+            "auto", {"spec": {"containers": [{"name": "trainer", "image": "i"}]}}, "gloo", id="auto-cpu"
+        ),
+        pytest.param("gloo", _gpu_template("limits", 8), "gloo", id="explicit-gloo-on-gpus"),
+        pytest.param(
+            "nccl", {"spec": {"containers": [{"name": "trainer", "image": "i"}]}}, "nccl", id="explicit-nccl"
+        ),
+    ],
+)
+def test_backend_resolution(backend: str, template: dict[str, Any], expected: str) -> None:
+    assert parse_job(job_object(backend=backend, template=template)).backend == expected
+
+
+def test_gpu_on_a_sidecar_does_not_make_the_trainer_nccl() -> None:
+    template = {
+        "spec": {
+            "containers": [
+                {"name": "trainer", "image": "i"},
+                {"name": "helper", "image": "i", "resources": {"limits": {"nvidia.com/gpu": 1}}},
+            ]
+        }
+    }
+    assert parse_job(job_object(template=template)).backend == "gloo"
+
+
+def test_checkpoint_defaults_the_mount_path() -> None:
+    claim = {"resources": {"requests": {"storage": "1Gi"}}}
+    job = parse_job(job_object(checkpoint={"volumeClaimTemplate": claim}))
+    assert job.checkpoint is not None
+    assert job.checkpoint.mount_path == "/var/run/ddp/checkpoints"
+    assert job.checkpoint.volume_claim_template == claim
+
+
+def _containers(*containers: dict[str, Any]) -> dict[str, Any]:
+    return {"template": {"spec": {"containers": list(containers)}}}
+
+
+INVALID = [
+    pytest.param({"replicas": 0}, "spec.replicas", id="replicas-zero"),
+    pytest.param({"replicas": 4097}, "spec.replicas", id="replicas-too-many"),
+    pytest.param({"replicas": "2"}, "spec.replicas", id="replicas-string"),
+    pytest.param({"replicas": True}, "spec.replicas", id="replicas-bool"),
+    pytest.param({"nprocPerNode": 0}, "spec.nprocPerNode", id="nproc-zero"),
+    pytest.param({"backend": "mpi"}, "spec.backend", id="backend-unknown"),
+    pytest.param({"restartPolicy": "Always"}, "spec.restartPolicy", id="restart-policy-unknown"),
+    pytest.param({"runPolicy": {"backoffLimit": -1}}, "spec.runPolicy.backoffLimit", id="backoff-negative"),
+    pytest.param(
+        {"runPolicy": {"activeDeadlineSeconds": 0}},
+        "spec.runPolicy.activeDeadlineSeconds",
+        id="deadline-zero",
+    ),
+    pytest.param(
+        {"runPolicy": {"startupDeadlineSeconds": -5}},
+        "spec.runPolicy.startupDeadlineSeconds",
+        id="startup-negative",
+    ),
+    pytest.param(
+        {"runPolicy": {"ttlSecondsAfterFinished": -1}},
+        "spec.runPolicy.ttlSecondsAfterFinished",
+        id="ttl-negative",
+    ),
+    pytest.param(
+        {"runPolicy": {"cleanPodPolicy": "Some"}}, "spec.runPolicy.cleanPodPolicy", id="clean-unknown"
+    ),
+    pytest.param({"runPolicy": {"suspend": "yes"}}, "spec.runPolicy.suspend", id="suspend-not-bool"),
+    pytest.param({"rendezvousPort": 0}, "spec.rendezvousPort", id="rendezvous-port-zero"),
+    pytest.param({"metrics": {"port": 70000}}, "spec.metrics.port", id="metrics-port-too-big"),
+    pytest.param({"metrics": {"port": 29500}}, "spec.metrics.port", id="metrics-port-clashes"),
+    pytest.param({"template": None}, "spec.template", id="template-missing"),
+    pytest.param(_containers(), "spec.template.spec.containers", id="no-containers"),
+    pytest.param(
+        _containers({"name": "main", "image": "i"}),
+        "spec.template.spec.containers",
+        id="no-trainer-container",
+    ),
+    pytest.param(_containers({"name": "trainer"}), "spec.template.spec.containers[0].image", id="no-image"),
+    pytest.param(
+        _containers({"name": "trainer", "image": "i"}, {"name": "trainer", "image": "i"}),
+        "spec.template.spec.containers[1].name",
+        id="duplicate-container",
+    ),
+    pytest.param(
+        {"checkpoint": {"volumeClaimTemplate": {"accessModes": ["ReadWriteOnce"]}}},
+        "spec.checkpoint.volumeClaimTemplate.resources.requests.storage",
+        id="checkpoint-without-size",
+    ),
+    pytest.param(
+        {
+            "checkpoint": {
+                "volumeClaimTemplate": {"resources": {"requests": {"storage": "1Gi"}}},
+                "mountPath": "ckpt",
+            }
+        },
+        "spec.checkpoint.mountPath",
+        id="checkpoint-relative-path",
+    ),
+]
+
+
+@pytest.mark.parametrize(("spec", "field"), INVALID)
+def test_invalid_spec_names_the_field(spec: dict[str, Any], field: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_job(job_object(**spec))
+    assert caught.value.field == field
+    assert str(caught.value).startswith(f"{field}: ")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("1job", id="starts-with-digit"),
+        pytest.param("Job", id="uppercase"),
+        pytest.param("job.v1", id="dot"),
+        pytest.param("job-", id="trailing-dash"),
+        pytest.param("j" * 59, id="too-long-for-rank-hostname"),
+    ],
+)
+def test_invalid_job_names(name: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_job(job_object(name))
+    assert caught.value.field == "metadata.name"
+
+
+def test_longest_valid_name_leaves_room_for_four_rank_digits() -> None:
+    name = "j" * 58
+    job = parse_job(job_object(name))
+    assert len(f"{job.name}-4095") == 63

@@ -1,0 +1,175 @@
+"""What the gradient-sync metrics cost, and whether the bandwidth our hook measures is right.
+
+Two gloo ranks on this machine. Step time of the same MLP under four DDP set-ups, run in interleaved
+rounds (every round runs every mode, in a rotating order) and summarized by medians:
+  plain       DDP's C++ allreduce, no Python hook, no metrics
+  torch-hook  torch's own Python allreduce_hook
+  detailed    our timing comm hook (docs/metrics.md)
+  light       no Python hook, metrics from DDP's logger
+Then the bus bandwidth our hook reports (payload / service time x 2(n-1)/n) against a raw, timed
+dist.all_reduce of the same size, at 1, 4 and 25 MiB.
+
+    python benchmarks/bench_sync_overhead.py [--rounds 7 --steps 10 --width 1024 --depth 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from prometheus_client import CollectorRegistry
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+
+from ddp_trainer.metrics import create_rank_metrics
+from ddp_trainer.sync import SyncRecorder
+from ddp_trainer.workloads import mlp
+
+MODES = ("plain", "torch-hook", "detailed", "light")
+SIZES_MIB = (1, 4, 25)
+
+
+def recorder_for(rank: int, world: int, mode: str) -> SyncRecorder:
+    metrics = create_rank_metrics(
+        rank, "gloo", "allreduce", torch.__version__, CollectorRegistry(), mode == "detailed"
+    )
+    return SyncRecorder(metrics, world_size=world, comm_hook="allreduce", mode=mode)
+
+
+def build(
+    rank: int, world: int, mode: str, model: nn.Module
+) -> tuple[DistributedDataParallel, SyncRecorder | None]:
+    ddp = DistributedDataParallel(model)
+    recorder = None
+    if mode == "torch-hook":
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    elif mode in ("detailed", "light"):
+        recorder = recorder_for(rank, world, mode)
+        recorder.install(ddp)
+    return ddp, recorder
+
+
+def step_times(
+    ddp: DistributedDataParallel, recorder: SyncRecorder | None, batch: Any, steps: int
+) -> list[float]:
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-4)
+    inputs, targets = batch
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(ddp(inputs), targets).backward()
+        optimizer.step()
+        elapsed = time.perf_counter() - started
+        if recorder is not None:
+            recorder.after_step(len(targets), elapsed)
+        times.append(elapsed)
+    return times
+
+
+def bus_bandwidth(rank: int, world: int, mib: int, repeats: int) -> tuple[float, float]:
+    """(hook-measured, raw) bus bandwidth in GB/s, medians over ``repeats``."""
+    numel = mib * (1 << 20) // 4
+    factor = 2 * (world - 1) / world
+    raw = []
+    tensor = torch.ones(numel)
+    for _ in range(repeats):
+        dist.barrier()
+        started = time.perf_counter()
+        dist.all_reduce(tensor)
+        raw.append(numel * 4 / (time.perf_counter() - started) * factor / 1e9)
+    model = nn.Linear(numel, 1, bias=False)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=mib + 1)
+    recorder = recorder_for(rank, world, "detailed")
+    recorder.install(ddp)
+    measured = []
+    inputs = torch.ones(1, numel)
+    for _ in range(repeats):
+        dist.barrier()
+        before_bytes = recorder.metrics.allreduce_bytes._value.get()
+        before_service = recorder.metrics.allreduce_service_seconds._value.get()
+        ddp(inputs).sum().backward()
+        payload = recorder.metrics.allreduce_bytes._value.get() - before_bytes
+        service = recorder.metrics.allreduce_service_seconds._value.get() - before_service
+        measured.append(payload / service * factor / 1e9)
+    return statistics.median(measured), statistics.median(raw)
+
+
+def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    template = mlp(args.width, args.depth)
+    setups = {}
+    for mode in MODES:
+        model = mlp(args.width, args.depth)
+        model.load_state_dict(template.state_dict())
+        setups[mode] = build(rank, world, mode, model)
+    generator = torch.Generator().manual_seed(rank)
+    batch = (
+        torch.randn(args.batch, args.width, generator=generator),
+        torch.randint(0, 10, (args.batch,), generator=generator),
+    )
+    for mode in MODES:  # warm-up: bucket rebuild, allocator, gloo connections
+        step_times(*setups[mode], batch, 3)
+    per_mode: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for round_index in range(args.rounds):
+        order = MODES[round_index % len(MODES) :] + MODES[: round_index % len(MODES)]
+        for mode in order:
+            dist.barrier()
+            per_mode[mode].append(statistics.median(step_times(*setups[mode], batch, args.steps)))
+    bandwidth = {mib: bus_bandwidth(rank, world, mib, args.repeats) for mib in SIZES_MIB}
+    if rank == 0:
+        results.update(steps={m: statistics.median(v) for m, v in per_mode.items()}, bandwidth=bandwidth)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=10, help="steps per mode per round")
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--depth", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=15, help="allreduces per size for the bandwidth")
+    args = parser.parse_args()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(worker, args=(2, port, args, results), nprocs=2)
+    steps, bandwidth = results["steps"], results["bandwidth"]
+    print(
+        f"torch {torch.__version__}, gloo, 2 ranks, {args.depth}x{args.width} MLP, batch {args.batch}/rank, "
+        f"{args.rounds} interleaved rounds x {args.steps} steps, medians"
+    )
+    print()
+    print("| mode | step time (ms) | vs plain | vs torch-hook |")
+    print("|---|---:|---:|---:|")
+    for mode in MODES:
+        print(
+            f"| {mode} | {steps[mode] * 1e3:.2f} | {steps[mode] / steps['plain'] - 1:+.1%} | "
+            f"{steps[mode] / steps['torch-hook'] - 1:+.1%} |"
+        )
+    print()
+    print("| size | bus bandwidth, our hook (GB/s) | raw dist.all_reduce (GB/s) | ratio |")
+    print("|---|---:|---:|---:|")
+    for mib in SIZES_MIB:
+        hook, raw = bandwidth[mib]
+        print(f"| {mib} MiB | {hook:.3f} | {raw:.3f} | {hook / raw:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

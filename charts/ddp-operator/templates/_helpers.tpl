@@ -1,0 +1,86 @@
+{{/* The chart name, or nameOverride. */}}
+{{- define "ddp-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* `<release>-<chart>`, shortened to a DNS label; the release name alone when it already holds the chart name. */}}
+{{- define "ddp-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "ddp-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of the operator's own objects. Never `app.kubernetes.io/managed-by: ddp-operator`: that one marks a DDPJob's children. */}}
+{{- define "ddp-operator.labels" -}}
+helm.sh/chart: {{ include "ddp-operator.chart" . }}
+{{ include "ddp-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "ddp-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ddp-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "ddp-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "ddp-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name must name an existing ServiceAccount when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "ddp-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Cluster-wide mode: no watchNamespaces. */}}
+{{- define "ddp-operator.clusterwide" -}}
+{{- if not .Values.watchNamespaces }}true{{ end }}
+{{- end }}
+
+{{/*
+The verbs the operator itself uses on DDPJobs and their children (ddp_operator/kube_api.py and kopf's
+watches); the same rules go into the ClusterRole (cluster-wide) or each namespace's Role.
+*/}}
+{{- define "ddp-operator.operatorRules" -}}
+# kopf lists and watches DDPJobs; the controller deletes a finished one when its TTL has passed.
+- apiGroups: ["ddp.dev"]
+  resources: ["ddpjobs"]
+  verbs: ["list", "watch", "delete"]
+# The controller writes phase, conditions and counters through the status subresource.
+- apiGroups: ["ddp.dev"]
+  resources: ["ddpjobs/status"]
+  verbs: ["patch"]
+# Rank pods: created per attempt, deleted for a gang restart, watched by label; get after a 409.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["create", "delete", "get", "list", "watch"]
+# The headless Service and the checkpoint PVC: created once (get checks an existing one is ours).
+- apiGroups: [""]
+  resources: ["services", "persistentvolumeclaims"]
+  verbs: ["create", "get"]
+# One Event per phase change.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- if .Values.peering.enabled }}
+# kopf peering: operators announce themselves in the peering object and the oldest one works.
+- apiGroups: ["kopf.dev"]
+  resources: [{{ if include "ddp-operator.clusterwide" . }}"clusterkopfpeerings"{{ else }}"kopfpeerings"{{ end }}]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end }}

@@ -1,0 +1,143 @@
+"""`ddpjob cluster up | down | status`: the local control plane from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from ddp_operator.cluster.binaries import BinariesError
+from ddp_operator.cluster.manifests import NodeShape
+from ddp_operator.cluster.pki import PkiError
+from ddp_operator.cluster.runtime import ClusterError, ClusterOptions, default_state_dir, down, status, up
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="cluster_action", metavar="ACTION", required=True)
+    shape = NodeShape()
+
+    def add_state_dir(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--state-dir",
+            type=Path,
+            default=None,
+            help=f"where certificates, logs, etcd data and the kubeconfig live [{default_state_dir()}; "
+            "env DDP_CLUSTER_STATE_DIR]",
+        )
+
+    p_up = actions.add_parser(
+        "up", help="start etcd, apiserver, controller-manager, scheduler, kwok and fake GPU nodes"
+    )
+    add_state_dir(p_up)
+    p_up.add_argument("--nodes", type=_non_negative, default=4, help="fake GPU nodes [4]")
+    p_up.add_argument(
+        "--gpus-per-node",
+        type=_non_negative,
+        default=shape.gpus,
+        help=f"nvidia.com/gpu per node [{shape.gpus}]",
+    )
+    p_up.add_argument(
+        "--pods-per-node", type=_positive, default=shape.pods, help=f"pod capacity per node [{shape.pods}]"
+    )
+    p_up.add_argument(
+        "--cpus-per-node", type=_positive, default=shape.cpus, help=f"cpu per node [{shape.cpus}]"
+    )
+    p_up.add_argument(
+        "--memory-per-node-gi",
+        type=_positive,
+        default=shape.memory_gi,
+        help=f"memory per node, GiB [{shape.memory_gi}]",
+    )
+    p_up.add_argument(
+        "--bin-dir",
+        type=Path,
+        default=None,
+        help="the binaries [the build script's output; env DDP_K8S_BIN_DIR]",
+    )
+    p_up.add_argument("--no-build", action="store_true", help="fail instead of building missing binaries")
+    p_up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness [120]")
+
+    p_down = actions.add_parser("down", help="stop every process `up` started and remove the state directory")
+    add_state_dir(p_down)
+    p_down.add_argument("--keep-state", action="store_true", help="keep logs, certificates and etcd data")
+
+    p_status = actions.add_parser("status", help="the components, their pids, ports, memory and log files")
+    add_state_dir(p_status)
+    p_status.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _progress(message: str) -> None:
+    print(f"[cluster] {message}", file=sys.stderr, flush=True)
+
+
+def _up(args: argparse.Namespace) -> int:
+    options = ClusterOptions(
+        state_dir=args.state_dir or default_state_dir(),
+        bin_dir=args.bin_dir,
+        nodes=args.nodes,
+        node_shape=NodeShape(
+            gpus=args.gpus_per_node,
+            cpus=args.cpus_per_node,
+            memory_gi=args.memory_per_node_gi,
+            pods=args.pods_per_node,
+        ),
+        build=not args.no_build,
+        timeout_s=args.timeout,
+    )
+    cluster = up(options, progress=_progress)
+    print(f"kubeconfig: {cluster.kubeconfig}")
+    print(f"kubectl:    {cluster.kubectl}")
+    print(f"audit log:  {cluster.audit_log}")
+    print(f"try:        {cluster.kubectl} --kubeconfig {cluster.kubeconfig} get nodes")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    result = status(args.state_dir)
+    if result is None:
+        print(f"no cluster in {args.state_dir or default_state_dir()}")
+        return 1
+    state, rows = result
+    if args.json:
+        print(json.dumps({"cluster": asdict(state), "components": [asdict(r) for r in rows]}, indent=2))
+    else:
+        print(f"state dir:  {state.state_dir}\nkubeconfig: {state.kubeconfig}\napiserver:  {state.apiserver}")
+        print(f"audit log:  {state.audit_log}\nbinaries:   {state.bin_dir}\n")
+        print(f"{'COMPONENT':<24} {'PID':>8} {'STATE':<8} {'RSS MiB':>8}  {'PORTS':<28} LOG")
+        for r in rows:
+            ports = ",".join(f"{k}={v}" for k, v in r.ports.items())
+            state_word = "running" if r.running else "stopped"
+            print(f"{r.name:<24} {r.pid:>8} {state_word:<8} {r.rss_bytes / 2**20:>8.0f}  {ports:<28} {r.log}")
+        total = sum(r.rss_bytes for r in rows)
+        print(f"\ntotal RSS: {total / 2**20:.0f} MiB")
+    return 0 if all(r.running for r in rows) else 3
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.cluster_action == "up":
+            return _up(args)
+        if args.cluster_action == "down":
+            if not down(args.state_dir, keep_state=args.keep_state, progress=_progress):
+                print(f"no cluster in {args.state_dir or default_state_dir()}", file=sys.stderr)
+            return 0
+        return _status(args)
+    except (ClusterError, BinariesError, PkiError) as exc:
+        print(f"ddpjob cluster {args.cluster_action}: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,242 @@
+"""kwok's Stage objects for the local control plane: the whole set, since custom stages replace kwok's own.
+
+Stages (each a rule "objects matching this selector get this status next"):
+- node-initialize / node-heartbeat: fake nodes become Ready with the capacity they were created with,
+  and keep reporting Ready.
+- pod-ready: a pod scheduled onto a fake node becomes Running and Ready.
+- pod-complete-by-annotation: a test ends a pod by annotating it with `kwok.ddp.dev/exit-code` (and
+  optionally `kwok.ddp.dev/reason`); every container is terminated with that code, the pod phase is
+  Succeeded for 0 and Failed otherwise.
+- pod-delete: a pod marked for deletion goes away at once (the kubelet's final delete).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+KWOK_API_VERSION = "kwok.x-k8s.io/v1alpha1"
+# Nodes carrying this annotation are the ones kwok manages; a real kubelet node can join beside them.
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+FAKE_NODE_ANNOTATION_VALUE = "fake"
+EXIT_CODE_ANNOTATION = "kwok.ddp.dev/exit-code"
+REASON_ANNOTATION = "kwok.ddp.dev/reason"
+
+_NOT_DELETING = {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}
+_EXIT_CODE_KEY = f'.metadata.annotations["{EXIT_CODE_ANNOTATION}"]'
+
+_NODE_CONDITIONS = """\
+{{ $now := Now }}
+{{ $lastTransitionTime := or .metadata.creationTimestamp $now }}
+conditions:
+{{ range NodeConditions }}
+- lastHeartbeatTime: {{ $now | Quote }}
+  lastTransitionTime: {{ $lastTransitionTime | Quote }}
+  message: {{ .message | Quote }}
+  reason: {{ .reason | Quote }}
+  status: {{ .status | Quote }}
+  type: {{ .type | Quote }}
+{{ end }}
+"""
+
+# Capacity and allocatable are whatever the node was created with; the rest mimics a kubelet's report.
+_NODE_INITIALIZE = (
+    _NODE_CONDITIONS
+    + """\
+addresses:
+{{ with NodeIP }}
+- address: {{ . | Quote }}
+  type: InternalIP
+{{ end }}
+- address: {{ .metadata.name | Quote }}
+  type: Hostname
+{{ with NodePort }}
+daemonEndpoints:
+  kubeletEndpoint:
+    Port: {{ . }}
+{{ end }}
+allocatable:
+{{ YAML .status.allocatable 1 }}
+capacity:
+{{ YAML .status.capacity 1 }}
+{{ $kwokVersion := printf "kwok-%s" Version }}
+nodeInfo:
+  architecture: amd64
+  bootID: ""
+  containerRuntimeVersion: {{ $kwokVersion }}
+  kernelVersion: {{ $kwokVersion }}
+  kubeProxyVersion: {{ $kwokVersion }}
+  kubeletVersion: {{ $kwokVersion }}
+  machineID: ""
+  operatingSystem: linux
+  osImage: ""
+  systemUUID: ""
+phase: Running
+"""
+)
+
+_POD_READY = """\
+{{ $now := Now }}
+conditions:
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: PodReadyToStartContainers
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: Initialized
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: Ready
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: ContainersReady
+{{ range .spec.readinessGates }}
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: {{ .conditionType | Quote }}
+{{ end }}
+containerStatuses:
+{{ range .spec.containers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: true
+  started: true
+  restartCount: 0
+  state:
+    running:
+      startedAt: {{ $now | Quote }}
+{{ end }}
+initContainerStatuses:
+{{ range .spec.initContainers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: true
+  restartCount: 0
+  state:
+    terminated:
+      exitCode: 0
+      finishedAt: {{ $now | Quote }}
+      reason: Completed
+      startedAt: {{ $now | Quote }}
+{{ end }}
+{{ with NodeIPWith .spec.nodeName }}
+hostIP: {{ . | Quote }}
+hostIPs:
+- ip: {{ . | Quote }}
+{{ end }}
+{{ with PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
+podIP: {{ . | Quote }}
+podIPs:
+- ip: {{ . | Quote }}
+{{ end }}
+phase: Running
+startTime: {{ $now | Quote }}
+"""
+
+# The exit code comes from the annotation verbatim, so a non-numeric value fails kwok's render loudly.
+_POD_COMPLETE = """\
+{{ $now := Now }}
+{{ $annotations := or .metadata.annotations dict }}
+{{ $code := index $annotations "EXIT_CODE" }}
+{{ $reason := "Error" }}
+{{ if eq $code "0" }}{{ $reason = "Completed" }}{{ end }}
+{{ with index $annotations "REASON" }}{{ $reason = . }}{{ end }}
+{{ $startedAt := or .status.startTime $now }}
+conditions:
+- lastTransitionTime: {{ $now | Quote }}
+  status: "False"
+  type: PodReadyToStartContainers
+- lastTransitionTime: {{ $startedAt | Quote }}
+  status: "True"
+  type: Initialized
+- lastTransitionTime: {{ $now | Quote }}
+  reason: PodCompleted
+  status: "False"
+  type: Ready
+- lastTransitionTime: {{ $now | Quote }}
+  reason: PodCompleted
+  status: "False"
+  type: ContainersReady
+containerStatuses:
+{{ range .spec.containers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: false
+  started: false
+  restartCount: 0
+  state:
+    terminated:
+      exitCode: {{ $code }}
+      reason: {{ $reason | Quote }}
+      startedAt: {{ $startedAt | Quote }}
+      finishedAt: {{ $now | Quote }}
+{{ end }}
+{{ if eq $code "0" }}
+phase: Succeeded
+{{ else }}
+phase: Failed
+{{ end }}
+startTime: {{ $startedAt | Quote }}
+""".replace("EXIT_CODE", EXIT_CODE_ANNOTATION).replace("REASON", REASON_ANNOTATION)
+
+
+def _stage(
+    name: str, kind: str, selector: list[dict[str, Any]], next_: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "resourceRef": {"apiGroup": "v1", "kind": kind},
+        "selector": {"matchExpressions": selector},
+        "next": next_,
+    }
+    spec.update(extra)
+    return {"apiVersion": KWOK_API_VERSION, "kind": "Stage", "metadata": {"name": name}, "spec": spec}
+
+
+def kwok_stages(heartbeat_interval_ms: int = 10_000) -> list[dict[str, Any]]:
+    """The full Stage set (node and pod lifecycles) that kwok runs with."""
+    ready_not_true = {
+        "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
+        "operator": "NotIn",
+        "values": ["True"],
+    }
+    ready_true = {**ready_not_true, "operator": "In"}
+    return [
+        _stage("node-initialize", "Node", [ready_not_true], {"statusTemplate": _NODE_INITIALIZE}),
+        _stage(
+            "node-heartbeat",
+            "Node",
+            [{"key": ".status.phase", "operator": "In", "values": ["Running"]}, ready_true],
+            {"statusTemplate": _NODE_CONDITIONS},
+            delay={
+                "durationMilliseconds": heartbeat_interval_ms,
+                "jitterDurationMilliseconds": heartbeat_interval_ms + heartbeat_interval_ms // 4,
+            },
+            immediateNextStage=True,
+        ),
+        _stage(
+            "pod-ready",
+            "Pod",
+            [
+                _NOT_DELETING,
+                {"key": _EXIT_CODE_KEY, "operator": "DoesNotExist"},
+                {"key": ".status.phase", "operator": "In", "values": ["Pending"]},
+                ready_not_true,
+            ],
+            {"statusTemplate": _POD_READY},
+        ),
+        _stage(
+            "pod-complete-by-annotation",
+            "Pod",
+            [
+                _NOT_DELETING,
+                {"key": _EXIT_CODE_KEY, "operator": "Exists"},
+                {"key": ".status.phase", "operator": "In", "values": ["Pending", "Running"]},
+            ],
+            {"statusTemplate": _POD_COMPLETE},
+        ),
+        _stage(
+            "pod-delete",
+            "Pod",
+            [{"key": ".metadata.deletionTimestamp", "operator": "Exists"}],
+            {"delete": True},
+        ),
+    ]

@@ -1,0 +1,703 @@
+"""One real node for the local control plane: containerd (CRI), a kubelet, the CNI bridge, kube-proxy
+(iptables mode) and CoreDNS, all as processes on this machine, plus a relay that lets pods reach the
+loopback-only apiserver through the `kubernetes` Service.
+
+`start` needs root (it creates a bridge, iptables rules and mounts) and a running control plane;
+`stop` removes every process, pod sandbox, mount, iptables rule and the bridge that `start` added,
+and is safe to call on a half-started node. What was added is recorded in <state>/node/node.json as
+soon as it exists, so `stop` works from another process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddp_operator.cluster import node_manifests as nm
+from ddp_operator.cluster.manifests import LOCALHOST, kubeconfig
+from ddp_operator.cluster.node_manifests import RealNodeOptions
+from ddp_operator.cluster.runtime import ClusterError, ComponentState, is_running, rss_bytes, stop_components
+
+if TYPE_CHECKING:
+    from ddp_operator.cluster.runtime import LocalCluster
+
+Progress = Callable[[str], None]
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+BUILD_SCRIPT = REPO_ROOT / "hack" / "build-node-binaries.sh"
+# Start order; stop goes in reverse.
+COMPONENTS = ("containerd", "kubelet", "kube-proxy", "coredns", "apiserver-relay")
+NODE_BINARIES = ("kubelet", "kube-proxy", "coredns", "crictl", "pause")
+HOST_COMMANDS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "iptables-save", "ip")
+CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
+_POLL_S = 0.2
+_NETNS_DIR = Path("/run/netns")
+
+
+class RealNodeError(ClusterError):
+    pass
+
+
+def default_image_store() -> Path:
+    cache = Path(os.environ.get("DDP_CACHE") or Path.home() / ".cache" / "ddp-operator")
+    return cache / "node-containerd"
+
+
+def default_cni_bin_dir() -> Path:
+    for candidate in (Path("/usr/lib/cni"), Path("/opt/cni/bin")):
+        if (candidate / "bridge").is_file():
+            return candidate
+    return Path("/usr/lib/cni")
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What `start` added, in the order it added it; `stop` undoes it."""
+
+    name: str
+    bin_dir: str
+    image_store: str
+    run_dir: str
+    bridge: str
+    pod_cidr: str
+    components: list[ComponentState] = field(default_factory=list)
+    bridge_created: bool = False
+    iptables_rules: list[list[str]] = field(default_factory=list)  # ["-t", table, chain, *spec]
+    chains_before: dict[str, list[str]] = field(default_factory=dict)
+    netns_before: list[str] = field(default_factory=list)
+    sysctls_changed: dict[str, str] = field(default_factory=dict)  # path -> value before
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> NodeState:
+        raw = json.loads(text)
+        raw["components"] = [ComponentState(**c) for c in raw["components"]]
+        return cls(**raw)
+
+
+@dataclass(frozen=True)
+class RealNode:
+    """A started node: its name, network and how long it took to turn Ready."""
+
+    name: str
+    network: nm.NodeNetwork
+    layout: nm.NodeLayout
+    seconds_to_ready: float
+
+
+# ---- small helpers ----------------------------------------------------------------------------------
+
+
+def _run(
+    cmd: Sequence[str], *, check: bool = True, timeout: float = 120.0, **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=False, **kw)
+    if check and result.returncode != 0:
+        raise RealNodeError(f"`{' '.join(cmd)}` failed ({result.returncode}): {result.stderr.strip()}")
+    return result
+
+
+def _start_ticks(pid: int) -> int:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return -1
+    return int(text[text.rindex(")") + 2 :].split()[19])
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((LOCALHOST, 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def _tcp_open(host: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+        return True
+    return False
+
+
+def _log_tail(path: str, lines: int = 20) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def _openssl_leaf(
+    layout: nm.NodeLayout,
+    ca_cert: Path,
+    ca_key: Path,
+    name: str,
+    subject: str,
+    usage: str,
+    sans: Sequence[str] = (),
+) -> None:
+    extensions = [
+        "basicConstraints=critical,CA:FALSE",
+        "keyUsage=critical,digitalSignature,keyEncipherment",
+        f"extendedKeyUsage={usage}",
+    ]
+    if sans:
+        extensions.append("subjectAltName=" + ",".join(sans))
+    _run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", str(layout.key(name)), "-out", str(layout.cert(name)),
+            "-subj", subject, "-days", "3650", "-CA", str(ca_cert), "-CAkey", str(ca_key),
+            *[arg for ext in extensions for arg in ("-addext", ext)],
+        ]
+    )  # fmt: skip
+    layout.key(name).chmod(0o600)
+
+
+# ---- preflight --------------------------------------------------------------------------------------
+
+
+def missing_prerequisites(bin_dir: Path, cni_bin_dir: Path) -> list[str]:
+    """Everything a real node needs that this machine lacks, each with how to get it."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("root: the node creates a bridge, iptables rules and mounts (run as root)")
+    for name in NODE_BINARIES:
+        if not os.access(bin_dir / name, os.X_OK):
+            problems.append(f"{bin_dir / name}: run {BUILD_SCRIPT}")
+    for command in HOST_COMMANDS:
+        if shutil.which(command) is None:
+            problems.append(
+                f"`{command}` on PATH: {BUILD_SCRIPT} installs Debian's containerd, runc, iptables"
+            )
+    for plugin in CNI_PLUGINS:
+        if not (cni_bin_dir / plugin).is_file():
+            problems.append(f"CNI plugin {cni_bin_dir / plugin}: apt-get install containernetworking-plugins")
+    if shutil.which("docker") is None:
+        problems.append("`docker`: images are loaded with `docker save` (hack/build-images.sh installs it)")
+    if not Path("/proc/sys/net/bridge/bridge-nf-call-iptables").exists():
+        problems.append("br_netfilter (/proc/sys/net/bridge/bridge-nf-call-iptables): modprobe br_netfilter")
+    return problems
+
+
+def ensure_node_binaries(bin_dir: Path, *, build: bool) -> None:
+    missing = [n for n in NODE_BINARIES if not os.access(bin_dir / n, os.X_OK)]
+    if not missing:
+        return
+    if not build:
+        raise RealNodeError(f"missing in {bin_dir}: {', '.join(missing)}; run {BUILD_SCRIPT}")
+    env = dict(os.environ)
+    env.setdefault("DDP_K8S_PREFIX", str(bin_dir.parent))
+    if subprocess.run(["bash", str(BUILD_SCRIPT)], env=env, check=False).returncode != 0:
+        raise RealNodeError(f"{BUILD_SCRIPT} failed; its output above says why")
+
+
+# ---- the node's record ------------------------------------------------------------------------------
+
+
+class _Recorder:
+    """Keeps node.json current, so a failed start can be undone by `stop` from any process."""
+
+    def __init__(self, layout: nm.NodeLayout, state: NodeState) -> None:
+        self.layout = layout
+        self.state = state
+        self.save()
+
+    def update(self, **changes: Any) -> None:
+        self.state = NodeState(
+            **{
+                **asdict(self.state),
+                **changes,
+                "components": changes.get("components", self.state.components),
+            }
+        )
+        self.save()
+
+    def save(self) -> None:
+        tmp = self.layout.state_file.with_suffix(".tmp")
+        tmp.write_text(self.state.to_json())
+        tmp.replace(self.layout.state_file)
+
+    def start(self, name: str, command: list[str], ports: dict[str, int]) -> ComponentState:
+        log = self.layout.log_file(name)
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.layout.node_dir,
+                start_new_session=True,
+            )
+        component = ComponentState(
+            name=name,
+            pid=proc.pid,
+            start_ticks=_start_ticks(proc.pid),
+            ports=ports,
+            log=str(log),
+            command=command,
+        )
+        self.update(components=[*self.state.components, component])
+        return component
+
+
+def read_state(state_dir: Path) -> NodeState | None:
+    path = state_dir / "node" / "node.json"
+    if not path.is_file():
+        return None
+    return NodeState.from_json(path.read_text())
+
+
+def _wait(what: str, check: Callable[[], bool], deadline: float, watch: Sequence[ComponentState]) -> None:
+    while not check():
+        for c in watch:
+            if not is_running(c):
+                raise RealNodeError(
+                    f"{c.name} exited while waiting for {what}; log {c.log}:\n{_log_tail(c.log)}"
+                )
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {c.name} ({c.log}):\n{_log_tail(c.log, 10)}" for c in watch)
+            raise RealNodeError(f"timed out waiting for {what}\n{logs}")
+        time.sleep(_POLL_S)
+
+
+# ---- images -----------------------------------------------------------------------------------------
+
+
+def _ctr(layout: nm.NodeLayout, *args: str) -> list[str]:
+    return ["ctr", f"--address={layout.containerd_socket}", "--namespace=k8s.io", *args]
+
+
+def ensure_pause_image(bin_dir: Path) -> None:
+    """The sandbox image: our static pause binary as the only file, imported into Docker."""
+    if _run(["docker", "image", "inspect", nm.PAUSE_IMAGE], check=False).returncode == 0:
+        return
+    import io
+    import tarfile
+
+    payload = io.BytesIO()
+    with tarfile.open(fileobj=payload, mode="w") as tar:
+        tar.add(str(bin_dir / "pause"), arcname="pause")
+    result = subprocess.run(
+        ["docker", "import", "--change", 'ENTRYPOINT ["/pause"]', "-", nm.PAUSE_IMAGE],
+        input=payload.getvalue(),
+        capture_output=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RealNodeError(
+            f"docker import of the pause image failed: {result.stderr.decode(errors='replace')}"
+        )
+
+
+def _docker_image_id(ref: str) -> str:
+    result = _run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], check=False)
+    if result.returncode != 0:
+        raise RealNodeError(
+            f"image {ref} is not in Docker: build it first (hack/build-images.sh): {result.stderr.strip()}"
+        )
+    return result.stdout.strip()
+
+
+def load_images(layout: nm.NodeLayout, refs: Sequence[str], progress: Progress = lambda _: None) -> None:
+    """`docker save REF | ctr -n k8s.io images import -` for each image the node's containerd lacks
+    (by Docker image ID, remembered next to the image store)."""
+    marker = layout.image_store / "ddp-imported.json"
+    imported: dict[str, str] = json.loads(marker.read_text()) if marker.is_file() else {}
+    present = set(_run(_ctr(layout, "images", "ls", "-q")).stdout.split())
+    for ref in refs:
+        image_id = _docker_image_id(ref)
+        name = nm.normalized_image_ref(ref)
+        if imported.get(name) == image_id and name in present:
+            continue
+        started = time.monotonic()
+        save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        load = subprocess.run(
+            _ctr(layout, "images", "import", "-"), stdin=save.stdout, capture_output=True, check=False
+        )
+        if save.stdout is not None:
+            save.stdout.close()
+        save_err = save.communicate()[1]
+        if save.returncode != 0 or load.returncode != 0:
+            raise RealNodeError(
+                f"loading {ref} into the node failed: docker save: {save_err.decode(errors='replace').strip()} "
+                f"ctr import: {load.stderr.decode(errors='replace').strip()}"
+            )
+        imported[name] = image_id
+        marker.write_text(json.dumps(imported, indent=2))
+        progress(f"loaded image {ref} into the node ({time.monotonic() - started:.1f} s)")
+
+
+# ---- start ------------------------------------------------------------------------------------------
+
+
+def _read(path: str) -> str:
+    return Path(path).read_text().strip()
+
+
+def _iptables_save(table: str) -> str:
+    return _run(["iptables-save", "-t", table]).stdout
+
+
+def _node_status(cluster: LocalCluster, name: str) -> dict[str, Any] | None:
+    code, body = cluster.api().request("GET", f"/api/v1/nodes/{name}")
+    return body if code == 200 and isinstance(body, dict) else None
+
+
+def _node_ready(node: dict[str, Any] | None) -> bool:
+    if node is None:
+        return False
+    conditions = node.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def start(cluster: LocalCluster, options: RealNodeOptions, progress: Progress = lambda _: None) -> RealNode:
+    """Start the node against a running control plane and wait for it to be Ready with DNS, Service
+    routing and the apiserver relay working; on failure, undo everything and raise RealNodeError."""
+    network = options.network
+    bin_dir = cluster.bin_dir
+    cni_bin_dir = options.cni_bin_dir or default_cni_bin_dir()
+    layout = nm.NodeLayout(cluster.state_dir, (options.image_store or default_image_store()).resolve())
+    ensure_node_binaries(bin_dir, build=options.build)
+    problems = missing_prerequisites(bin_dir, cni_bin_dir)
+    if problems:
+        raise RealNodeError("a real node cannot start here; missing:\n  " + "\n  ".join(problems))
+    if read_state(cluster.state_dir) is not None:
+        raise RealNodeError(f"a real node is already recorded in {layout.state_file}: stop it first")
+    if Path(f"/sys/class/net/{network.bridge}").exists():
+        raise RealNodeError(
+            f"interface {network.bridge} exists: another real node runs (or was not torn down): "
+            f"`ddpjob cluster down`, or `ip link del {network.bridge}`"
+        )
+    if layout.containerd_socket.exists() and _tcp_or_unix_alive(layout.containerd_socket):
+        raise RealNodeError(f"a containerd already serves {layout.containerd_socket}")
+
+    started = time.monotonic()
+    deadline = started + options.timeout_s
+    for d in (layout.node_dir, layout.pki_dir, layout.cni_conf_dir, layout.cni_ipam_dir, layout.kubelet_dir,
+              layout.volumes_dir, layout.pod_logs_dir, layout.image_store, layout.run_dir, layout.log_dir):  # fmt: skip
+        d.mkdir(parents=True, exist_ok=True)
+    recorder = _Recorder(
+        layout,
+        NodeState(
+            name=options.name,
+            bin_dir=str(bin_dir),
+            image_store=str(layout.image_store),
+            run_dir=str(layout.run_dir),
+            bridge=network.bridge,
+            pod_cidr=network.pod_cidr,
+            netns_before=sorted(p.name for p in _NETNS_DIR.glob("*")) if _NETNS_DIR.is_dir() else [],
+            chains_before={t: sorted(nm.iptables_chains(_iptables_save(t))) for t in nm.IPTABLES_TABLES},
+        ),
+    )
+
+    def step(message: str) -> None:
+        progress(f"real node: {message} ({time.monotonic() - started:.1f} s)")
+
+    try:
+        seconds_to_ready = _start_node(cluster, options, layout, recorder, cni_bin_dir, deadline, step)
+    except BaseException:
+        progress("real node: start failed; undoing what was added")
+        with contextlib.suppress(Exception):
+            stop(cluster.state_dir, progress=progress, api_up=True)
+        raise
+    return RealNode(options.name, network, layout, seconds_to_ready)
+
+
+def _tcp_or_unix_alive(path: Path) -> bool:
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(1)
+        s.connect(str(path))
+        return True
+    return False
+
+
+def _start_node(
+    cluster: LocalCluster,
+    options: RealNodeOptions,
+    layout: nm.NodeLayout,
+    recorder: _Recorder,
+    cni_bin_dir: Path,
+    deadline: float,
+    step: Progress,
+) -> float:
+    """Returns the seconds from the first file written to the node's Ready condition."""
+    network = options.network
+    bin_dir = cluster.bin_dir
+    started = time.monotonic()
+    apiserver_port = int(cluster.apiserver.rsplit(":", 1)[1])
+    ports = nm.NodePorts(*_free_ports(7))
+
+    # Certificates and kubeconfigs, signed by the cluster's CA.
+    ca_cert, ca_key = cluster.ca_cert, cluster.ca_key
+    _openssl_leaf(
+        layout, ca_cert, ca_key, "kubelet", f"/O=system:nodes/CN=system:node:{options.name}", "clientAuth"
+    )
+    _openssl_leaf(
+        layout, ca_cert, ca_key, "kubelet-serving", f"/CN={options.name}", "serverAuth",
+        (f"IP:{network.gateway}", f"DNS:{options.name}", f"IP:{LOCALHOST}"),
+    )  # fmt: skip
+    _openssl_leaf(layout, ca_cert, ca_key, "kube-proxy", f"/CN={nm.KUBE_PROXY_USER}", "clientAuth")
+    _openssl_leaf(layout, ca_cert, ca_key, "coredns", f"/CN={nm.COREDNS_USER}", "clientAuth")
+    for component, user in (("kubelet", f"system:node:{options.name}"), ("kube-proxy", nm.KUBE_PROXY_USER),
+                            ("coredns", nm.COREDNS_USER)):  # fmt: skip
+        _write_json(
+            layout.kubeconfig(component),
+            kubeconfig(cluster.apiserver, ca_cert, layout.cert(component), layout.key(component), user),
+        )
+        layout.kubeconfig(component).chmod(0o600)
+
+    host_resolv = Path("/etc/resolv.conf").read_text() if Path("/etc/resolv.conf").is_file() else ""
+    upstream = nm.upstream_nameservers(host_resolv)
+    layout.resolv_conf.write_text(nm.node_resolv_conf(upstream))
+    layout.containerd_config.write_text(nm.containerd_config(layout, network, cni_bin_dir))
+    _write_json(layout.cni_conf_dir / "10-ddp-pods.conflist", nm.cni_conflist(network, layout))
+    _write_json(layout.kubelet_config, nm.kubelet_config(layout, network, ports, ca_cert))
+    _write_json(layout.kube_proxy_config, nm.kube_proxy_config(layout, network, ports, options.name))
+    layout.corefile.write_text(nm.corefile(network, ports, layout.kubeconfig("coredns"), upstream))
+    volume_dirs = [layout.volumes_dir / f"pv-{i}" for i in range(options.volumes)]
+    for d in volume_dirs:
+        d.mkdir(exist_ok=True)
+        d.chmod(0o1777)  # the trainer runs as a non-root user and hostPath ignores fsGroup
+
+    # The bridge exists before any pod, so the kubelet, CoreDNS and the relay can bind its address.
+    _run(["ip", "link", "add", network.bridge, "type", "bridge"])
+    recorder.update(bridge_created=True)
+    _run(["ip", "addr", "add", network.gateway_cidr, "dev", network.bridge])
+    _run(["ip", "link", "set", network.bridge, "up"])
+    changed: dict[str, str] = {}
+    for path in ("/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/bridge/bridge-nf-call-iptables"):
+        before = _read(path)
+        if before != "1":
+            Path(path).write_text("1")
+            changed[path] = before
+    recorder.update(sysctls_changed=changed)
+    chains = nm.iptables_chains(_iptables_save("filter"))
+    chain = "DOCKER-USER" if "DOCKER-USER" in chains else "FORWARD"
+    added: list[list[str]] = []
+    for spec in nm.forward_accept_rules(network):
+        _run(["iptables", "-t", "filter", "-I", chain, "1", *spec])
+        added.append(["-t", "filter", chain, *spec])
+        recorder.update(iptables_rules=list(added))
+    step(f"bridge {network.bridge} {network.gateway_cidr}; FORWARD accepted in {chain}")
+
+    containerd = recorder.start(
+        "containerd",
+        [shutil.which("containerd") or "containerd", "--config", str(layout.containerd_config)],
+        {},
+    )
+    _wait(
+        "containerd's socket",
+        lambda: _run(_ctr(layout, "version"), check=False).returncode == 0,
+        deadline,
+        [containerd],
+    )
+    step("containerd serving CRI")
+    ensure_pause_image(bin_dir)
+    load_images(layout, [nm.PAUSE_IMAGE], progress=step)
+
+    kubelet = recorder.start(
+        "kubelet",
+        nm.kubelet_command(bin_dir, layout, network, options.name),
+        {"https": ports.kubelet, "healthz": ports.kubelet_healthz},
+    )
+    _wait(
+        f"node {options.name} to turn Ready",
+        lambda: _node_ready(_node_status(cluster, options.name)),
+        deadline,
+        [containerd, kubelet],
+    )
+    seconds_to_ready = time.monotonic() - started
+    _untaint_not_ready(cluster, options.name)
+    step(f"node {options.name} Ready")
+    # After Ready, so that "time to a Ready node" measures the node alone, not a 6 GB import.
+    load_images(layout, options.images, progress=step)
+
+    cluster.apply_json(
+        {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": nm.api_objects(network, apiserver_port, ports.coredns, volume_dirs),
+        }
+    )
+    proxy = recorder.start(
+        "kube-proxy",
+        nm.kube_proxy_command(bin_dir, layout),
+        {"healthz": ports.kube_proxy_healthz, "metrics": ports.kube_proxy_metrics},
+    )
+    coredns = recorder.start(
+        "coredns",
+        nm.coredns_command(bin_dir, layout),
+        {"dns": ports.coredns, "health": ports.coredns_health, "ready": ports.coredns_ready},
+    )
+    relay = recorder.start(
+        "apiserver-relay",
+        nm.relay_command(sys.executable, network.gateway, apiserver_port, LOCALHOST),
+        {"https": apiserver_port},
+    )
+    every = [containerd, kubelet, proxy, coredns, relay]
+    _wait(
+        "kube-proxy's first sync",
+        lambda: _http_status(f"http://{LOCALHOST}:{ports.kube_proxy_healthz}/healthz") == 200,
+        deadline,
+        every,
+    )
+    _wait(
+        "CoreDNS ready",
+        lambda: _http_status(f"http://{LOCALHOST}:{ports.coredns_ready}/ready") == 200,
+        deadline,
+        every,
+    )
+    _wait("the apiserver relay", lambda: _tcp_open(network.gateway, apiserver_port), deadline, every)
+    step("kube-proxy, CoreDNS and the apiserver relay ready")
+    return seconds_to_ready
+
+
+def _untaint_not_ready(cluster: LocalCluster, name: str) -> None:
+    """The TaintNodesByCondition admission plugin taints every new node not-ready:NoSchedule; the
+    node-lifecycle controller, which would lift it, does not run here (it would also manage kwok's
+    nodes), so the taint goes once the kubelet reports Ready."""
+    node = _node_status(cluster, name) or {}
+    taints = node.get("spec", {}).get("taints") or []
+    kept = [t for t in taints if t.get("key") != "node.kubernetes.io/not-ready"]
+    if len(kept) != len(taints):
+        cluster.kubectl_run(
+            "patch", "node", name, "--type=merge", "-p", json.dumps({"spec": {"taints": kept or None}})
+        )
+
+
+# ---- stop -------------------------------------------------------------------------------------------
+
+
+def _crictl(state: NodeState, *args: str) -> list[str]:
+    endpoint = f"unix://{Path(state.run_dir) / 'containerd.sock'}"
+    return [
+        str(Path(state.bin_dir) / "crictl"),
+        f"--runtime-endpoint={endpoint}",
+        f"--image-endpoint={endpoint}",
+        "--timeout=30s",
+        *args,
+    ]
+
+
+def stop(state_dir: Path, *, progress: Progress = lambda _: None, api_up: bool = True) -> bool:
+    """Undo what `start` recorded in state_dir; False when no node was recorded. Raises RealNodeError
+    (and keeps the record) when something could not be removed."""
+    state = read_state(state_dir)
+    if state is None:
+        return False
+    del api_up  # the node is torn down through CRI, whether or not the apiserver still answers
+    by_name = {c.name: c for c in state.components}
+    errors: list[str] = []
+
+    # The kubelet first, so it does not restart what is removed below.
+    stop_components([c for c in state.components if c.name != "containerd"])
+    containerd = by_name.get("containerd")
+    if containerd is not None and is_running(containerd):
+        # Stops every container and removes every sandbox (CNI DEL releases its address and veth).
+        result = _run(_crictl(state, "rmp", "--all", "--force"), check=False, timeout=180)
+        if result.returncode != 0:
+            errors.append(f"crictl rmp: {result.stderr.strip()}")
+        stop_components([containerd])
+    cleanup = _run(nm.kube_proxy_cleanup_command(Path(state.bin_dir)), check=False)
+    if cleanup.returncode != 0:
+        errors.append(f"kube-proxy --cleanup: {cleanup.stderr.strip()[-300:]}")
+
+    layout = nm.NodeLayout(state_dir, Path(state.image_store), Path(state.run_dir))
+    mountinfo = Path("/proc/self/mountinfo").read_text()
+    for point in nm.mounts_under(mountinfo, layout.owned_dirs):
+        result = _run(["umount", point], check=False)
+        if result.returncode != 0:
+            result = _run(["umount", "-l", point], check=False)
+            if result.returncode != 0:
+                errors.append(f"umount {point}: {result.stderr.strip()}")
+    if _NETNS_DIR.is_dir():
+        for ns in sorted(set(p.name for p in _NETNS_DIR.glob("cni-*")) - set(state.netns_before)):
+            path = _NETNS_DIR / ns
+            _run(["umount", str(path)], check=False)
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    for rule in state.iptables_rules:
+        table, chain, spec = rule[1], rule[2], rule[3:]
+        while _run(["iptables", "-t", table, "-C", chain, *spec], check=False).returncode == 0:
+            _run(["iptables", "-t", table, "-D", chain, *spec], check=False)
+    for table in nm.IPTABLES_TABLES:
+        for command in nm.iptables_cleanup(table, _iptables_save(table), state.chains_before.get(table, [])):
+            result = _run(["iptables", *command], check=False)
+            if result.returncode != 0 and "-X" in command:
+                errors.append(f"iptables {' '.join(command)}: {result.stderr.strip()}")
+    if state.bridge_created and Path(f"/sys/class/net/{state.bridge}").exists():
+        result = _run(["ip", "link", "del", state.bridge], check=False)
+        if result.returncode != 0:
+            errors.append(f"ip link del {state.bridge}: {result.stderr.strip()}")
+    for sysctl, value in state.sysctls_changed.items():
+        with contextlib.suppress(OSError):
+            Path(sysctl).write_text(value)
+
+    still = [c.name for c in state.components if is_running(c)]
+    if still:
+        errors.append(f"still running: {', '.join(still)}")
+    left = nm.mounts_under(Path("/proc/self/mountinfo").read_text(), layout.owned_dirs)
+    if left:
+        errors.append(f"still mounted: {', '.join(left)}")
+    if errors:
+        raise RealNodeError("real node teardown incomplete:\n  " + "\n  ".join(errors))
+    shutil.rmtree(layout.run_dir, ignore_errors=True)
+    layout.state_file.unlink()
+    progress("real node: stopped; its sandboxes, mounts, iptables rules and bridge removed")
+    return True
+
+
+@dataclass(frozen=True)
+class NodeComponentStatus:
+    name: str
+    pid: int
+    running: bool
+    rss_bytes: int
+    ports: dict[str, int]
+    log: str
+
+
+def status(state_dir: Path) -> list[NodeComponentStatus]:
+    state = read_state(state_dir)
+    if state is None:
+        return []
+    rows = []
+    for c in state.components:
+        running = is_running(c)
+        rows.append(
+            NodeComponentStatus(c.name, c.pid, running, rss_bytes(c.pid) if running else 0, c.ports, c.log)
+        )
+    return rows

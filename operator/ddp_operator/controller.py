@@ -1,0 +1,353 @@
+"""The controller: event-driven reconciles of DDPJobs from cached observations.
+
+kopf delivers DDPJob events (handlers.py); the pod cache (podcache.py) delivers rank-pod changes. Both
+only mark a job dirty. One worker task per dirty job runs `reconcile.decide()` on what the caches hold and
+executes its Decision through kube_api, so reconciles of one job never overlap and a burst of pod events
+becomes one reconcile. Nothing here LISTs: the only LIST is the pod cache's, once per namespace at start.
+
+Writes per job lifecycle are kept near the floor the benchmark measures (R pods + 1 Service + a few):
+- a status write is skipped when nothing changed, and one that only moves counters (readyReplicas...) is
+  held back to at most one per `status_interval` seconds per job;
+- an Event is posted only when the phase changes;
+- the Service (and PVC) are created once per job per process, not once per reconcile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from ddp_operator import builders, names
+from ddp_operator.kube_api import (
+    ApiError,
+    ForeignObjectExists,
+    JsonDict,
+    KubeApi,
+    PodCreateForbidden,
+    merge_patch_for,
+)
+from ddp_operator.observe import format_time, parse_time
+from ddp_operator.podcache import JobKey, PodCache
+from ddp_operator.spec import JobSpec, SpecError, parse_job
+
+if TYPE_CHECKING:
+    from ddp_operator.metrics import OperatorMetrics
+    from ddp_operator.reconcile import Decision
+
+logger = logging.getLogger(__name__)
+
+# How long pod events are gathered before a reconcile runs: ranks change together.
+DEFAULT_BATCH_DELAY = 0.05
+# After an API error other than the typed ones, try the job again after this long.
+ERROR_RETRY_SECONDS = 5.0
+# A child name held by an object that is not ours (an old job of the same name being collected).
+FOREIGN_RETRY_SECONDS = 2.0
+
+
+def _resource_version(obj: Mapping[str, Any]) -> int | None:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion", ""))
+    except ValueError:
+        return None
+
+
+def job_key(body: Mapping[str, Any]) -> JobKey:
+    meta = body.get("metadata") or {}
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+class Controller:
+    def __init__(
+        self,
+        api: KubeApi,
+        namespaces: Sequence[str] | None = None,
+        status_interval: float = 1.0,
+        batch_delay: float = DEFAULT_BATCH_DELAY,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.api = api
+        self.jobs: dict[JobKey, JsonDict] = {}
+        self.pods = PodCache(api, namespaces, on_change=self.kick)
+        self.metrics: OperatorMetrics | None = None
+        self.status_interval = status_interval
+        self.batch_delay = batch_delay
+        self.clock = clock
+        self._pending: set[JobKey] = set()
+        self._workers: dict[JobKey, asyncio.Task[None]] = {}
+        self._timers: dict[JobKey, tuple[float, asyncio.TimerHandle]] = {}
+        self._last_status_write: dict[JobKey, float] = {}
+        # (namespace, name, uid) whose Service and PVC exist: created once per job per process.
+        self._services_ready: set[tuple[str, str, str]] = set()
+        # Jobs whose creates wait for a child name held by an object that is not theirs.
+        self._timers_foreign: set[JobKey] = set()
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.pods.start()
+
+    async def stop(self) -> None:
+        self.pods.stop()
+        for _, handle in self._timers.values():
+            handle.cancel()
+        for task in list(self._workers.values()):
+            task.cancel()
+
+    def phase_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for body in list(self.jobs.values()):
+            phase = str((body.get("status") or {}).get("phase", ""))
+            counts[phase] = counts.get(phase, 0) + 1
+        return counts
+
+    # ---- inputs ------------------------------------------------------------------------------
+
+    def job_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A DDPJob event from kopf's watch (type None: kopf's initial listing)."""
+        key = job_key(body)
+        if event_type == "DELETED":
+            self._forget(key)
+            return
+        current = self.jobs.get(key)
+        if current is not None:
+            same_job = (current.get("metadata") or {}).get("uid") == (body.get("metadata") or {}).get("uid")
+            new_version, old_version = _resource_version(body), _resource_version(current)
+            # Our own status answer may be newer than an event still in flight.
+            if same_job and new_version is not None and old_version is not None and new_version < old_version:
+                return
+            if not same_job:
+                self._forget(key)
+        self.jobs[key] = dict(body)
+        self.kick(key)
+
+    def _forget(self, key: JobKey) -> None:
+        body = self.jobs.pop(key, None)
+        self._pending.discard(key)
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer[1].cancel()
+        self._last_status_write.pop(key, None)
+        self._timers_foreign.discard(key)
+        self.pods.forget_job(key)
+        if body is not None:
+            uid = str((body.get("metadata") or {}).get("uid", ""))
+            self._services_ready.discard((key[0], key[1], uid))
+
+    def kick(self, key: JobKey) -> None:
+        """Mark a job dirty; its worker reconciles it soon (pods of unknown jobs wait for the job event)."""
+        if key not in self.jobs:
+            return
+        self._pending.add(key)
+        if key not in self._workers:
+            self._workers[key] = asyncio.get_running_loop().create_task(self._work(key))
+
+    def kick_later(self, key: JobKey, seconds: float) -> None:
+        """Reconcile again after `seconds` (deadlines, TTL, rate-limited status); the earliest wins."""
+        loop = asyncio.get_running_loop()
+        due = loop.time() + max(seconds, 0.0)
+        existing = self._timers.get(key)
+        if existing is not None:
+            if existing[0] <= due:
+                return
+            existing[1].cancel()
+
+        def fire() -> None:
+            self._timers.pop(key, None)
+            self.kick(key)
+
+        self._timers[key] = (due, loop.call_at(due, fire))
+
+    # ---- the worker --------------------------------------------------------------------------
+
+    async def _work(self, key: JobKey) -> None:
+        try:
+            await self.pods.synced.wait()
+            while key in self._pending:
+                await asyncio.sleep(self.batch_delay)
+                self._pending.discard(key)
+                started = time.perf_counter()
+                try:
+                    await self.reconcile(key)
+                except ApiError as error:
+                    logger.warning("reconcile of %s/%s failed: %s; retrying", key[0], key[1], error)
+                    self.kick_later(key, ERROR_RETRY_SECONDS)
+                except Exception:
+                    logger.exception("reconcile of %s/%s crashed; retrying", key[0], key[1])
+                    self.kick_later(key, ERROR_RETRY_SECONDS)
+                finally:
+                    if self.metrics is not None:
+                        self.metrics.reconcile_duration.observe(time.perf_counter() - started)
+        finally:
+            self._workers.pop(key, None)
+
+    async def reconcile(self, key: JobKey) -> None:
+        from ddp_operator.reconcile import decide
+
+        body = self.jobs.get(key)
+        if body is None:
+            return
+        status: Mapping[str, Any] = body.get("status") or {}
+        try:
+            job = parse_job(body)
+        except SpecError as error:
+            await self._fail_invalid(key, body, error)
+            return
+        decision = decide(job, status, self.pods.pods_of(key), self.clock())
+        await self.execute(key, body, job, decision)
+
+    # ---- executing a decision ----------------------------------------------------------------
+
+    async def execute(self, key: JobKey, body: JsonDict, job: JobSpec, decision: Decision) -> None:
+        """Carry out a Decision in the order reconcile.py fixes (its module docstring)."""
+        from ddp_operator.reconcile import pod_create_forbidden
+
+        old_status: Mapping[str, Any] = body.get("status") or {}
+        if decision.delete_pods:
+            deleted = await self.api.delete_children(job.namespace, "Pod", list(decision.delete_pods))
+            for _, remains in deleted:
+                if remains is not None:
+                    self.pods.remember(remains)
+
+        if decision.create_ranks:
+            forbidden = await self._create_attempt(key, job, decision)
+            if forbidden is not None:
+                refusal, rank = forbidden
+                decision = pod_create_forbidden(
+                    job,
+                    old_status,
+                    rank,
+                    decision.create_attempt,
+                    refusal.message or refusal.reason,
+                    self.clock(),
+                )
+            elif key in self._timers_foreign:
+                return  # a name is still held by an old job's pod: the status waits with the creates
+
+        body = await self._write_status(key, body, old_status, decision)
+
+        if decision.delete_job:
+            await self.api.delete_job(job.namespace, job.name, job.uid)
+            return
+        if decision.requeue_after is not None:
+            self.kick_later(key, decision.requeue_after)
+
+    async def _write_status(
+        self, key: JobKey, body: JsonDict, old_status: Mapping[str, Any], decision: Decision
+    ) -> JsonDict:
+        if not decision.status_changed:
+            return body
+        patch = merge_patch_for(old_status, decision.status)
+        if not patch:
+            return body
+        old_phase, new_phase = str(old_status.get("phase", "")), decision.phase
+        phase_changed = old_phase != new_phase
+        if not phase_changed and not decision.create_ranks and "attempt" not in patch:
+            # Counter-only changes (readyReplicas while ranks come up) are coalesced per job.
+            waited = time.monotonic() - self._last_status_write.get(key, 0.0)
+            if waited < self.status_interval:
+                self.kick_later(key, self.status_interval - waited)
+                return body
+        namespace, name = key
+        stored = await self.api.patch_job_status(namespace, name, patch)
+        self._last_status_write[key] = time.monotonic()
+        self.job_event("MODIFIED", stored)
+        body = self.jobs.get(key, stored)
+        if decision.gang_restart and self.metrics is not None:
+            self.metrics.gang_restarts.inc()
+        if phase_changed:
+            self._observe_phase_change(body, old_phase, new_phase)
+            if decision.event is not None:
+                await self._post_event(
+                    body, decision.event.type, decision.event.reason, decision.event.message
+                )
+        return body
+
+    def _observe_phase_change(self, body: Mapping[str, Any], old: str, new: str) -> None:
+        if self.metrics is None:
+            return
+        if new != names.PHASE_RUNNING:
+            return
+        status = body.get("status") or {}
+        if int(status.get("restarts", 0) or 0) != 0:
+            return
+        created = parse_time((body.get("metadata") or {}).get("creationTimestamp"))
+        if created is not None:
+            self.metrics.time_to_running.observe(max((self.clock() - created).total_seconds(), 0.0))
+
+    async def _create_attempt(
+        self, key: JobKey, job: JobSpec, decision: Decision
+    ) -> tuple[PodCreateForbidden, int] | None:
+        """The Service, PVC and missing rank pods; (the 403, its rank) when the apiserver refused a pod."""
+        self._timers_foreign.discard(key)
+        identity = (job.namespace, job.name, job.uid)
+        if identity not in self._services_ready:
+            children: list[JsonDict] = []
+            if decision.create_service:
+                children.append(builders.build_service(job))
+            pvc = builders.build_checkpoint_pvc(job) if decision.create_pvc else None
+            if pvc is not None:
+                children.append(pvc)
+            report = await self.api.create_children(children, job.uid)
+            if isinstance(report.error, ForeignObjectExists):
+                self._foreign(key, job, report.error)
+                return None
+            if report.error is not None:
+                raise report.error
+            self._services_ready.add(identity)
+
+        def on_result(pod: JsonDict, created: bool) -> None:
+            self.pods.remember(pod)
+            if created and self.metrics is not None:
+                self.metrics.pods_created.inc()
+
+        pods = [builders.build_rank_pod(job, rank, decision.create_attempt) for rank in decision.create_ranks]
+        report = await self.api.create_children(pods, job.uid, on_result=on_result)
+        if isinstance(report.error, PodCreateForbidden):
+            labels = ((report.failed or {}).get("metadata") or {}).get("labels") or {}
+            return report.error, int(labels.get(names.LABEL_RANK, decision.create_ranks[0]))
+        if isinstance(report.error, ForeignObjectExists):
+            self._foreign(key, job, report.error)
+            return None
+        if report.error is not None:
+            raise report.error
+        return None
+
+    def _foreign(self, key: JobKey, job: JobSpec, error: ForeignObjectExists) -> None:
+        logger.info("%s/%s: %s; waiting for it to go", job.namespace, job.name, error.message)
+        self._timers_foreign.add(key)
+        self.kick_later(key, FOREIGN_RETRY_SECONDS)
+
+    async def _fail_invalid(self, key: JobKey, body: JsonDict, error: SpecError) -> None:
+        """A manifest the CRD let through but the operator cannot run (e.g. an older CRD)."""
+        status: Mapping[str, Any] = body.get("status") or {}
+        if status.get("phase") == names.PHASE_FAILED:
+            return
+        now = format_time(self.clock())
+        failed = {
+            "phase": names.PHASE_FAILED,
+            "conditions": [
+                {
+                    "type": names.PHASE_FAILED,
+                    "status": "True",
+                    "reason": "InvalidSpec",
+                    "message": str(error),
+                    "lastTransitionTime": now,
+                }
+            ],
+            "observedGeneration": int((body.get("metadata") or {}).get("generation", 0) or 0),
+            "completionTime": now,
+        }
+        namespace, name = key
+        stored = await self.api.patch_job_status(namespace, name, merge_patch_for(status, failed))
+        self.job_event("MODIFIED", stored)
+        await self._post_event(stored, "Warning", "InvalidSpec", str(error))
+
+    async def _post_event(self, body: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
+        try:
+            await self.api.post_event(body, event_type, reason, message)
+        except ApiError as error:  # an Event is best effort: never fail a reconcile over it
+            logger.warning("could not post Event %s: %s", reason, error)

@@ -1,0 +1,420 @@
+"""The one module of the operator that talks to the Kubernetes API.
+
+Everything else hands it plain dicts. The official client's transport (auth, TLS, token refresh) is used,
+but not its generated models: the body of a pod goes out as the builder's dict and comes back as JSON, so
+a 1024-rank job does not pay for 2048 model conversions. Blocking calls run on a bounded thread pool, so
+children are created concurrently (`concurrency` requests in flight) while the asyncio loop stays free.
+
+Idempotence, as DESIGN.md fixes it: a 409 on create is success when what exists is ours (controller
+ownerReference to the same job UID and, for pods, the same attempt label) and `ForeignObjectExists`
+otherwise; a 404 on delete is success. A 403 on pod create is `PodCreateForbidden` carrying the
+apiserver's message (Pod Security, quota), which the controller turns into a Failed job, never a retry loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import socket
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from ddp_operator import names
+
+logger = logging.getLogger(__name__)
+
+JsonDict = dict[str, Any]
+
+DDP_GROUP = names.API_GROUP
+DDP_VERSION = names.API_VERSION
+DDP_PLURAL = names.PLURAL
+LABEL_ATTEMPT = names.LABEL_ATTEMPT
+EVENT_COMPONENT = names.MANAGED_BY_VALUE
+
+# kind -> REST plural for the core/v1 children the operator creates.
+_CORE_PLURALS: dict[str, str] = {
+    "Pod": "pods",
+    "Service": "services",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "Event": "events",
+}
+
+
+class ApiError(Exception):
+    """A non-2xx answer; `message` is the apiserver's own Status message when it sent one."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.failed_object: Mapping[str, Any] | None = None
+
+
+class PodCreateForbidden(ApiError):
+    """The apiserver refused to create a rank pod (403): Pod Security admission, a ResourceQuota..."""
+
+
+class ForeignObjectExists(ApiError):
+    """A child's name is taken by an object that is not this job's (another owner UID or attempt)."""
+
+
+class ResourceVersionGone(ApiError):
+    """410: the watch's resourceVersion is too old; the caller lists again."""
+
+
+@dataclass
+class CreateReport:
+    """What `create_children` did: objects it created, objects that were already ours, the first error."""
+
+    created: list[JsonDict] = field(default_factory=list)
+    existing: list[JsonDict] = field(default_factory=list)
+    error: ApiError | None = None
+    failed: Mapping[str, Any] | None = None  # the object whose create raised `error`
+
+
+def _status_message(status: int, reason: str, body: bytes | str | None) -> ApiError:
+    message = ""
+    status_reason = reason
+    if body:
+        try:
+            decoded = json.loads(body)
+        except ValueError:
+            message = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
+        else:
+            if isinstance(decoded, dict):
+                message = str(decoded.get("message", ""))
+                status_reason = str(decoded.get("reason", reason) or reason)
+    if status == 410:
+        return ResourceVersionGone(status, status_reason, message)
+    return ApiError(status, status_reason, message)
+
+
+def is_ours(existing: Mapping[str, Any], wanted: Mapping[str, Any], owner_uid: str) -> bool:
+    """Whether an object found under a child's name belongs to this job (and, for pods, this attempt)."""
+    meta = existing.get("metadata") or {}
+    owned = any(
+        ref.get("uid") == owner_uid and ref.get("controller") for ref in meta.get("ownerReferences") or ()
+    )
+    if not owned:
+        return False
+    if wanted.get("kind") == "Pod":
+        wanted_attempt = ((wanted.get("metadata") or {}).get("labels") or {}).get(LABEL_ATTEMPT)
+        existing_attempt = (meta.get("labels") or {}).get(LABEL_ATTEMPT)
+        return bool(wanted_attempt == existing_attempt)
+    return True
+
+
+def merge_patch_for(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonDict:
+    """A JSON merge patch turning `old` into `new` at the top level (keys gone from `new` become null)."""
+    patch: JsonDict = {key: value for key, value in new.items() if old.get(key) != value}
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    return patch
+
+
+def _core_path(namespace: str, kind: str, name: str | None = None) -> str:
+    plural = _CORE_PLURALS[kind]
+    path = f"/api/v1/namespaces/{quote(namespace, safe='')}/{plural}"
+    return f"{path}/{quote(name, safe='')}" if name else path
+
+
+def _job_path(namespace: str, name: str, subresource: str = "") -> str:
+    path = f"/apis/{DDP_GROUP}/{DDP_VERSION}/namespaces/{quote(namespace, safe='')}/{DDP_PLURAL}/{quote(name, safe='')}"
+    return f"{path}/{subresource}" if subresource else path
+
+
+def _pods_path(namespace: str | None) -> str:
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods" if namespace else "/api/v1/pods"
+
+
+class KubeApi:
+    """Blocking request primitives plus their asyncio wrappers on a bounded pool of `concurrency` threads."""
+
+    def __init__(self, api_client: Any, concurrency: int = 32) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self._client = api_client
+        self.concurrency = concurrency
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=concurrency, thread_name_prefix="kube-api"
+        )
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None, concurrency: int = 32) -> KubeApi:
+        """In-cluster service account when there is one and no kubeconfig was named, else the kubeconfig."""
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        if kubeconfig is None:
+            try:
+                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            except config.ConfigException:
+                config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, client_configuration=configuration
+            )
+        # One connection per worker thread, so `concurrency` requests really are in flight together.
+        configuration.connection_pool_maxsize = concurrency + 4
+        api_client = client.ApiClient(configuration)
+        api_client.user_agent = "ddp-operator"
+        return cls(api_client, concurrency=concurrency)
+
+    def connection(self) -> dict[str, Any]:
+        """What kopf needs to log in with the same credentials: server, CA, client cert or bearer token."""
+        configuration = self._client.configuration
+        header = configuration.get_api_key_with_prefix(
+            "BearerToken"
+        ) or configuration.get_api_key_with_prefix("authorization")
+        scheme, _, token = (header or "").rpartition(" ")
+        return {
+            "server": configuration.host,
+            "ca_path": configuration.ssl_ca_cert,
+            "insecure": not configuration.verify_ssl,
+            "certificate_path": configuration.cert_file,
+            "private_key_path": configuration.key_file,
+            "scheme": scheme or ("Bearer" if token else None),
+            "token": token or None,
+        }
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._client.close()
+
+    # ---- blocking primitives -------------------------------------------------------------------
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | tuple[float, float] | None = 60.0,
+    ) -> Any:
+        """One request; returns the raw response (not read) or raises ApiError for a non-2xx answer."""
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        method, url, headers, _, _ = self._client.param_serialize(
+            method=method, resource_path=path, header_params=headers, auth_settings=["BearerToken"]
+        )
+        if query:
+            url += "?" + urlencode({key: value for key, value in query.items() if value is not None})
+        response = self._client.call_api(
+            method,
+            url,
+            header_params=headers,
+            body=body,
+            _request_timeout=timeout,
+        )
+        if not 200 <= response.status < 300:
+            raise _status_message(response.status, response.reason, response.read())
+        return response
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> JsonDict:
+        response = self._send(method, path, query=query, body=body, content_type=content_type)
+        data = response.read()
+        decoded: JsonDict = json.loads(data) if data else {}
+        return decoded
+
+    def create_child_blocking(self, obj: Mapping[str, Any], owner_uid: str) -> tuple[JsonDict, bool]:
+        """Create one child; (object, True) when created, (existing, False) when it was already ours."""
+        meta = obj["metadata"]
+        namespace, name, kind = meta["namespace"], meta["name"], obj["kind"]
+        try:
+            return self.request("POST", _core_path(namespace, kind), body=obj), True
+        except ApiError as error:
+            if error.status == 403 and kind == "Pod":
+                raise PodCreateForbidden(error.status, error.reason, error.message) from None
+            if error.status != 409:
+                raise
+        existing = self.request("GET", _core_path(namespace, kind, name))
+        if not is_ours(existing, obj, owner_uid):
+            raise ForeignObjectExists(
+                409, "AlreadyExists", f"{kind} {namespace}/{name} exists and does not belong to this job"
+            )
+        return existing, False
+
+    def delete_blocking(self, namespace: str, kind: str, name: str) -> JsonDict | None:
+        """Delete one child; the object as the apiserver left it (deletionTimestamp set), None when gone."""
+        try:
+            result = self.request(
+                "DELETE", _core_path(namespace, kind, name), body={"propagationPolicy": "Background"}
+            )
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        # A pod with a grace period comes back as the pod; one deleted at once comes back as a Status.
+        return result if result.get("kind") == kind else None
+
+    def list_pods_blocking(self, namespace: str | None, label_selector: str) -> tuple[list[JsonDict], str]:
+        """All pods matching the selector (paged), and the list's resourceVersion to watch from."""
+        items: list[JsonDict] = []
+        continue_token: str | None = None
+        while True:
+            page = self.request(
+                "GET",
+                _pods_path(namespace),
+                query={"labelSelector": label_selector, "limit": 500, "continue": continue_token},
+            )
+            items.extend(page.get("items") or [])
+            list_meta = page.get("metadata") or {}
+            continue_token = list_meta.get("continue")
+            if not continue_token:
+                return items, str(list_meta.get("resourceVersion", ""))
+
+    def watch_pods_blocking(
+        self, namespace: str | None, label_selector: str, resource_version: str, timeout_seconds: int = 300
+    ) -> Iterator[JsonDict]:
+        """Watch events (type, object) from `resource_version`, bookmarks included; ends at the timeout."""
+        from kubernetes.watch.watch import iter_resp_lines
+
+        response = self._send(
+            "GET",
+            _pods_path(namespace),
+            query={
+                "watch": "true",
+                "labelSelector": label_selector,
+                "resourceVersion": resource_version,
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": timeout_seconds,
+            },
+            # No read timeout beyond the server's own: bookmarks arrive about once a minute.
+            timeout=(10.0, float(timeout_seconds + 30)),
+        )
+        try:
+            for line in iter_resp_lines(response.response):  # type: ignore[no-untyped-call]
+                event: JsonDict = json.loads(line)
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    raise _status_message(int(status.get("code", 500)), str(status.get("reason", "")), line)
+                yield event
+        finally:
+            response.response.release_conn()
+
+    # ---- asyncio wrappers ----------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def create_children(
+        self,
+        objects: Sequence[Mapping[str, Any]],
+        owner_uid: str,
+        on_result: Callable[[JsonDict, bool], None] | None = None,
+    ) -> CreateReport:
+        """Create children concurrently; stop starting new ones after the first error.
+
+        `on_result(obj, created)` runs on the loop as each answer arrives, so the caller's cache learns
+        of every pod at once instead of waiting for the watch (and a second reconcile does not create
+        them again).
+        """
+        report = CreateReport()
+        stop = False
+
+        def create_one(obj: Mapping[str, Any]) -> tuple[JsonDict, bool] | None:
+            if stop:
+                return None
+            try:
+                return self.create_child_blocking(obj, owner_uid)
+            except ApiError as error:
+                error.failed_object = obj
+                raise
+
+        loop = asyncio.get_running_loop()
+        futures = [loop.run_in_executor(self._pool, create_one, obj) for obj in objects]
+        for next_done in asyncio.as_completed(futures):
+            try:
+                result = await next_done
+            except ApiError as error:
+                stop = True
+                if report.error is None:
+                    report.error = error
+                    report.failed = error.failed_object
+                continue
+            if result is None:
+                continue
+            obj, created = result
+            (report.created if created else report.existing).append(obj)
+            if on_result is not None:
+                on_result(obj, created)
+        return report
+
+    async def delete_children(
+        self, namespace: str, kind: str, names: Sequence[str]
+    ) -> list[tuple[str, JsonDict | None]]:
+        """Delete children concurrently; (name, object-after-delete or None when gone) per name."""
+        results = await asyncio.gather(*(self._run(self.delete_blocking, namespace, kind, n) for n in names))
+        return list(zip(names, results, strict=True))
+
+    async def patch_job_status(self, namespace: str, name: str, status_patch: Mapping[str, Any]) -> JsonDict:
+        """Merge-patch the DDPJob's status subresource; returns the job as stored afterwards."""
+        result: JsonDict = await self._run(
+            lambda: self.request(
+                "PATCH",
+                _job_path(namespace, name, "status"),
+                body={"status": dict(status_patch)},
+                content_type="application/merge-patch+json",
+            )
+        )
+        return result
+
+    async def delete_job(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the DDPJob (TTL); its children go by garbage collection. 404 and a new UID are success."""
+        body = {"propagationPolicy": "Background", "preconditions": {"uid": uid}}
+        try:
+            await self._run(lambda: self.request("DELETE", _job_path(namespace, name), body=body))
+        except ApiError as error:
+            if error.status not in (404, 409):
+                raise
+
+    async def post_event(self, job: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the DDPJob (what `kubectl describe ddpjob` shows)."""
+        meta = job.get("metadata") or {}
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        namespace = str(meta.get("namespace", "default"))
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'ddpjob')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": f"{DDP_GROUP}/{DDP_VERSION}",
+                "kind": "DDPJob",
+                "name": meta.get("name"),
+                "namespace": namespace,
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": event_type,
+            "reason": reason,
+            "message": message[:1024],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "source": {"component": EVENT_COMPONENT},
+            "reportingComponent": f"{DDP_GROUP}/{EVENT_COMPONENT}",
+            "reportingInstance": socket.gethostname()[:128],
+        }
+        await self._run(lambda: self.request("POST", _core_path(namespace, "Event"), body=event))
+
+    async def list_pods(self, namespace: str | None, label_selector: str) -> tuple[list[JsonDict], str]:
+        result: tuple[list[JsonDict], str] = await self._run(
+            self.list_pods_blocking, namespace, label_selector
+        )
+        return result

@@ -1,0 +1,209 @@
+"""What a person watches during `ddpjob run`: the live progress line and the end-of-run summary.
+
+Pure: the scraper hands in parsed samples and the time; nothing here reads a clock or a socket.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ddp_operator.local import promtext
+
+STEPS = "ddp_sync_steps_total"
+SAMPLES = "ddp_samples_total"
+ALLREDUCE_BYTES = "ddp_allreduce_bytes_total"
+ALLREDUCE_DURATION = "ddp_allreduce_duration_seconds"
+LOSS = "ddp_loss"
+OVERLAP = "ddp_comm_overlap_ratio"
+
+
+@dataclass(frozen=True)
+class PodMetrics:
+    """One pod's endpoint (all its local ranks) reduced to what the line and the table show."""
+
+    steps: float | None = None
+    samples: float | None = None
+    allreduce_bytes: float | None = None
+    allreduce_buckets: Mapping[float, float] = field(default_factory=dict)
+    loss: float | None = None
+    overlap: float | None = None
+
+    @property
+    def allreduce_p50(self) -> float | None:
+        return promtext.quantile(0.5, self.allreduce_buckets)
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else None
+
+
+def pod_metrics(samples: Sequence[promtext.Sample]) -> PodMetrics:
+    """Reduce one scrape: ranks step together, so steps is the furthest rank; the rest add up."""
+    steps = promtext.by_rank(samples, STEPS)
+    return PodMetrics(
+        steps=max(steps.values()) if steps else None,
+        samples=promtext.total(samples, SAMPLES),
+        allreduce_bytes=promtext.total(samples, ALLREDUCE_BYTES),
+        allreduce_buckets=promtext.histogram_buckets(samples, ALLREDUCE_DURATION),
+        loss=_mean(promtext.by_rank(samples, LOSS).values()),
+        overlap=_mean(promtext.by_rank(samples, OVERLAP).values()),
+    )
+
+
+def _sum_buckets(pods: Iterable[PodMetrics]) -> dict[float, float]:
+    combined: dict[float, float] = {}
+    for pod in pods:
+        for bound, count in pod.allreduce_buckets.items():
+            combined[bound] = combined.get(bound, 0.0) + count
+    return combined
+
+
+@dataclass(frozen=True)
+class ProgressView:
+    step: float | None
+    loss: float | None
+    samples_per_second: float | None
+    allreduce_p50: float | None
+    overlap: float | None
+    pods_reporting: int
+    pods_total: int
+
+
+class ProgressTracker:
+    """Keeps a short window of whole-job scrapes so rates and the p50 describe the recent past."""
+
+    def __init__(self, pods_total: int, window_seconds: float = 10.0) -> None:
+        self.pods_total = pods_total
+        self.window_seconds = window_seconds
+        self._history: deque[tuple[float, float, dict[float, float]]] = deque()
+        self.latest: dict[int, PodMetrics] = {}
+
+    def record(self, now: float, pods: Mapping[int, PodMetrics]) -> None:
+        """Record one scrape round; pods that did not answer keep their last known numbers."""
+        self.latest.update(pods)
+        total_samples = sum(p.samples or 0.0 for p in self.latest.values())
+        self._history.append((now, total_samples, _sum_buckets(self.latest.values())))
+        while len(self._history) > 2 and now - self._history[0][0] > self.window_seconds:
+            self._history.popleft()
+
+    def view(self) -> ProgressView:
+        pods = list(self.latest.values())
+        steps = [p.steps for p in pods if p.steps is not None]
+        rate: float | None = None
+        p50: float | None = None
+        if self._history:
+            newest_time, newest_samples, newest_buckets = self._history[-1]
+            oldest_time, oldest_samples, oldest_buckets = self._history[0]
+            if newest_time > oldest_time and newest_samples >= oldest_samples:
+                rate = (newest_samples - oldest_samples) / (newest_time - oldest_time)
+            recent = promtext.subtract(newest_buckets, oldest_buckets)
+            # Nothing reduced in the window (or a restart reset the counters): show the whole run.
+            p50 = promtext.quantile(0.5, recent) if max(recent.values(), default=0) > 0 else None
+            if p50 is None:
+                p50 = promtext.quantile(0.5, newest_buckets)
+        return ProgressView(
+            step=max(steps) if steps else None,
+            loss=_mean(p.loss for p in pods if p.loss is not None),
+            samples_per_second=rate,
+            allreduce_p50=p50,
+            overlap=_mean(p.overlap for p in pods if p.overlap is not None),
+            pods_reporting=len(pods),
+            pods_total=self.pods_total,
+        )
+
+    def reset(self) -> None:
+        """A new attempt: counters restart from zero in new processes."""
+        self._history.clear()
+        self.latest.clear()
+
+
+def format_seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 1e-3:
+        return f"{value * 1e6:.0f}us"
+    if value < 1.0:
+        return f"{value * 1e3:.1f}ms"
+    return f"{value:.2f}s"
+
+
+def format_bytes(value: float | None) -> str:
+    if value is None:
+        return "-"
+    amount = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(amount) < 1024 or unit == "TiB":
+            return f"{amount:.0f}{unit}" if unit == "B" else f"{amount:.1f}{unit}"
+        amount /= 1024
+    return f"{amount:.1f}TiB"  # pragma: no cover - the loop always returns
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render_line(view: ProgressView, attempt: int) -> str:
+    return (
+        f"attempt {attempt} | step {_number(view.step, '.0f')} | loss {_number(view.loss, '.4f')}"
+        f" | {_number(view.samples_per_second, ',.0f')} samples/s"
+        f" | allreduce p50 {format_seconds(view.allreduce_p50)}"
+        f" | overlap {'-' if view.overlap is None else format(view.overlap, '.0%')}"
+        f" | metrics {view.pods_reporting}/{view.pods_total} pods"
+    )
+
+
+@dataclass(frozen=True)
+class RankResult:
+    """How one pod of one attempt ended, with the last numbers its endpoint reported."""
+
+    attempt: int
+    rank: int
+    pod_name: str
+    exit_code: int | None
+    metrics: PodMetrics | None
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "-"
+    if code > 128:
+        import signal
+
+        try:
+            return f"{code} ({signal.Signals(code - 128).name})"
+        except ValueError:
+            return str(code)
+    return str(code)
+
+
+def render_summary(
+    results: Sequence[RankResult], outcome: str, attempts: int, extra: Sequence[str] = ()
+) -> str:
+    header = ("attempt", "rank", "pod", "exit", "steps", "samples", "allreduce", "p50", "loss")
+    rows: list[tuple[str, ...]] = [header]
+    for result in results:
+        m = result.metrics or PodMetrics()
+        rows.append(
+            (
+                str(result.attempt),
+                str(result.rank),
+                result.pod_name,
+                _describe_exit(result.exit_code),
+                _number(m.steps, ".0f"),
+                _number(m.samples, ".0f"),
+                format_bytes(m.allreduce_bytes),
+                format_seconds(m.allreduce_p50),
+                _number(m.loss, ".4f"),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append(f"attempts: {attempts} (restarts: {max(attempts - 1, 0)})")
+    lines.extend(extra)
+    lines.append(f"outcome: {outcome}")
+    return "\n".join(lines)

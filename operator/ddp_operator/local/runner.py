@@ -1,0 +1,356 @@
+"""The attempt loop of `ddpjob run`: start a gang, watch it, restart it like the operator would.
+
+The decisions are the operator's own (``policies.failure``): the first failure of an attempt decides,
+a retryable one restarts the whole gang as a new attempt (new rendezvous port, DDPJOB_ATTEMPT + 1)
+that resumes from the newest checkpoint, until backoffLimit is spent.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from ddp_operator import builders
+from ddp_operator.local.console import Console
+from ddp_operator.local.plan import Host, LocalAddresses, PlanError, ProcessSpec, find_trainer, plan_process
+from ddp_operator.local.progress import ProgressTracker, RankResult, render_line, render_summary
+from ddp_operator.local.scrape import Scraper
+from ddp_operator.local.supervisor import Exit, Gang
+from ddp_operator.policies import failure
+from ddp_operator.spec import JobSpec
+
+# Exit codes of `ddpjob run` (documented in docs/local-run.md).
+EXIT_SUCCEEDED: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_INVALID: Final = 2
+# Interrupted by signal N: 128 + N, like a shell reports a program it stopped (130 for Ctrl-C).
+
+OUTCOME_SUCCEEDED: Final = "Succeeded"
+OUTCOME_FAILED: Final = "Failed"
+OUTCOME_INTERRUPTED: Final = "Interrupted"
+REASON_DEADLINE: Final = "DeadlineExceeded"
+
+# The trainer's `final accuracy=... loss=... steps=...` line (ddp_trainer.progress.FinalResult).
+_FINAL = re.compile(r"^final accuracy=(?P<accuracy>\S+)(?: loss=(?P<loss>\S+))?(?: steps=(?P<steps>\S+))?")
+# Status lines the trainer prints once its training loop is over (see ddp_trainer.progress).
+_TRAINING_ENDED = re.compile(r"(params|stopped|final) ")
+# Printed by a trainer that keeps /metrics up after training (--metrics-linger).
+_LINGERING = "ddp_trainer: serving /metrics for"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    workdir: Path
+    resume: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)
+    grace_seconds: float | None = None
+    progress: bool = True
+    live_progress: bool = False
+    progress_interval: float = 10.0
+    scrape_interval: float = 1.0
+
+
+@dataclass
+class RunResult:
+    outcome: str
+    exit_code: int
+    reason: str = ""
+    message: str = ""
+    attempts: int = 0
+    results: list[RankResult] = field(default_factory=list)
+    accuracy: str | None = None
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct ports free right now on 127.0.0.1 (all held open together, so never the same twice)."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def this_host() -> Host:
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 0
+    return Host(
+        node_name=socket.gethostname(),
+        cpus=os.cpu_count() or 1,
+        memory_bytes=memory,
+        python=sys.executable,
+        loopback_interface={"linux": "lo", "darwin": "lo0"}.get(sys.platform),
+    )
+
+
+def grace_seconds_of(job: JobSpec, pod: Mapping[str, object]) -> float:
+    spec = pod.get("spec")
+    value = spec.get("terminationGracePeriodSeconds") if isinstance(spec, Mapping) else None
+    if isinstance(value, int):
+        return float(value)
+    return float(builders.DEFAULT_TERMINATION_GRACE_SECONDS)
+
+
+def prepare_checkpoint_dir(workdir: Path, resume: bool) -> Path:
+    """A fresh run starts from nothing, like a new DDPJob gets a new PVC; --resume keeps it."""
+    checkpoint_dir = workdir / "checkpoints"
+    if checkpoint_dir.exists() and not resume:
+        shutil.rmtree(checkpoint_dir)
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    return checkpoint_dir.resolve()
+
+
+class StopRequest:
+    """Set from signal handlers: the first signal stops gracefully, a second one hurries."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.count = 0
+
+    def handle(self, signum: int, _frame: object) -> None:
+        self.signum = self.signum or signum
+        self.count += 1
+
+    @property
+    def requested(self) -> bool:
+        return self.count > 0
+
+    @property
+    def hurry(self) -> bool:
+        return self.count > 1
+
+
+class LocalJobRunner:
+    def __init__(self, job: JobSpec, options: RunOptions, console: Console, stop: StopRequest) -> None:
+        self.job = job
+        self.options = options
+        self.console = console
+        self.stop = stop
+        self.host = this_host()
+        self.attempt = 0
+        self.tracker = ProgressTracker(pods_total=job.replicas)
+        self.scraper = Scraper(self.tracker, self._show_progress, interval=options.scrape_interval)
+        self._accuracy: str | None = None
+        self._gang: Gang | None = None
+        self._lock = threading.Lock()
+
+    def _show_progress(self, tracker: ProgressTracker) -> None:
+        if self.options.progress and tracker.latest:
+            self.console.status(render_line(tracker.view(), self.attempt))
+
+    def _on_line(self, rank: int, text: str) -> None:
+        self.console.rank_line(rank, text)
+        match = _FINAL.match(text)
+        if match:
+            details = ", ".join(f"{key} {match[key]}" for key in ("loss", "steps") if match[key])
+            with self._lock:
+                self._accuracy = f"{match['accuracy']}" + (f" ({details})" if details else "")
+        if _TRAINING_ENDED.match(text):
+            # The trainer's last words before it exits: read its final numbers while it still serves them.
+            self.scraper.scrape_rank(rank)
+        elif text.startswith(_LINGERING):
+            # Training is over and the endpoint waits to be scraped: take the final numbers, then let
+            # it go (SIGTERM ends the trainer's linger with exit 0).
+            self.scraper.scrape_rank(rank)
+            gang = self._gang
+            if gang is not None:
+                gang.signal_rank(rank, signal.SIGTERM)
+
+    def plan(self, attempt: int, checkpoint_dir: Path) -> list[ProcessSpec]:
+        master_port, *metrics_ports = free_ports(1 + self.job.replicas)
+        specs = []
+        for rank in range(self.job.replicas):
+            pod = builders.build_rank_pod(self.job, rank, attempt)
+            addresses = LocalAddresses(master_port, metrics_ports[rank], str(checkpoint_dir))
+            specs.append(
+                plan_process(
+                    pod,
+                    rank,
+                    addresses,
+                    self.host,
+                    os.environ,
+                    overrides=self.options.env,
+                    template=self.job.template,
+                )
+            )
+        return specs
+
+    def check(self) -> None:
+        """Plan every rank once before anything starts: raises PlanError for a manifest that cannot run here."""
+        specs = self.plan(0, self.options.workdir / "checkpoints")
+        index, _ = find_trainer(self.job.template)
+        for spec in specs:
+            program = spec.argv[0]
+            if shutil.which(program, path=spec.env.get("PATH")) is None:
+                raise PlanError(
+                    f"spec.template.spec.containers[{index}].command",
+                    f"{program!r} is not a program on this machine's PATH (the image is not used here); "
+                    "fix: install it, or use a command this environment has",
+                )
+
+    def _announce(self, attempt: int, specs: Sequence[ProcessSpec], checkpoint_dir: Path) -> None:
+        job = self.job
+        if attempt == 0:
+            self.console.note(
+                f"job {job.name}: {job.replicas} pod(s) x {job.nproc_per_node} process(es) = world size "
+                f"{job.world_size}, backend {job.backend}, restartPolicy {job.restart_policy}, "
+                f"backoffLimit {job.run_policy.backoff_limit}"
+            )
+            self.console.note("the container image is not used: each rank runs in this Python environment")
+            self.console.note(f"checkpoints: {checkpoint_dir}")
+            for note in specs[0].notes:
+                self.console.note(note)
+            self.console.note(f"command (rank 0): {' '.join(specs[0].argv)}")
+        master_port = specs[0].env.get("MASTER_PORT", "?")
+        self.console.note(
+            f"attempt {attempt}: rendezvous 127.0.0.1:{master_port}; metrics "
+            + ", ".join(f"rank {s.rank} http://127.0.0.1:{s.metrics_port}/metrics" for s in specs)
+        )
+
+    def _deadline(self, started: float) -> float | None:
+        limit = self.job.run_policy.active_deadline_seconds
+        return None if limit is None else started + limit
+
+    def run(self) -> RunResult:
+        job = self.job
+        result = RunResult(outcome=OUTCOME_FAILED, exit_code=EXIT_FAILED)
+        checkpoint_dir = prepare_checkpoint_dir(self.options.workdir, self.options.resume)
+        started = time.monotonic()
+        deadline = self._deadline(started)
+        restarts = 0
+        grace = self.options.grace_seconds
+        self.scraper.start()
+        try:
+            while True:
+                specs = self.plan(self.attempt, checkpoint_dir)
+                if grace is None:
+                    grace = grace_seconds_of(job, builders.build_rank_pod(job, 0, self.attempt))
+                self._announce(self.attempt, specs, checkpoint_dir)
+                with self._lock:
+                    self._accuracy = None
+                gang = Gang(specs, cwd=None, on_line=self._on_line)
+                self._gang = gang
+                if job.metrics.enabled:
+                    self.scraper.set_targets({s.rank: s.metrics_port for s in specs})
+                exits, ending = self._watch(gang, grace, deadline)
+                self.console.clear_status()
+                metrics = self.scraper.snapshot()
+                self.scraper.set_targets({})
+                result.attempts = self.attempt + 1
+                result.results.extend(
+                    RankResult(
+                        attempt=self.attempt,
+                        rank=s.rank,
+                        pod_name=s.pod_name,
+                        exit_code=exits[s.rank].exit_code if s.rank in exits else None,
+                        metrics=metrics.get(s.rank),
+                    )
+                    for s in specs
+                )
+                if ending == "interrupted":
+                    signum = self.stop.signum or signal.SIGINT
+                    result.outcome = OUTCOME_INTERRUPTED
+                    result.exit_code = 128 + signum
+                    result.reason = signal.Signals(signum).name
+                    result.message = (
+                        f"stopped by {signal.Signals(signum).name}; checkpoints in {checkpoint_dir} "
+                        "(run again with --resume to continue from them)"
+                    )
+                    break
+                if ending == "deadline":
+                    result.reason = REASON_DEADLINE
+                    result.message = f"activeDeadlineSeconds {job.run_policy.active_deadline_seconds} reached"
+                    break
+                failures = [
+                    failure.RankFailure(rank=e.rank, finish_key=e.finished_at, exit_code=e.exit_code)
+                    for e in sorted(exits.values(), key=lambda e: e.finished_at)
+                    if e.exit_code != 0
+                ]
+                if not failures:
+                    result.outcome = OUTCOME_SUCCEEDED
+                    result.exit_code = EXIT_SUCCEEDED
+                    result.message = f"all {job.replicas} pod(s) exited 0"
+                    break
+                verdict = failure.judge_failures(
+                    job.restart_policy, job.run_policy.backoff_limit, restarts, failures, self.attempt
+                )
+                self.console.note(verdict.message)
+                if not verdict.retry:
+                    result.reason = verdict.reason
+                    result.message = verdict.message
+                    break
+                restarts += 1
+                self.attempt += 1
+        finally:
+            self.scraper.stop()
+            self.console.clear_status()
+        with self._lock:
+            result.accuracy = self._accuracy
+        return result
+
+    def _watch(self, gang: Gang, grace: float, deadline: float | None) -> tuple[dict[int, Exit], str]:
+        """Wait until every rank exited 0, one failed, the deadline passed, or a stop was asked for."""
+        exits: dict[int, Exit] = {}
+        ending = "completed"
+        while len(exits) < len(gang.processes):
+            if self.stop.requested:
+                ending = "interrupted"
+                self.console.note(
+                    f"{signal.Signals(self.stop.signum or signal.SIGINT).name}: sending SIGTERM to every rank, "
+                    f"waiting up to {grace:.0f}s for them to checkpoint and exit (again to kill now)"
+                )
+                gang.stop(grace, should_hurry=lambda: self.stop.hurry)
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                ending = "deadline"
+                self.console.note("activeDeadlineSeconds reached: stopping every rank")
+                gang.stop(grace, should_hurry=lambda: self.stop.hurry)
+                break
+            finished = gang.next_exit(timeout=0.2)
+            if finished is None:
+                continue
+            exits[finished.rank] = finished
+            self.scraper.forget(finished.rank)
+            if finished.exit_code != 0:
+                # The operator deletes every pod of a failed attempt; here that is SIGTERM to the rest.
+                running = len(gang.running)
+                if running:
+                    self.console.note(
+                        f"rank {finished.rank} exited with code {finished.exit_code}: "
+                        f"stopping the other {running} rank(s) of attempt {self.attempt}"
+                    )
+                gang.stop(grace, should_hurry=lambda: self.stop.hurry)
+                break
+        gang.wait_all()
+        while (more := gang.next_exit(timeout=0)) is not None:
+            exits.setdefault(more.rank, more)
+        return exits, ending
+
+    def summary(self, result: RunResult) -> str:
+        extra = []
+        if any(r.metrics is not None for r in result.results):
+            extra.append("(steps, samples, bytes, p50 and loss as last scraped from each pod's /metrics)")
+        if result.accuracy is not None:
+            extra.append(f"held-out accuracy: {result.accuracy}")
+        outcome = result.outcome
+        if result.reason:
+            outcome += f" ({result.reason})"
+        if result.message:
+            outcome += f": {result.message}"
+        return render_summary(result.results, outcome, result.attempts, extra)

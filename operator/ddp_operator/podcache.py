@@ -1,0 +1,178 @@
+"""An in-memory, event-driven cache of the operator's rank pods, grouped by job.
+
+kopf would watch every pod of a namespace and filter labels on the client, so the operator's cost would
+grow with pods that are not ours. This cache is an informer of its own instead: one LIST per watched
+namespace (or one cluster-wide) with a server-side label selector, then a WATCH from that list's
+resourceVersion, relisting only when the apiserver answers 410 Gone. Reconciles read the cache and never
+LIST. `synced` is set once every scope has been listed: before that, a job with pods would look like a
+job whose pods vanished, so the controller waits for it.
+
+Objects also enter the cache from the operator's own create and delete answers (`remember`), so a second
+reconcile right after a create sees the pods without waiting for the watch. resourceVersions are compared
+as integers (etcd revisions) to keep an older answer from overwriting a newer event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from ddp_operator import names
+from ddp_operator.kube_api import ApiError, JsonDict, KubeApi, ResourceVersionGone
+from ddp_operator.observe import PodObservation, observe_pod
+
+logger = logging.getLogger(__name__)
+
+JobKey = tuple[str, str]  # (namespace, job name)
+
+
+def _rv(obj: JsonDict) -> int | None:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion", ""))
+    except ValueError:
+        return None
+
+
+def job_key_of(pod: JsonDict) -> JobKey | None:
+    meta = pod.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(names.LABEL_JOB_NAME)
+    if not job:
+        return None
+    return str(meta.get("namespace", "")), str(job)
+
+
+class PodCache:
+    """Rank pods by job. All mutation happens on the asyncio loop; watch threads only post callbacks."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        namespaces: Sequence[str] | None,
+        on_change: Callable[[JobKey], None],
+        label_selector: str | None = None,
+    ) -> None:
+        self._api = api
+        self._scopes: list[str | None] = list(namespaces) if namespaces else [None]
+        self._on_change = on_change
+        self._selector = label_selector or names.label_selector()
+        # Observations, not pod objects: each pod is parsed once per event, never once per reconcile.
+        self._pods: dict[JobKey, dict[str, tuple[int | None, PodObservation]]] = {}
+        # name -> resourceVersion of its DELETED event, so a late create answer cannot resurrect it.
+        self._tombstones: dict[JobKey, dict[str, int]] = {}
+        self._listed: set[str | None] = set()
+        self.synced = asyncio.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.events_seen = 0
+
+    # ---- reads -------------------------------------------------------------------------------
+
+    def pods_of(self, key: JobKey) -> list[PodObservation]:
+        return [observation for _, observation in self._pods.get(key, {}).values()]
+
+    def jobs(self) -> list[JobKey]:
+        return list(self._pods)
+
+    # ---- writes (loop only) ----------------------------------------------------------------------
+
+    def remember(self, pod: JsonDict) -> None:
+        """An object from the operator's own create/delete answer."""
+        self._apply("MODIFIED", pod, notify=False)
+
+    def forget_job(self, key: JobKey) -> None:
+        """The job is gone; its pods go by garbage collection and their DELETED events may still come."""
+        self._tombstones.pop(key, None)
+
+    def _apply(self, event_type: str, pod: JsonDict, notify: bool = True) -> None:
+        key = job_key_of(pod)
+        if key is None:
+            return
+        name = str((pod.get("metadata") or {}).get("name", ""))
+        version = _rv(pod)
+        pods = self._pods.setdefault(key, {})
+        tombstones = self._tombstones.setdefault(key, {})
+        if event_type == "DELETED":
+            pods.pop(name, None)
+            if version is not None:
+                tombstones[name] = version
+            if not pods:
+                self._pods.pop(key, None)
+        else:
+            dead = tombstones.get(name)
+            if dead is not None and version is not None and version <= dead:
+                return
+            current = pods.get(name)
+            current_version = current[0] if current is not None else None
+            if current_version is not None and version is not None and version < current_version:
+                return
+            pods[name] = (version, observe_pod(pod))
+        if notify:
+            self._on_change(key)
+
+    def _replace_scope(self, scope: str | None, items: list[JsonDict]) -> None:
+        """A fresh LIST of one scope: everything in it replaces what the cache held for that scope."""
+        touched: set[JobKey] = set()
+        for key in list(self._pods):
+            if scope is None or key[0] == scope:
+                touched.add(key)
+                del self._pods[key]
+        for pod in items:
+            pod_key = job_key_of(pod)
+            if pod_key is None:
+                continue
+            key = pod_key
+            name = str(pod["metadata"]["name"])
+            self._pods.setdefault(key, {})[name] = (_rv(pod), observe_pod(pod))
+            touched.add(key)
+        self._listed.add(scope)
+        if all(s in self._listed for s in self._scopes):
+            self.synced.set()
+        for key in touched:
+            self._on_change(key)
+
+    # ---- the informer --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for scope in self._scopes:
+            # Daemon threads: a watch blocked in a read must not hold the process open at exit.
+            thread = threading.Thread(
+                target=self._informer, args=(loop, scope), name=f"pod-informer-{scope or 'all'}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _informer(self, loop: asyncio.AbstractEventLoop, scope: str | None) -> None:
+        """List, then watch until 410; repeat. Runs on a watch thread until `stop()`."""
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                items, version = self._api.list_pods_blocking(scope, self._selector)
+                loop.call_soon_threadsafe(self._replace_scope, scope, items)
+                backoff = 0.5
+                while not self._stop.is_set():
+                    for event in self._api.watch_pods_blocking(scope, self._selector, version):
+                        if self._stop.is_set():
+                            return
+                        obj = event.get("object") or {}
+                        new_version = (obj.get("metadata") or {}).get("resourceVersion")
+                        if new_version:
+                            version = str(new_version)
+                        if event.get("type") == "BOOKMARK":
+                            continue
+                        self.events_seen += 1
+                        loop.call_soon_threadsafe(self._apply, str(event.get("type")), obj)
+            except ResourceVersionGone:
+                logger.info("pod watch of %s expired (410); listing again", scope or "all namespaces")
+            except (ApiError, OSError, ValueError, Exception) as error:
+                if self._stop.is_set():
+                    return
+                logger.warning("pod watch of %s failed: %s; retrying", scope or "all namespaces", error)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 30.0)

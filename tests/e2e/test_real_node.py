@@ -1,0 +1,489 @@
+"""The e2e tier on this machine: the local control plane plus one real node (`ddpjob cluster up
+--real-node`: containerd, kubelet, CNI bridge, kube-proxy, CoreDNS), our chart and our two images.
+
+What runs here is what a user does: `helm install` the chart (the operator runs in a pod under its
+ServiceAccount), `kubectl apply` the digits example with a checkpoint volume in a namespace that enforces
+Pod Security "restricted", and watch the DDPJob. The ranks run the trainer image for real, find rank 0
+through the headless Service's DNS name, and export metrics that the test reads at each pod IP.
+
+Prerequisites (each missing one skips the module, naming it): root (the node adds a bridge, iptables
+rules and mounts), Docker with both images built by hack/build-images.sh, the control plane's and the
+node's binaries (hack/build-k8s.sh, hack/build-node-binaries.sh; built here when Go is available) and
+Debian's containerd, runc and CNI plugins. Set DDP_E2E_TIMINGS=<file> to record the figures of
+docs/real-node.md (the test never asserts on them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from ddp_operator import __version__
+from ddp_operator.cluster import ClusterOptions, LocalCluster, default_bin_dir, down, real_node, up
+from ddp_operator.cluster.binaries import pinned_versions, stale_binaries
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "ddp-operator"
+EXAMPLE = REPO / "examples" / "digits-cpu.yaml"
+TRAINER_IMAGE = f"ddp-trainer:{__version__}"
+OPERATOR_IMAGE = f"ddp-operator:{__version__}"
+METRICS_PORT = 9400
+T = TypeVar("T")
+
+
+def _progress(message: str) -> None:
+    print(f"[real-node] {message}", file=sys.stderr, flush=True)
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 300.0, interval: float = 1.0) -> T:
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last seen: {last!r}")
+
+
+@dataclass
+class Timings:
+    """The figures docs/real-node.md reports; written to $DDP_E2E_TIMINGS when set."""
+
+    values: dict[str, float] = field(default_factory=dict)
+
+    def record(self, name: str, seconds: float) -> None:
+        self.values[name] = round(seconds, 1)
+        _progress(f"timing {name}: {seconds:.1f} s")
+        target = os.environ.get("DDP_E2E_TIMINGS")
+        if target:
+            Path(target).write_text(json.dumps(self.values, indent=2) + "\n")
+
+
+TIMINGS = Timings()
+
+
+# ---- prerequisites ----------------------------------------------------------------------------------
+
+
+def _docker_image_missing(image: str) -> bool:
+    result = subprocess.run(
+        ["docker", "image", "inspect", image], capture_output=True, timeout=60, check=False
+    )
+    return result.returncode != 0
+
+
+def unavailable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "a real node needs root: it creates a bridge, iptables rules and mounts"
+    if shutil.which("docker") is None:
+        return (
+            "no docker CLI: the node's images come from `docker save` (hack/build-images.sh installs Docker)"
+        )
+    if subprocess.run(["docker", "info"], capture_output=True, timeout=60, check=False).returncode != 0:
+        return "no Docker daemon answers: hack/build-images.sh starts one"
+    for image in (OPERATOR_IMAGE, TRAINER_IMAGE):
+        if _docker_image_missing(image):
+            return f"image {image} is not in Docker: build it with hack/build-images.sh"
+    bin_dir = default_bin_dir()
+    if shutil.which("go") is None:
+        if stale_binaries(bin_dir, pinned_versions()):
+            return f"no Go toolchain to build the control plane, and {bin_dir} lacks prebuilt binaries"
+        if any(not os.access(bin_dir / b, os.X_OK) for b in real_node.NODE_BINARIES):
+            return f"no Go toolchain to build the node's binaries, and {bin_dir} lacks them"
+    return None
+
+
+# ---- fixtures ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    bin_dir = default_bin_dir()
+    real_node.ensure_node_binaries(bin_dir, build=True)
+    missing = real_node.missing_prerequisites(bin_dir, real_node.default_cni_bin_dir())
+    if missing:
+        pytest.skip("a real node cannot run here: " + "; ".join(missing))
+    state_dir = tmp_path_factory.mktemp("real-node-cluster")
+    started = time.monotonic()
+    # No kwok nodes: every pod must land on the real node.
+    cluster = up(
+        ClusterOptions(state_dir=state_dir, bin_dir=bin_dir, nodes=0, timeout_s=300.0), progress=_progress
+    )
+    try:
+        node = real_node.start(
+            cluster, real_node.RealNodeOptions(images=(OPERATOR_IMAGE, TRAINER_IMAGE)), progress=_progress
+        )
+        TIMINGS.record("cluster_up_to_ready_node_s", time.monotonic() - started)
+        TIMINGS.record("node_start_to_ready_s", node.seconds_to_ready)
+        yield cluster
+    finally:
+        real_node.stop(state_dir, progress=_progress)
+        down(state_dir, keep_state=True, progress=_progress)
+        left = cluster.running_components() + [r.name for r in real_node.status(state_dir) if r.running]
+        assert not left, f"still running after down: {left}"
+        assert not Path(f"/sys/class/net/{real_node.RealNodeOptions().network.bridge}").exists()
+
+
+@pytest.fixture(scope="module")
+def operator_release(node_cluster: LocalCluster) -> Iterator[str]:
+    repository, tag = OPERATOR_IMAGE.rsplit(":", 1)
+    release = "ddp"
+    node_cluster.helm_run(
+        "install", release, str(CHART), "--namespace", "ddp-system", "--create-namespace", "--wait",
+        "--timeout", "5m", "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+        "--set", "image.pullPolicy=IfNotPresent",
+        timeout=400,
+    )  # fmt: skip
+    try:
+        yield release
+    finally:
+        node_cluster.helm_run("uninstall", release, "--namespace", "ddp-system", check=False)
+
+
+def restricted_namespace(cluster: LocalCluster) -> str:
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    cluster.create_namespace(name)
+    cluster.kubectl_run(
+        "label", "namespace", name,
+        "pod-security.kubernetes.io/enforce=restricted", "pod-security.kubernetes.io/enforce-version=latest",
+    )  # fmt: skip
+    return name
+
+
+# ---- helpers ----------------------------------------------------------------------------------------
+
+
+def digits_job(name: str, *extra_args: str, cpu: str = "500m") -> dict[str, Any]:
+    """examples/digits-cpu.yaml as a user applies it, with our locally built trainer image, a
+    checkpoint volume, and CPU requests two ranks and the operator fit in on a 2-core machine."""
+    job: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    job["metadata"] = {"name": name}
+    job["spec"]["checkpoint"] = {
+        "volumeClaimTemplate": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+        }
+    }
+    trainer = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "trainer")
+    trainer["image"] = TRAINER_IMAGE
+    trainer["command"] = [*trainer["command"], *extra_args]
+    trainer.setdefault("resources", {}).setdefault("requests", {})["cpu"] = cpu
+    return job
+
+
+def get_json(cluster: LocalCluster, *args: str) -> Any:
+    return json.loads(cluster.kubectl_run("get", *args, "-o", "json").stdout)
+
+
+def job_status(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any]:
+    status: dict[str, Any] = get_json(cluster, "ddpjob", name, "-n", namespace).get("status") or {}
+    return status
+
+
+def rank_pods(cluster: LocalCluster, namespace: str, job: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get_json(cluster, "pods", "-n", namespace, "-l", f"ddp.dev/job-name={job}")[
+        "items"
+    ]
+    return sorted(
+        items, key=lambda p: (int(p["metadata"]["labels"]["ddp.dev/attempt"]), p["metadata"]["name"])
+    )
+
+
+def running_ranks(
+    cluster: LocalCluster, namespace: str, job: str, attempt: int, replicas: int
+) -> list[dict[str, Any]] | None:
+    pods = [
+        p
+        for p in rank_pods(cluster, namespace, job)
+        if p["metadata"]["labels"]["ddp.dev/attempt"] == str(attempt)
+        and p["status"].get("phase") == "Running"
+        and p["status"].get("podIP")
+    ]
+    return pods if len(pods) == replicas else None
+
+
+def wait_phase(cluster: LocalCluster, namespace: str, job: str, phase: str, timeout: float) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        status = job_status(cluster, namespace, job)
+        if status.get("phase") in ("Succeeded", "Failed") and status.get("phase") != phase:
+            raise AssertionError(f"{job} ended {status.get('phase')}, not {phase}: {json.dumps(status)}\n"
+                                 f"{diagnostics(cluster, namespace, job)}")  # fmt: skip
+        return status if status.get("phase") == phase else None
+
+    try:
+        return wait_for(f"DDPJob {job} {phase}", probe, timeout=timeout)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\n{diagnostics(cluster, namespace, job)}") from None
+
+
+def diagnostics(cluster: LocalCluster, namespace: str, job: str) -> str:
+    pods = cluster.kubectl_run("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
+    events = cluster.kubectl_run(
+        "get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False
+    ).stdout
+    logs = cluster.kubectl_run(
+        "logs", "-n", namespace, "-l", f"ddp.dev/job-name={job}", "--tail=15", "--prefix", check=False
+    )
+    return f"pods:\n{pods}\nevents:\n{events[-3000:]}\nlogs:\n{logs.stdout[-3000:]}{logs.stderr[-500:]}"
+
+
+def scrape(pod_ip: str) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://{pod_ip}:{METRICS_PORT}/metrics", timeout=5) as answer:
+            return str(answer.read().decode())
+    except OSError:
+        return None
+
+
+def counter(text: str, name: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and (line[len(name)] in " {")
+    )
+
+
+def status_lines(logs: str, kind: str) -> list[dict[str, str]]:
+    found = []
+    for line in logs.splitlines():
+        words = line.split()
+        if words and words[0] == kind:
+            found.append(dict(w.split("=", 1) for w in words[1:] if "=" in w))
+    return found
+
+
+def pod_logs(cluster: LocalCluster, namespace: str, pod: str) -> str:
+    return cluster.kubectl_run("logs", "-n", namespace, pod, "-c", "trainer").stdout
+
+
+# ---- the node itself --------------------------------------------------------------------------------
+
+
+SMOKE_SCRIPT = """
+import json, socket, ssl, urllib.request
+result = {"kubernetes.default": socket.gethostbyname("kubernetes.default")}
+result["echo"] = urllib.request.urlopen("http://echo:8080/hello.txt", timeout=10).read().decode().strip()
+ctx = ssl.create_default_context(cafile="/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+token = open("/var/run/secrets/kubernetes.io/serviceaccount/token").read()
+request = urllib.request.Request("https://kubernetes.default.svc/version", headers={"Authorization": "Bearer " + token})
+result["apiserver"] = json.load(urllib.request.urlopen(request, context=ctx, timeout=10))["gitVersion"]
+print("SMOKE " + json.dumps(result))
+"""
+
+
+def test_a_pod_resolves_kubernetes_default_and_reaches_a_cluster_ip_service(
+    node_cluster: LocalCluster,
+) -> None:
+    namespace = f"smoke-{uuid.uuid4().hex[:6]}"
+    node_cluster.create_namespace(namespace)
+    try:
+        server = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "echo", "namespace": namespace, "labels": {"app": "echo"}},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "http",
+                        "image": TRAINER_IMAGE,
+                        "command": [
+                            "sh",
+                            "-c",
+                            "mkdir -p /tmp/www && echo hello-from-echo > /tmp/www/hello.txt "
+                            "&& exec python3 -m http.server 8080 --directory /tmp/www",
+                        ],
+                        "ports": [{"containerPort": 8080}],
+                        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                    }
+                ]
+            },
+        }
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "echo", "namespace": namespace},
+            "spec": {"selector": {"app": "echo"}, "ports": [{"port": 8080, "targetPort": 8080}]},
+        }
+        node_cluster.apply_json({"apiVersion": "v1", "kind": "List", "items": [server, service]})
+        wait_for(
+            "the echo pod Ready",
+            lambda: any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in get_json(node_cluster, "pod", "echo", "-n", namespace)["status"].get(
+                    "conditions", []
+                )
+            ),
+            timeout=180,
+        )
+        client = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "client", "namespace": namespace},
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [
+                    {"name": "client", "image": TRAINER_IMAGE, "command": ["python3", "-c", SMOKE_SCRIPT]}
+                ],
+            },
+        }
+        node_cluster.apply_json(client)
+        phase = wait_for(
+            "the client pod to finish",
+            lambda: (
+                get_json(node_cluster, "pod", "client", "-n", namespace)["status"].get("phase")
+                in ("Succeeded", "Failed")
+                and get_json(node_cluster, "pod", "client", "-n", namespace)["status"]["phase"]
+            ),
+            timeout=180,
+        )
+        logs = node_cluster.kubectl_run("logs", "-n", namespace, "client", check=False)
+        assert phase == "Succeeded", f"client pod {phase}:\n{logs.stdout}{logs.stderr}"
+        line = next(line for line in logs.stdout.splitlines() if line.startswith("SMOKE "))
+        result = json.loads(line.removeprefix("SMOKE "))
+        service_ip = get_json(node_cluster, "service", "kubernetes", "-n", "default")["spec"]["clusterIP"]
+        assert result["kubernetes.default"] == service_ip
+        assert result["echo"] == "hello-from-echo"
+        assert result["apiserver"] == pinned_versions()["KUBERNETES_VERSION"]
+    finally:
+        node_cluster.kubectl_run("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+# ---- the user's path --------------------------------------------------------------------------------
+
+
+def test_digits_trains_across_two_pods_with_equal_allreduce_bytes_and_succeeds(
+    node_cluster: LocalCluster, operator_release: str
+) -> None:
+    namespace = restricted_namespace(node_cluster)
+    job = "digits"
+    applied = time.monotonic()
+    node_cluster.apply_json(
+        digits_job(job, "--throttle-ms", "40", "--checkpoint-every", "50"), "-n", namespace
+    )
+    pods = wait_for(
+        "both ranks Running", lambda: running_ranks(node_cluster, namespace, job, 0, 2), timeout=600
+    )
+    TIMINGS.record("apply_to_all_ranks_running_s", time.monotonic() - applied)
+
+    # The rendezvous address is rank 0's stable DNS name through the headless Service.
+    for pod in pods:
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
+        assert env["MASTER_ADDR"] == f"{job}-0.{job}.{namespace}.svc", env
+
+    ips = [p["status"]["podIP"] for p in pods]
+
+    def metrics_after_some_steps() -> list[str] | None:
+        texts = [scrape(ip) for ip in ips]
+        if all(t and counter(t, "ddp_sync_steps_total") > 0 for t in texts):
+            return [t for t in texts if t]
+        return None
+
+    first = wait_for("both ranks' /metrics after some sync steps", metrics_after_some_steps, timeout=300)
+
+    def grown() -> list[str] | None:
+        texts = metrics_after_some_steps()
+        if texts and all(
+            counter(t, "ddp_allreduce_bytes_total") > counter(f, "ddp_allreduce_bytes_total")
+            for t, f in zip(texts, first, strict=True)
+        ):
+            return texts
+        return None
+
+    later = wait_for("ddp_allreduce_bytes_total growing on both ranks", grown, timeout=300)
+    per_step = [counter(t, "ddp_allreduce_bytes_total") / counter(t, "ddp_sync_steps_total") for t in later]
+    assert per_step[0] > 0
+    assert per_step[0] == per_step[1], f"allreduce bytes per sync step differ between ranks: {per_step}"
+
+    status = wait_phase(node_cluster, namespace, job, "Succeeded", timeout=900)
+    TIMINGS.record("apply_to_succeeded_s", time.monotonic() - applied)
+    assert status.get("worldSize") == 2
+    rank0 = next(p["metadata"]["name"] for p in pods if p["metadata"]["labels"]["ddp.dev/rank"] == "0")
+    final = status_lines(pod_logs(node_cluster, namespace, rank0), "final")
+    assert final, "rank 0's log has no `final accuracy=...` line"
+    assert 0.5 < float(final[-1]["accuracy"]) <= 1.0, final
+
+    # The namespace enforces "restricted": the rank pods were admitted, a privileged pod is not.
+    refused = node_cluster.kubectl_run(
+        "run", "privileged", "-n", namespace, f"--image={TRAINER_IMAGE}", "--restart=Never",
+        "--overrides", json.dumps({"spec": {"containers": [{"name": "privileged", "image": TRAINER_IMAGE,
+                                                            "securityContext": {"privileged": True}}]}}),
+        check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stderr
+
+
+def checkpoint_files(cluster: LocalCluster, namespace: str, job: str) -> list[str]:
+    claim = get_json(cluster, "pvc", f"{job}-checkpoint", "-n", namespace)
+    volume = claim["spec"].get("volumeName")
+    if not volume:
+        return []
+    path = Path(get_json(cluster, "pv", volume)["spec"]["hostPath"]["path"])
+    return sorted(p.name for p in path.rglob("*") if p.is_file())
+
+
+def test_deleting_a_rank_pod_restarts_the_gang_which_resumes_from_the_checkpoint(
+    node_cluster: LocalCluster, operator_release: str
+) -> None:
+    namespace = restricted_namespace(node_cluster)
+    job = "digits-restart"
+    node_cluster.apply_json(
+        digits_job(job, "--throttle-ms", "60", "--checkpoint-every", "20"), "-n", namespace
+    )
+    pods = wait_for(
+        "both ranks Running", lambda: running_ranks(node_cluster, namespace, job, 0, 2), timeout=600
+    )
+    wait_for(
+        "a checkpoint on the volume", lambda: checkpoint_files(node_cluster, namespace, job), timeout=300
+    )
+    victim = next(p["metadata"]["name"] for p in pods if p["metadata"]["labels"]["ddp.dev/rank"] == "1")
+    node_cluster.kubectl_run("delete", "pod", victim, "-n", namespace, "--wait=false")
+
+    status = wait_phase(node_cluster, namespace, job, "Succeeded", timeout=900)
+    assert status.get("restarts", 0) >= 1, status
+    assert status.get("attempt", 0) >= 1, status
+    resumed_attempt = str(status["attempt"])
+    rank0 = next(
+        p["metadata"]["name"]
+        for p in rank_pods(node_cluster, namespace, job)
+        if p["metadata"]["labels"]["ddp.dev/rank"] == "0"
+        and p["metadata"]["labels"]["ddp.dev/attempt"] == resumed_attempt
+    )
+    logs = pod_logs(node_cluster, namespace, rank0)
+    resumed = status_lines(logs, "resumed")
+    assert resumed and int(resumed[0]["step"]) > 0, (
+        f"attempt {resumed_attempt} did not resume:\n{logs[-2000:]}"
+    )
+    assert status_lines(logs, "final"), logs[-2000:]
+
+
+def test_a_rank_exiting_1_fails_the_job_with_the_reason(
+    node_cluster: LocalCluster, operator_release: str
+) -> None:
+    namespace = restricted_namespace(node_cluster)
+    job = "digits-crash"
+    node_cluster.apply_json(digits_job(job, "--inject-exit", "1:3:1"), "-n", namespace)
+    status = wait_phase(node_cluster, namespace, job, "Failed", timeout=600)
+    failed = [
+        c for c in status.get("conditions", []) if c.get("type") == "Failed" and c.get("status") == "True"
+    ]
+    assert failed and failed[0]["reason"] == "ExitCode", status
+    assert "1" in failed[0]["message"], failed[0]
+    assert status.get("restarts", 0) == 0, status

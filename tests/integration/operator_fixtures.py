@@ -1,0 +1,50 @@
+"""Fixtures shared by the test_operator_* modules (imported by them; conftest.py belongs to the cluster)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.integration.operator_harness import REPO, Kube, OperatorProcess, wait_for
+
+
+@pytest.fixture(scope="session")
+def kube(local_cluster: Any) -> Kube:
+    """kubectl on the local cluster with the DDPJob CRD installed and established."""
+    kube = Kube(local_cluster)
+    crd_dir = REPO / "crds"
+    if not any(crd_dir.glob("*.yaml")):
+        pytest.skip("crds/ has no CRD yet; the operator cannot be tested without it")
+    kube.run("apply", "-f", str(crd_dir))
+    kube.run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    return kube
+
+
+@pytest.fixture
+def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
+    prefix = "op-" + request.node.name.split("[")[0].removeprefix("test_").replace("_", "-")[:30].rstrip("-")
+    name = kube.create_namespace(prefix)
+    yield name
+    kube.delete_namespace(name)
+
+
+@pytest.fixture
+def operator(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """An operator watching only this test's namespace; pytest shows its log tail when the test fails."""
+    process = OperatorProcess(kube.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    yield process
+    process.stop()
+    print(f"--- operator log ({process.log_path}) ---\n{process.log_tail(80)}")
+
+
+def wait_phase(kube: Kube, namespace: str, name: str, phase: str, timeout: float = 90.0) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        status = kube.status(namespace, name)
+        return status if status.get("phase") == phase else None
+
+    try:
+        return wait_for(f"{name} phase {phase}", probe, timeout=timeout)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nstatus now: {kube.status(namespace, name)}") from None

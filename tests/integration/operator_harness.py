@@ -1,0 +1,301 @@
+"""Helpers for the operator's integration tests: an operator subprocess, kubectl JSON, bounded waits.
+
+The operator runs as `python -m ddp_operator operator` with the local cluster's kubeconfig, watching only
+the test's namespace, so tests never see each other's jobs and one can be SIGKILLed like a real pod.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from ddp_operator import names
+
+REPO = Path(__file__).resolve().parents[2]
+EXIT_CODE_ANNOTATION = "kwok.ddp.dev/exit-code"
+REASON_ANNOTATION = "kwok.ddp.dev/reason"
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.3) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` and the last value seen."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = probe()
+        except subprocess.CalledProcessError as error:
+            last = f"{error}: {error.stderr}"
+        if last:
+            return last  # type: ignore[no-any-return]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}")
+        time.sleep(interval)
+
+
+class Kube:
+    """kubectl against the local cluster, returning parsed JSON."""
+
+    def __init__(self, cluster: Any) -> None:
+        self.cluster = cluster
+        self.kubeconfig = Path(cluster.kubeconfig)
+        self.kubectl = str(cluster.kubectl)
+
+    def run(
+        self, *args: str, stdin: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [self.kubectl, "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=120,
+        )
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args, "-o", "json").stdout)
+
+    def apply(self, obj: Any, namespace: str) -> None:
+        text = obj if isinstance(obj, str) else yaml.safe_dump(obj)
+        self.run("apply", "-n", namespace, "-f", "-", stdin=text)
+
+    def job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        result = self.run("get", "ddpjob", name, "-n", namespace, "-o", "json", check=False)
+        if result.returncode != 0:
+            return None
+        job: dict[str, Any] = json.loads(result.stdout)
+        return job
+
+    def status(self, namespace: str, name: str) -> dict[str, Any]:
+        job = self.job(namespace, name) or {}
+        status: dict[str, Any] = job.get("status") or {}
+        return status
+
+    def pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        selector = names.label_selector(job)
+        items: list[dict[str, Any]] = self.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+        return items
+
+    def live_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        return [p for p in self.pods(namespace, job) if not p["metadata"].get("deletionTimestamp")]
+
+    def end_pod(self, namespace: str, pod: str, exit_code: int, reason: str | None = None) -> None:
+        """kwok terminates every container of the pod with this exit code (the cluster's custom stage)."""
+        args = [f"{EXIT_CODE_ANNOTATION}={exit_code}"]
+        if reason:
+            args.append(f"{REASON_ANNOTATION}={reason}")
+        self.run("annotate", "pod", pod, "-n", namespace, "--overwrite", *args)
+
+    def events_for(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        items = self.json("get", "events", "-n", namespace)["items"]
+        return [
+            e
+            for e in items
+            if e.get("involvedObject", {}).get("kind") == names.KIND
+            and e["involvedObject"].get("name") == name
+        ]
+
+    def create_namespace(self, prefix: str, labels: dict[str, str] | None = None) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        self.run("create", "namespace", name)
+        if labels:
+            self.run("label", "namespace", name, *(f"{k}={v}" for k, v in labels.items()))
+        # The ServiceAccount controller must have made `default` before pods can be admitted.
+        wait_for(
+            f"serviceaccount default in {name}",
+            lambda: self.run("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+        )
+        return name
+
+    def delete_namespace(self, name: str) -> None:
+        self.run("delete", "namespace", name, "--wait=false", check=False)
+
+
+class OperatorProcess:
+    """`ddpjob operator` as a child process, ready once kopf's liveness endpoint answers."""
+
+    def __init__(
+        self, kubeconfig: Path, namespaces: Sequence[str], log_path: Path, extra: Sequence[str] = ()
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespaces = list(namespaces)
+        self.log_path = log_path
+        self.extra = list(extra)
+        self.metrics_port = free_port()
+        self.liveness_port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> OperatorProcess:
+        scope = [arg for ns in self.namespaces for arg in ("--namespace", ns)] or ["--all-namespaces"]
+        command = [
+            sys.executable,
+            "-m",
+            "ddp_operator",
+            "operator",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            *scope,
+            "--metrics-port",
+            str(self.metrics_port),
+            "--metrics-address",
+            "127.0.0.1",
+            "--liveness",
+            f"http://127.0.0.1:{self.liveness_port}/healthz",
+            *self.extra,
+        ]
+        log = self.log_path.open("ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        wait_for("the operator's liveness endpoint", self._alive, timeout=timeout)
+        return self
+
+    def _alive(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"the operator exited with {self.process.returncode}:\n{self.log_tail()}")
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2
+            ) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as answer:
+            text: str = answer.read().decode()
+            return text
+
+    def pause(self) -> None:
+        """SIGSTOP: the operator sees nothing until `resume`, as if it were slow; the watch buffers."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def ddpjob(
+    name: str,
+    replicas: int = 2,
+    *,
+    restart_policy: str | None = None,
+    run_policy: dict[str, Any] | None = None,
+    pod_spec: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A small CPU DDPJob whose pods kwok runs (the image is never pulled)."""
+    spec: dict[str, Any] = {
+        "replicas": replicas,
+        "template": {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "trainer",
+                        "image": "ddp-trainer:test",
+                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                    }
+                ],
+                **(pod_spec or {}),
+            }
+        },
+    }
+    if restart_policy:
+        spec["restartPolicy"] = restart_policy
+    if run_policy:
+        spec["runPolicy"] = run_policy
+    return {
+        "apiVersion": names.API_GROUP_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def pod_attempt(pod: dict[str, Any]) -> int:
+    return int(pod["metadata"]["labels"][names.LABEL_ATTEMPT])
+
+
+def pod_rank(pod: dict[str, Any]) -> int:
+    return int(pod["metadata"]["labels"][names.LABEL_RANK])
+
+
+def running_ranks(kube: Kube, namespace: str, job: str, replicas: int, attempt: int) -> list[dict[str, Any]]:
+    """Wait until every rank of `attempt` has a Running pod; return those pods sorted by rank."""
+
+    def probe() -> list[dict[str, Any]] | None:
+        pods = [
+            p
+            for p in kube.live_pods(namespace, job)
+            if pod_attempt(p) == attempt and p.get("status", {}).get("phase") == "Running"
+        ]
+        return sorted(pods, key=pod_rank) if len(pods) == replicas else None
+
+    return wait_for(f"{replicas} Running pods of {job} attempt {attempt}", probe, timeout=90)
+
+
+def pod_phase(kube: Kube, namespace: str, pod: str) -> str:
+    return str(kube.json("get", "pod", pod, "-n", namespace).get("status", {}).get("phase", ""))
+
+
+def fail_in_order(
+    kube: Kube, operator: OperatorProcess, namespace: str, failures: Sequence[tuple[str, int]], gap_s: float
+) -> None:
+    """End pods one after another, `gap_s` apart (finishedAt has one-second resolution), while the
+    operator is paused, so it judges all of them together as it would after a slow watch."""
+    operator.pause()
+    try:
+        for index, (pod, code) in enumerate(failures):
+            if index:
+                time.sleep(gap_s)
+            kube.end_pod(namespace, pod, code)
+            wait_for(f"{pod} to fail", lambda pod=pod: pod_phase(kube, namespace, pod) == "Failed")  # type: ignore[misc]
+    finally:
+        operator.resume()
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for entry in status.get("conditions") or []:
+        if entry.get("type") == kind:
+            return entry  # type: ignore[no-any-return]
+    return None

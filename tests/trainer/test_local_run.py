@@ -1,0 +1,246 @@
+"""`ddpjob run` end to end: real rank processes on gloo, restarted and stopped like the operator would.
+
+Each test runs the real command in its own session and checks what a user would: the exit status,
+the ranks' output, the checkpoints, and that no process of the job is left once the command is over
+(every rank carries ``DDPJOB_NAME`` in its environment, torchrun's workers too, so /proc tells).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.trainer, pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")]
+
+REPO = Path(__file__).resolve().parents[2]
+# Bounds on how long a broken test can hang; nothing asserts on elapsed time.
+RUN_TIMEOUT = 300.0
+
+TRAINER_JOB = """\
+apiVersion: ddp.dev/v1alpha1
+kind: DDPJob
+metadata:
+  name: {name}
+spec:
+  replicas: 2
+  runPolicy:
+    backoffLimit: 2
+  template:
+    spec:
+      terminationGracePeriodSeconds: 60
+      containers:
+        - name: trainer
+          image: ddp-trainer:test
+          args: [{args}]
+"""
+
+
+def job_processes(job_name: str) -> list[int]:
+    """PIDs of live processes whose environment says they belong to ``job_name``."""
+    marker = f"DDPJOB_NAME={job_name}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in environ and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def rank_pid(job_name: str, node_rank: int, attempt: int) -> int | None:
+    """The main process of one rank pod of one attempt."""
+    wanted = {
+        f"DDPJOB_NAME={job_name}".encode(),
+        f"NODE_RANK={node_rank}".encode(),
+        f"DDPJOB_ATTEMPT={attempt}".encode(),
+    }
+    for pid in job_processes(job_name):
+        try:
+            environ = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if wanted <= environ and os.getsid(pid) == pid:
+            return pid
+    return None
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float = RUN_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+class DdpjobRun:
+    """`ddpjob run` in its own session, its output in a file the test can read while it runs."""
+
+    def __init__(self, manifest: Path, workdir: Path, *extra: str) -> None:
+        self.log_path = workdir.parent / f"{workdir.name}.log"
+        self.workdir = workdir
+        self._log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ddp_operator", "run", str(manifest), "--workdir", str(workdir), *extra],
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait(self) -> int:
+        try:
+            return self.process.wait(timeout=RUN_TIMEOUT)
+        finally:
+            self._log.close()
+
+    def end(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def runs() -> Iterator[list[DdpjobRun]]:
+    started: list[DdpjobRun] = []
+    yield started
+    for run in started:
+        run.end()
+
+
+def start(runs: list[DdpjobRun], manifest: Path, workdir: Path, *extra: str) -> DdpjobRun:
+    run = DdpjobRun(manifest, workdir, "--progress-interval", "1", *extra)
+    runs.append(run)
+    return run
+
+
+def trainer_manifest(tmp_path: Path, name: str, *args: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(TRAINER_JOB.format(name=name, args=", ".join(f'"{a}"' for a in args)))
+    return path
+
+
+def checkpoint_steps(directory: Path) -> list[int]:
+    return sorted(
+        int(m.group(1)) for p in directory.glob("ckpt-*.pt") if (m := re.match(r"ckpt-(\d+)", p.name))
+    )
+
+
+def test_demo_manifest_trains_to_the_accuracy(tmp_path: Path, runs: list[DdpjobRun]) -> None:
+    manifest = REPO / "examples" / "digits-cpu.yaml"
+    if not manifest.exists():
+        pytest.skip("examples/digits-cpu.yaml is not in this checkout")
+    run = start(runs, manifest, tmp_path / "work")
+    code = run.wait()
+    output = run.output
+    assert code == 0, output
+    match = re.search(r"^\[rank 0\] final accuracy=([0-9.]+)", output, re.MULTILINE)
+    assert match, output
+    assert float(match.group(1)) >= 0.90
+    assert f"held-out accuracy: {match.group(1)}" in output
+    assert "outcome: Succeeded" in output
+
+
+def test_stock_torchrun_forms_one_group_of_four(tmp_path: Path, runs: list[DdpjobRun]) -> None:
+    run = start(runs, REPO / "examples" / "torchrun-script.yaml", tmp_path / "work")
+    code = run.wait()
+    output = run.output
+    assert code == 0, output
+    joined = re.findall(
+        r"^\[rank (\d)\] rank (\d) \(local (\d)\) joined a group of world size (\d+)", output, re.M
+    )
+    # Pod n holds global ranks 2n and 2n+1, every one of them in a group of 4.
+    assert sorted(joined) == [
+        ("0", "0", "0", "4"),
+        ("0", "1", "1", "4"),
+        ("1", "2", "0", "4"),
+        ("1", "3", "1", "4"),
+    ]
+    assert len(re.findall(r"allreduce sum=10 \(expected 10\)", output)) == 4
+    assert not job_processes("torchrun-script")
+
+
+def test_sigkilled_rank_restarts_the_gang_from_the_checkpoint(tmp_path: Path, runs: list[DdpjobRun]) -> None:
+    name = "kill-one"
+    manifest = trainer_manifest(
+        tmp_path, name, "--max-steps=80", "--checkpoint-every=10", "--progress-every=10", "--throttle-ms=40"
+    )
+    run = start(runs, manifest, tmp_path / "work")
+    checkpoints = tmp_path / "work" / "checkpoints"
+    wait_for(lambda: checkpoint_steps(checkpoints) or run.process.poll() is not None, "a first checkpoint")
+    saved_before_kill = checkpoint_steps(checkpoints)
+    victim = rank_pid(name, node_rank=1, attempt=0)
+    assert saved_before_kill and victim is not None, run.output
+    os.kill(victim, signal.SIGKILL)
+
+    code = run.wait()
+    output = run.output
+    assert code == 0, output
+    assert re.search(r"rank 1 exited with code 137 in attempt 0.*restarting the gang as attempt 1", output), (
+        output
+    )
+    resumed = re.search(r"^\[rank 0\] resumed step=(\d+)", output, re.MULTILINE)
+    assert resumed, output
+    assert int(resumed.group(1)) >= saved_before_kill[0]
+    assert re.search(r"^\[rank 0\] final accuracy=.* steps=80", output, re.MULTILINE), output
+    summary = output[output.rindex("attempt  rank") :]
+    assert re.search(r"^0\s+1\s+kill-one-1-0\s+137 \(SIGKILL\)", summary, re.MULTILINE), summary
+    assert re.search(r"^1\s+1\s+kill-one-1-1\s+0\s", summary, re.MULTILINE), summary
+    assert "attempts: 2 (restarts: 1)" in summary
+    assert not job_processes(name)
+
+
+@pytest.mark.parametrize(
+    ("signum", "status"),
+    [pytest.param(signal.SIGINT, 130, id="ctrl-c"), pytest.param(signal.SIGTERM, 143, id="sigterm")],
+)
+def test_a_stop_signal_stops_every_rank_after_a_checkpoint(
+    tmp_path: Path, runs: list[DdpjobRun], signum: signal.Signals, status: int
+) -> None:
+    name = f"interrupt-{status}"
+    manifest = trainer_manifest(
+        tmp_path, name, "--max-steps=100000", "--progress-every=5", "--throttle-ms=20"
+    )
+    run = start(runs, manifest, tmp_path / "work")
+    wait_for(
+        lambda: "[rank 0] progress step=" in run.output or run.process.poll() is not None, "training to start"
+    )
+    assert len({rank_pid(name, r, 0) for r in (0, 1)} - {None}) == 2, run.output
+    os.kill(run.process.pid, signum)
+
+    code = run.wait()
+    output = run.output
+    assert code == status, output
+    stopped = re.search(r"^\[rank 0\] stopped step=(\d+) checkpoint=(\S+)", output, re.MULTILINE)
+    assert stopped, output
+    assert Path(stopped.group(2)).exists()
+    assert checkpoint_steps(tmp_path / "work" / "checkpoints")[-1] == int(stopped.group(1))
+    assert f"outcome: Interrupted ({signum.name})" in output
+    assert not job_processes(name)
+
+
+def test_invalid_manifest_exits_2_naming_the_field(tmp_path: Path, runs: list[DdpjobRun]) -> None:
+    manifest = trainer_manifest(tmp_path, "bad", "--max-steps=1")
+    manifest.write_text(manifest.read_text().replace("replicas: 2", "replicas: -1"))
+    run = start(runs, manifest, tmp_path / "work")
+    assert run.wait() == 2
+    assert "spec.replicas" in run.output
+    assert not (tmp_path / "work").exists()

@@ -1,0 +1,232 @@
+"""Running real trainer processes for the trainer tier: gangs of ranks, pods with local workers.
+
+Every process starts in its own session so that a test can end it (and any workers it launched) by
+its process-group id; the ``gangs`` fixture ends whatever a test left running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddp_trainer.progress import FinalResult, Progress, parse_final, parse_progress, parse_status_line
+
+PYTHON = sys.executable
+# Timeouts bound how long a broken test can hang; no test asserts on elapsed time.
+RUN_TIMEOUT = 240.0
+# Printed once training is over and /metrics stays up for --metrics-linger: a step boundary for good.
+LINGERING = r"^ddp_trainer: serving /metrics for "
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def base_env() -> dict[str, str]:
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PET_", "DDP", "TORCHELASTIC", "PROMETHEUS_MULTIPROC"))
+        and key
+        not in {
+            "RANK",
+            "LOCAL_RANK",
+            "WORLD_SIZE",
+            "NNODES",
+            "NODE_RANK",
+            "NPROC_PER_NODE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        }
+    }
+    # Loopback only; one intra-op thread per rank keeps 2-core runs from oversubscribing the CPUs.
+    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1")
+    return env
+
+
+@dataclass
+class TrainerProcess:
+    name: str
+    process: subprocess.Popen[bytes]
+    stdout_path: Path
+    stderr_path: Path
+    metrics_port: int | None = None
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def wait(self, timeout: float = RUN_TIMEOUT) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def progress(self) -> list[Progress]:
+        return [p for line in self.stdout.splitlines() if (p := parse_progress(line)) is not None]
+
+    def final(self) -> FinalResult | None:
+        results = [f for line in self.stdout.splitlines() if (f := parse_final(line)) is not None]
+        return results[-1] if results else None
+
+    def digests(self) -> dict[int, str]:
+        found = {}
+        for line in self.stdout.splitlines():
+            parsed = parse_status_line(line)
+            if parsed is not None and parsed[0] == "params":
+                found[int(parsed[1]["rank"])] = parsed[1]["sha256"]
+        return found
+
+    def wait_for_stdout(self, pattern: str, timeout: float = RUN_TIMEOUT) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        regex = re.compile(pattern, re.MULTILINE)
+        while time.monotonic() < deadline:
+            match = regex.search(self.stdout)
+            if match:
+                return match
+            if self.process.poll() is not None:
+                match = regex.search(self.stdout)
+                if match:
+                    return match
+                raise AssertionError(
+                    f"{self.name} exited {self.process.returncode} before printing {pattern!r}:\n"
+                    f"{self.stdout[-2000:]}\n{self.stderr[-3000:]}"
+                )
+            time.sleep(0.05)
+        raise AssertionError(f"{self.name} did not print {pattern!r} within {timeout} s")
+
+    def scrape(self) -> str:
+        assert self.metrics_port is not None, "started without a metrics port"
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            return str(response.read().decode())
+
+    def end(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+
+@dataclass
+class Gangs:
+    """Starts trainer processes for one test and ends all of them afterwards."""
+
+    workdir: Path
+    started: list[TrainerProcess] = field(default_factory=list)
+
+    def start(
+        self, name: str, env: Mapping[str, str], args: Sequence[str], metrics_port: int | None = None
+    ) -> TrainerProcess:
+        full_env = base_env()
+        full_env.update(env)
+        if metrics_port is not None:
+            full_env["DDP_METRICS_PORT"] = str(metrics_port)
+        out, err = self.workdir / f"{name}.out", self.workdir / f"{name}.err"
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            process = subprocess.Popen(
+                [PYTHON, "-m", "ddp_trainer", "--metrics-host", "127.0.0.1", *args],
+                env=full_env,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+            )
+        started = TrainerProcess(name, process, out, err, metrics_port)
+        self.started.append(started)
+        return started
+
+    def ranks(
+        self,
+        world_size: int,
+        args: Sequence[str],
+        metrics_ranks: Sequence[int] = (),
+        tag: str = "rank",
+        env: Mapping[str, str] | None = None,
+    ) -> list[TrainerProcess]:
+        """One process per rank (NPROC_PER_NODE 1), as the operator starts them."""
+        port = free_port()
+        gang = []
+        for rank in range(world_size):
+            rank_env = {
+                "WORLD_SIZE": str(world_size),
+                "RANK": str(rank),
+                "MASTER_PORT": str(port),
+                **(env or {}),
+            }
+            metrics_port = free_port() if rank in metrics_ranks else None
+            gang.append(self.start(f"{tag}{rank}", rank_env, args, metrics_port))
+        return gang
+
+    def pods(
+        self, nnodes: int, nproc: int, args: Sequence[str], with_metrics: bool = True, tag: str = "pod"
+    ) -> list[TrainerProcess]:
+        """One launcher per pod, each starting NPROC_PER_NODE local workers."""
+        port = free_port()
+        pods = []
+        for node in range(nnodes):
+            env = {
+                "WORLD_SIZE": str(nnodes * nproc),
+                "NNODES": str(nnodes),
+                "NODE_RANK": str(node),
+                "NPROC_PER_NODE": str(nproc),
+                "MASTER_PORT": str(port),
+            }
+            pods.append(self.start(f"{tag}{node}", env, args, free_port() if with_metrics else None))
+        return pods
+
+    def end_all(self) -> None:
+        for started in self.started:
+            started.end()
+
+
+def wait_all(processes: Sequence[TrainerProcess], timeout: float = RUN_TIMEOUT) -> list[int]:
+    deadline = time.monotonic() + timeout
+    codes = []
+    for process in processes:
+        codes.append(process.wait(timeout=max(deadline - time.monotonic(), 1.0)))
+    return codes
+
+
+def describe(processes: Sequence[TrainerProcess]) -> str:
+    return "\n".join(
+        f"--- {p.name} rc={p.process.returncode}\n{p.stdout[-1500:]}\n{p.stderr[-2500:]}" for p in processes
+    )
+
+
+# --- reading the exposition ---------------------------------------------------------------------------
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def samples(text: str, name: str) -> dict[str, float]:
+    """The samples of one metric name, keyed by their ``rank`` label."""
+    found = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and match.group(1) == name:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+            found[labels.get("rank", "")] = float(match.group(3))
+    return found
+
+
+def promtool_check(text: str) -> subprocess.CompletedProcess[str]:
+    promtool = shutil.which("promtool")
+    assert promtool is not None
+    return subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )

@@ -1,0 +1,158 @@
+"""The operator's pure plumbing: ownership checks, status merge patches, the pod cache, metrics text."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+
+from ddp_operator import names
+from ddp_operator.kube_api import is_ours, merge_patch_for
+from ddp_operator.metrics import PHASES, OperatorMetrics
+from ddp_operator.podcache import PodCache
+
+pytestmark = pytest.mark.unit
+
+JOB_UID = "uid-1"
+
+
+def _pod(
+    name: str, *, owner: str | None = JOB_UID, attempt: str = "0", rv: str = "10", phase: str = "Pending"
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "ns",
+        "resourceVersion": rv,
+        "labels": {**names.rank_labels("job", 0, int(attempt))},
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [{"uid": owner, "controller": True, "kind": "DDPJob", "name": "job"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "status": {"phase": phase}}
+
+
+@pytest.mark.parametrize(
+    ("existing", "wanted", "expected"),
+    [
+        pytest.param(_pod("job-0-0"), _pod("job-0-0"), True, id="same-owner-same-attempt"),
+        pytest.param(_pod("job-0-0", owner="other"), _pod("job-0-0"), False, id="other-owner"),
+        pytest.param(_pod("job-0-0", owner=None), _pod("job-0-0"), False, id="no-owner"),
+        pytest.param(_pod("job-0-0", attempt="1"), _pod("job-0-0"), False, id="other-attempt"),
+        pytest.param(
+            {"kind": "Service", "metadata": {"ownerReferences": [{"uid": JOB_UID, "controller": True}]}},
+            {"kind": "Service", "metadata": {"labels": {names.LABEL_ATTEMPT: "3"}}},
+            True,
+            id="service-ignores-attempt",
+        ),
+        pytest.param(
+            {"kind": "Service", "metadata": {"ownerReferences": [{"uid": JOB_UID, "controller": False}]}},
+            {"kind": "Service", "metadata": {}},
+            False,
+            id="non-controller-reference",
+        ),
+    ],
+)
+def test_is_ours(existing: dict[str, Any], wanted: dict[str, Any], expected: bool) -> None:
+    assert is_ours(existing, wanted, JOB_UID) is expected
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "patch"),
+    [
+        pytest.param({}, {"phase": "Pending"}, {"phase": "Pending"}, id="first-status"),
+        pytest.param(
+            {"phase": "Running", "readyReplicas": 2},
+            {"phase": "Running", "readyReplicas": 2},
+            {},
+            id="no-change",
+        ),
+        pytest.param(
+            {"phase": "Succeeded", "completionTime": "t"},
+            {"phase": "Pending"},
+            {"phase": "Pending", "completionTime": None},
+            id="removed-key-nulled",
+        ),
+        pytest.param(
+            {"conditions": [{"type": "Running"}]},
+            {"conditions": [{"type": "Running"}, {"type": "Failed"}]},
+            {"conditions": [{"type": "Running"}, {"type": "Failed"}]},
+            id="lists-replaced-whole",
+        ),
+    ],
+)
+def test_merge_patch_for(old: dict[str, Any], new: dict[str, Any], patch: dict[str, Any]) -> None:
+    assert merge_patch_for(old, new) == patch
+
+
+def _cache(changed: list[tuple[str, str]]) -> PodCache:
+    return PodCache(api=None, namespaces=["ns"], on_change=changed.append)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("events", "expected_phases"),
+    [
+        pytest.param([("ADDED", _pod("job-0-0", rv="5"))], {"job-0-0": "Pending"}, id="added"),
+        pytest.param(
+            [("ADDED", _pod("job-0-0", rv="5")), ("MODIFIED", _pod("job-0-0", rv="7", phase="Running"))],
+            {"job-0-0": "Running"},
+            id="newer-wins",
+        ),
+        pytest.param(
+            [("MODIFIED", _pod("job-0-0", rv="7", phase="Running")), ("MODIFIED", _pod("job-0-0", rv="6"))],
+            {"job-0-0": "Running"},
+            id="older-ignored",
+        ),
+        pytest.param(
+            [
+                ("ADDED", _pod("job-0-0", rv="5")),
+                ("DELETED", _pod("job-0-0", rv="9")),
+                ("MODIFIED", _pod("job-0-0", rv="8")),
+            ],
+            {},
+            id="late-answer-does-not-resurrect",
+        ),
+    ],
+)
+def test_pod_cache_orders_by_resource_version(
+    events: list[tuple[str, dict[str, Any]]], expected_phases: dict[str, str]
+) -> None:
+    changed: list[tuple[str, str]] = []
+    cache = _cache(changed)
+    for event_type, pod in events:
+        cache._apply(event_type, pod)
+    assert {p.name: p.phase for p in cache.pods_of(("ns", "job"))} == expected_phases
+    assert changed and set(changed) == {("ns", "job")}
+
+
+def test_pod_cache_relist_replaces_scope_and_marks_synced() -> None:
+    async def scenario() -> tuple[bool, bool, list[str]]:
+        cache = _cache([])
+        cache._apply("ADDED", _pod("job-0-0"))
+        before = cache.synced.is_set()
+        cache._replace_scope("ns", [_pod("job-1-0")])
+        return before, cache.synced.is_set(), [p.name for p in cache.pods_of(("ns", "job"))]
+
+    before, after, pods = asyncio.run(scenario())
+    assert (before, after, pods) == (False, True, ["job-1-0"])
+
+
+def test_metrics_pass_promtool_and_report_every_phase() -> None:
+    metrics = OperatorMetrics(lambda: {"Running": 2, "Failed": 1})
+    metrics.reconcile_duration.observe(0.01)
+    metrics.pods_created.inc(3)
+    metrics.gang_restarts.inc()
+    metrics.time_to_running.observe(12)
+    text = metrics.exposition().decode()
+    for phase in PHASES:
+        assert f'ddpjob_jobs{{phase="{phase}"}}' in text
+    assert 'ddpjob_jobs{phase="Running"} 2.0' in text
+    assert "ddpjob_pods_created_total 3.0" in text
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed here; the exposition text was checked without it")
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

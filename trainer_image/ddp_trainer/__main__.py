@@ -1,0 +1,35 @@
+"""``python -m ddp_trainer``: validate the configuration, then train (or launch the local workers)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from ddp_trainer.config import ConfigError, parse_args, parse_env
+from ddp_trainer.exitcodes import EXIT_BAD_CONFIG
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        config = parse_args(arguments)
+        env = parse_env(os.environ)
+        # Everything above is pure and torch-free: a bad environment costs a fraction of a second.
+        if env.launches_workers:
+            from ddp_trainer.launcher import launch_local_workers
+
+            return launch_local_workers(env, config, arguments)
+        from ddp_trainer.control import write_exit_record
+        from ddp_trainer.trainer import run_worker
+
+        code = run_worker(config, env)
+        write_exit_record(env.rank, code)
+        return code
+    except ConfigError as error:
+        print(f"ddp_trainer: bad configuration: {error}", file=sys.stderr, flush=True)
+        return EXIT_BAD_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,412 @@
+"""The trainer's configuration: the env contract (operator -> trainer) and the command line.
+
+Pure and cheap to import: ``python -m ddp_trainer`` validates everything here before it imports torch,
+so a bad environment is reported in a fraction of a second, as one line naming the variable and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+Backend = Literal["auto", "nccl", "gloo"]
+BACKENDS: Final = ("auto", "nccl", "gloo")
+COMM_HOOKS: Final = ("allreduce", "fp16", "bf16", "powersgd")
+SYNC_METRICS_MODES: Final = ("detailed", "light")
+WORKLOADS: Final = ("digits", "mnist", "synthetic")
+DEFAULT_MASTER_PORT: Final = 29500
+DEFAULT_MNIST_URL: Final = "https://ossci-datasets.s3.amazonaws.com/mnist/"
+# Set by the trainer on the local workers it launches when NPROC_PER_NODE > 1.
+WORKER_MARKER: Final = "DDP_TRAINER_WORKER"
+
+
+class ConfigError(Exception):
+    """A bad environment variable or option: ``str()`` is one line naming it and the fix."""
+
+    def __init__(self, variable: str, problem: str, fix: str) -> None:
+        super().__init__(f"{variable}: {problem}; fix: {fix}")
+        self.variable = variable
+        self.problem = problem
+        self.fix = fix
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job, read from the env contract."""
+
+    world_size: int
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    # Global and local rank; meaningful for a process that joins the group itself (not a launcher).
+    rank: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    backend: Backend
+    metrics_port: int | None
+    checkpoint_dir: str | None
+    job_name: str | None
+    namespace: str | None
+    attempt: int
+    launched_worker: bool
+
+    @property
+    def launches_workers(self) -> bool:
+        """True for the pod's main process when it must start NPROC_PER_NODE local workers."""
+        return self.nproc_per_node > 1 and not self.launched_worker
+
+
+def _lookup(env: Mapping[str, str], name: str) -> str | None:
+    """A variable, falling back to its torchrun spelling (PET_*) as Kubeflow's images set it."""
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        value = env.get(f"PET_{name}")
+    if value is None or value.strip() == "":
+        return None
+    return value.strip()
+
+
+def _int(env: Mapping[str, str], name: str, fix: str, *, default: int | None = None, minimum: int = 0) -> int:
+    text = _lookup(env, name)
+    if text is None:
+        if default is None:
+            raise ConfigError(name, "is not set", fix)
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(name, f"must be an integer, got {text!r}", fix) from None
+    if value < minimum:
+        raise ConfigError(name, f"must be >= {minimum}, got {value}", fix)
+    return value
+
+
+def parse_env(env: Mapping[str, str]) -> DistEnv:
+    """Validate the env contract; raises ConfigError naming the first bad variable."""
+    world_size = _int(
+        env,
+        "WORLD_SIZE",
+        "set WORLD_SIZE to replicas x nprocPerNode (a positive integer; the operator sets it)",
+        minimum=1,
+    )
+    nproc = _int(
+        env, "NPROC_PER_NODE", "set NPROC_PER_NODE to the processes per pod (>= 1)", default=1, minimum=1
+    )
+    launched_worker = env.get(WORKER_MARKER) == "1"
+    if world_size % nproc != 0:
+        raise ConfigError(
+            "WORLD_SIZE",
+            f"{world_size} is not a multiple of NPROC_PER_NODE={nproc}",
+            "set WORLD_SIZE to NNODES x NPROC_PER_NODE",
+        )
+    nnodes = _int(
+        env, "NNODES", "set NNODES to the number of pods (replicas)", default=world_size // nproc, minimum=1
+    )
+    if nnodes * nproc != world_size:
+        raise ConfigError(
+            "WORLD_SIZE",
+            f"{world_size} != NNODES x NPROC_PER_NODE = {nnodes} x {nproc}",
+            "set WORLD_SIZE to NNODES x NPROC_PER_NODE",
+        )
+    node_rank = _int(
+        env, "NODE_RANK", "set NODE_RANK to this pod's index (0 .. NNODES-1)", default=-1, minimum=-1
+    )
+    if node_rank >= nnodes:
+        raise ConfigError(
+            "NODE_RANK", f"{node_rank} >= NNODES={nnodes}", f"set NODE_RANK to a value in 0..{nnodes - 1}"
+        )
+    rank_fix = f"set RANK to this process's global rank, 0..{world_size - 1}"
+    if nproc == 1 or launched_worker:
+        default_rank = node_rank if node_rank >= 0 and nproc == 1 else (0 if world_size == 1 else None)
+        rank = _int(env, "RANK", rank_fix, default=default_rank)
+        if rank >= world_size:
+            raise ConfigError("RANK", f"{rank} >= WORLD_SIZE={world_size}", rank_fix)
+        local_rank = _int(env, "LOCAL_RANK", f"set LOCAL_RANK to 0..{nproc - 1}", default=0)
+        if local_rank >= nproc:
+            raise ConfigError(
+                "LOCAL_RANK", f"{local_rank} >= NPROC_PER_NODE={nproc}", f"set LOCAL_RANK to 0..{nproc - 1}"
+            )
+        if node_rank < 0:
+            node_rank = rank // nproc
+    else:
+        if node_rank < 0:
+            if nnodes != 1:
+                raise ConfigError(
+                    "NODE_RANK", "is not set", "set NODE_RANK to this pod's index (0 .. NNODES-1)"
+                )
+            node_rank = 0
+        rank = node_rank * nproc
+        local_rank = 0
+    master_addr = _lookup(env, "MASTER_ADDR")
+    if master_addr is None:
+        if world_size > 1:
+            raise ConfigError("MASTER_ADDR", "is not set", "set MASTER_ADDR to rank 0's DNS name or address")
+        master_addr = "127.0.0.1"
+    master_port = _int(
+        env,
+        "MASTER_PORT",
+        "set MASTER_PORT to rank 0's rendezvous port (1..65535)",
+        default=DEFAULT_MASTER_PORT,
+    )
+    if not 1 <= master_port <= 65535:
+        raise ConfigError("MASTER_PORT", f"{master_port} is not a TCP port", "set MASTER_PORT to 1..65535")
+    backend_text = (env.get("DDP_BACKEND") or "auto").strip().lower()
+    if backend_text not in BACKENDS:
+        raise ConfigError(
+            "DDP_BACKEND", f"unknown backend {backend_text!r}", "set DDP_BACKEND to one of auto, nccl, gloo"
+        )
+    backend: Backend = "nccl" if backend_text == "nccl" else "gloo" if backend_text == "gloo" else "auto"
+    metrics_port = _int(
+        env, "DDP_METRICS_PORT", "set DDP_METRICS_PORT to 1..65535, or 0 for no endpoint", default=0
+    )
+    if metrics_port > 65535:
+        raise ConfigError(
+            "DDP_METRICS_PORT", f"{metrics_port} is not a TCP port", "set DDP_METRICS_PORT to 1..65535"
+        )
+    attempt = _int(env, "DDPJOB_ATTEMPT", "set DDPJOB_ATTEMPT to the attempt number (>= 0)", default=0)
+    return DistEnv(
+        world_size=world_size,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        nproc_per_node=nproc,
+        rank=rank,
+        local_rank=local_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        backend=backend,
+        metrics_port=metrics_port or None,
+        checkpoint_dir=(env.get("DDP_CHECKPOINT_DIR") or "").strip() or None,
+        job_name=env.get("DDPJOB_NAME") or None,
+        namespace=env.get("DDPJOB_NAMESPACE") or None,
+        attempt=attempt,
+        launched_worker=launched_worker,
+    )
+
+
+def resolve_backend(requested: Backend, cuda_available: bool) -> Literal["nccl", "gloo"]:
+    """``auto`` means NCCL where CUDA devices are visible, else gloo."""
+    if requested == "auto":
+        return "nccl" if cuda_available else "gloo"
+    return requested
+
+
+@dataclass(frozen=True)
+class InjectedExit:
+    """Testing aid: exit with ``code`` on global rank ``rank`` when it reaches ``step``."""
+
+    rank: int
+    step: int
+    code: int
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The command line of ``python -m ddp_trainer``."""
+
+    workload: str
+    max_steps: int
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    comm_hook: str
+    bucket_cap_mb: float
+    sync_metrics: str
+    checkpoint_dir: str | None
+    checkpoint_every: int
+    keep_checkpoints: int
+    seed: int
+    progress_every: int
+    stop_check_every: int
+    init_timeout: float
+    watchdog_timeout: float
+    metrics_host: str
+    metrics_linger: float
+    logger_sample_every: int
+    data_dir: str
+    mnist_url: str
+    synthetic_width: int
+    synthetic_depth: int
+    synthetic_samples: int
+    powersgd_rank: int
+    throttle_ms: float
+    inject_exit: InjectedExit | None
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _injected_exit(text: str) -> InjectedExit:
+    try:
+        rank, step, code = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected RANK:STEP:CODE, got {text!r}") from None
+    return InjectedExit(rank=rank, step=step, code=code)
+
+
+def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    env = os.environ if env is None else env
+    parser = argparse.ArgumentParser(
+        prog="python -m ddp_trainer",
+        description=(
+            "DDP trainer of ddp-operator: joins the process group from the env contract (WORLD_SIZE, RANK, "
+            "MASTER_ADDR, ...; see docs/trainer.md), trains a workload with DistributedDataParallel and "
+            "exports gradient-sync metrics on DDP_METRICS_PORT. Exit codes: 0 done, 2 bad configuration, "
+            "143 stopped by SIGTERM after the checkpoint, 170 a peer was lost (retryable)."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = parser.add_argument
+    add(
+        "--workload",
+        choices=WORKLOADS,
+        default="digits",
+        help="digits: scikit-learn's 8x8 digits (offline); mnist: MNIST from --data-dir, downloaded from "
+        "--mnist-url when missing; synthetic: an MLP on random data, sized by --synthetic-width/-depth",
+    )
+    add(
+        "--max-steps",
+        type=_non_negative_int,
+        default=0,
+        help="stop after this many optimizer steps (0: run --epochs epochs)",
+    )
+    add("--epochs", type=_positive_int, default=10, help="passes over the training set")
+    add("--batch-size", type=_positive_int, default=32, help="samples per rank per step")
+    add("--lr", type=_positive_float, default=0.1, help="SGD learning rate")
+    add("--momentum", type=_non_negative_float, default=0.9, help="SGD momentum")
+    add(
+        "--comm-hook",
+        choices=COMM_HOOKS,
+        default="allreduce",
+        help="gradient allreduce: plain fp32, fp16 or bf16 compression, or PowerSGD (rank --powersgd-rank)",
+    )
+    add("--bucket-cap-mb", type=_positive_float, default=25.0, help="DDP gradient bucket size in MiB")
+    add(
+        "--sync-metrics",
+        choices=SYNC_METRICS_MODES,
+        default="detailed",
+        help="detailed: a timing comm hook, every metric; light: no Python hook (DDP's C++ path), "
+        "no per-allreduce histogram; see docs/metrics.md",
+    )
+    add(
+        "--checkpoint-dir",
+        default=env.get("DDP_CHECKPOINT_DIR") or None,
+        help="where global rank 0 writes and resumes checkpoints (default: $DDP_CHECKPOINT_DIR; "
+        "none: no checkpoints)",
+    )
+    add(
+        "--checkpoint-every",
+        type=_non_negative_int,
+        default=0,
+        help="also write a checkpoint every N steps (0: only when stopped by SIGTERM and at the end)",
+    )
+    add("--keep-checkpoints", type=_positive_int, default=2, help="complete checkpoints kept on the volume")
+    add("--seed", type=int, default=0, help="seed of model init, data order and synthetic data")
+    add(
+        "--progress-every", type=_positive_int, default=50, help="rank 0 prints a progress line every N steps"
+    )
+    add(
+        "--stop-check-every",
+        type=_positive_int,
+        default=5,
+        help="ranks combine their SIGTERM flags every N steps (one 1-element allreduce)",
+    )
+    add(
+        "--init-timeout",
+        type=_positive_float,
+        default=300.0,
+        help="seconds to form the process group (reach MASTER_ADDR:MASTER_PORT) before exiting 170",
+    )
+    add(
+        "--watchdog-timeout",
+        type=_positive_float,
+        default=300.0,
+        help="seconds a rank may spend in one collective before the watchdog ends it with exit 170",
+    )
+    add(
+        "--metrics-host",
+        default=env.get("DDP_METRICS_HOST") or "0.0.0.0",
+        help="address the /metrics endpoint binds (default: $DDP_METRICS_HOST or all addresses)",
+    )
+    add(
+        "--metrics-linger",
+        type=_non_negative_float,
+        default=env.get("DDP_METRICS_LINGER") or "0",
+        help="keep serving /metrics this many seconds after training ends, so a last scrape sees the final "
+        "values (a SIGTERM ends it early; default: $DDP_METRICS_LINGER or 0)",
+    )
+    add(
+        "--logger-sample-every",
+        type=_positive_int,
+        default=10,
+        help="DDP's C++ logger times backward compute/comm/overlap every N steps",
+    )
+    add(
+        "--data-dir",
+        default=env.get("DDP_DATA_DIR") or "/tmp/ddp-data",
+        help="where the mnist workload finds (or downloads) its IDX files",
+    )
+    add(
+        "--mnist-url",
+        default=env.get("DDP_MNIST_URL") or DEFAULT_MNIST_URL,
+        help="base URL of the four gzipped MNIST IDX files",
+    )
+    add("--synthetic-width", type=_positive_int, default=1024, help="hidden width of the synthetic MLP")
+    add("--synthetic-depth", type=_positive_int, default=8, help="linear layers of the synthetic MLP")
+    add("--synthetic-samples", type=_positive_int, default=4096, help="samples in the synthetic training set")
+    add("--powersgd-rank", type=_positive_int, default=2, help="matrix approximation rank of PowerSGD")
+    add(
+        "--throttle-ms",
+        type=_non_negative_float,
+        default=0.0,
+        help="testing and demos: sleep this long after each step",
+    )
+    add(
+        "--inject-exit",
+        type=_injected_exit,
+        default=None,
+        metavar="RANK:STEP:CODE",
+        help="testing: global rank RANK exits with CODE when it reaches step STEP",
+    )
+    return parser
+
+
+def parse_args(argv: Sequence[str], env: Mapping[str, str] | None = None) -> TrainConfig:
+    """Parse the command line (argparse exits 2 with usage on a bad option)."""
+    ns = build_parser(env).parse_args(list(argv))
+    if ns.sync_metrics == "light" and ns.comm_hook == "powersgd":
+        raise ConfigError(
+            "--sync-metrics",
+            "light mode cannot derive PowerSGD's payload without a hook",
+            "use --sync-metrics detailed with --comm-hook powersgd",
+        )
+    return TrainConfig(**{field: getattr(ns, field) for field in TrainConfig.__dataclass_fields__})

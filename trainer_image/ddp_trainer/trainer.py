@@ -1,0 +1,411 @@
+"""One DDP rank: join the process group, train, checkpoint, stop together, report."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from prometheus_client import CollectorRegistry
+from torch import nn
+from torch._C._distributed_c10d import TCPStore
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler
+
+from ddp_trainer.checkpoint import load_newest_checkpoint, save_checkpoint
+from ddp_trainer.config import ConfigError, DistEnv, TrainConfig, resolve_backend
+from ddp_trainer.control import StopFlag, Watchdog
+from ddp_trainer.exitcodes import EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED
+from ddp_trainer.metrics import create_rank_metrics, multiprocess_dir, serve_registry
+from ddp_trainer.progress import FinalResult, Progress, format_status_line
+from ddp_trainer.sync import SyncRecorder
+from ddp_trainer.workloads import Workload, build_workload
+
+
+class PeerLostError(Exception):
+    """The process group could not be formed or a collective failed: exit EXIT_PEER_LOST."""
+
+
+class InjectedExitError(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(f"injected exit {code}")
+        self.code = code
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    backend: str
+    device: torch.device
+
+
+def log(message: str) -> None:
+    print(f"ddp_trainer: {message}", file=sys.stderr, flush=True)
+
+
+def setup(env: DistEnv, config: TrainConfig) -> DistContext:
+    """Join the process group from the env contract; raises PeerLostError after ``--init-timeout``."""
+    backend = resolve_backend(env.backend, torch.cuda.is_available())
+    if backend == "nccl":
+        device = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    endpoint = f"{env.master_addr}:{env.master_port}"
+    try:
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # Started by our launcher: torch's elastic agent hosts the store, env:// finds it.
+            dist.init_process_group(
+                backend,
+                init_method="env://",
+                rank=env.rank,
+                world_size=env.world_size,
+                timeout=timedelta(seconds=config.init_timeout),
+            )
+        else:
+            store = TCPStore(
+                env.master_addr,
+                env.master_port,
+                env.world_size,
+                is_master=env.rank == 0,
+                timeout=timedelta(seconds=config.init_timeout),
+                wait_for_workers=False,
+            )
+            dist.init_process_group(
+                backend,
+                store=store,
+                rank=env.rank,
+                world_size=env.world_size,
+                timeout=timedelta(seconds=config.init_timeout),
+            )
+        # Forming the group is what the init timeout bounds: every rank checks in here.
+        dist.barrier()
+    except Exception as error:
+        raise PeerLostError(
+            f"could not form the process group through MASTER_ADDR:MASTER_PORT = {endpoint} "
+            f"within --init-timeout {config.init_timeout:g} s ({type(error).__name__}: {_first_line(error)})"
+        ) from error
+    _set_collective_timeout(config.watchdog_timeout)
+    return DistContext(
+        rank=env.rank, local_rank=env.local_rank, world_size=env.world_size, backend=backend, device=device
+    )
+
+
+def _set_collective_timeout(seconds: float) -> None:
+    """After the group is formed, collectives get the watchdog's timeout instead of the init timeout."""
+    from torch.distributed import distributed_c10d
+
+    set_timeout = getattr(distributed_c10d, "set_timeout", None)
+    if set_timeout is not None:
+        set_timeout(timedelta(seconds=seconds))
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def parameters_digest(model: nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class Trainer:
+    """Trains one workload on one rank of an initialized process group."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        env: DistEnv,
+        context: DistContext,
+        stop: StopFlag,
+        registry: CollectorRegistry | None,
+        metrics_server: Any = None,
+    ) -> None:
+        self.config = config
+        self.env = env
+        self.ctx = context
+        self.stop = stop
+        self.is_rank0 = context.rank == 0
+        self.watchdog = Watchdog(config.watchdog_timeout, context.rank)
+        self.checkpoint_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+        self.registry = registry
+        self.metrics_server = metrics_server
+
+    # --- building ------------------------------------------------------------------------------------
+    def _collective(self, what: str) -> Any:
+        return self.watchdog.guard(what)
+
+    def _recorder(self) -> SyncRecorder:
+        config, ctx = self.config, self.ctx
+        metrics = create_rank_metrics(
+            ctx.rank,
+            ctx.backend,
+            config.comm_hook,
+            torch.__version__,
+            self.registry,
+            per_allreduce=config.sync_metrics == "detailed",
+        )
+        return SyncRecorder(
+            metrics,
+            world_size=ctx.world_size,
+            comm_hook=config.comm_hook,
+            mode=config.sync_metrics,
+            logger_sample_every=config.logger_sample_every,
+            powersgd_rank=config.powersgd_rank,
+        )
+
+    def _resume_state(self) -> dict[str, Any] | None:
+        """Rank 0 reads the newest complete checkpoint; every rank receives it by broadcast."""
+        holder: list[Any] = [None]
+        if self.is_rank0 and self.checkpoint_dir is not None:
+            found = load_newest_checkpoint(self.checkpoint_dir)
+            if found is not None:
+                holder[0] = found[0]
+                log(f"rank 0 resumes from {found[1]}")
+        with self._collective("the checkpoint broadcast"):
+            dist.broadcast_object_list(
+                holder, src=0, device=self.ctx.device if self.ctx.backend == "nccl" else None
+            )
+        state = holder[0]
+        return state if isinstance(state, dict) else None
+
+    # --- the loop ------------------------------------------------------------------------------------
+    def train(self) -> int:
+        config, ctx = self.config, self.ctx
+        workload: Workload = build_workload(config)
+        model = workload.model.to(ctx.device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+        step, epoch, position = 0, 0, 0
+        state = self._resume_state()
+        if state is not None:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            step, epoch, position = int(state["step"]), int(state["epoch"]), int(state["batch_in_epoch"])
+            if int(state.get("world_size", ctx.world_size)) != ctx.world_size:
+                log("the checkpoint was written with another world size: the data order will differ")
+            if self.is_rank0:
+                print(format_status_line("resumed", {"step": step, "epoch": epoch}), flush=True)
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+            bucket_cap_mb=config.bucket_cap_mb,
+        )
+        recorder = self._recorder()
+        recorder.install(ddp)
+
+        features, labels = workload.train.tensors
+        sampler: DistributedSampler[Any] = DistributedSampler(
+            workload.train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=config.seed
+        )
+        batches_per_epoch = math.ceil(len(sampler) / config.batch_size)
+        total_steps = batches_per_epoch * config.epochs
+        if config.max_steps:
+            total_steps = min(total_steps, config.max_steps)
+        loss_fn = nn.CrossEntropyLoss()
+        window_start, window_steps = time.perf_counter(), 0
+        loss_value = math.nan
+        stop_requested = False
+        try:
+            while step < total_steps and not stop_requested:
+                sampler.set_epoch(epoch)
+                order = list(iter(sampler))
+                for batch_index in range(position, batches_per_epoch):
+                    if step >= total_steps:
+                        break
+                    self._maybe_inject_exit(step)
+                    indices = torch.tensor(
+                        order[batch_index * config.batch_size : (batch_index + 1) * config.batch_size]
+                    )
+                    inputs = features[indices].to(ctx.device, non_blocking=True)
+                    targets = labels[indices].to(ctx.device, non_blocking=True)
+                    started = time.perf_counter()
+                    with self._collective("a training step"):
+                        optimizer.zero_grad(set_to_none=True)
+                        loss = loss_fn(ddp(inputs), targets)
+                        loss.backward()
+                        optimizer.step()
+                    step += 1
+                    position = batch_index + 1
+                    recorder.after_step(len(indices), time.perf_counter() - started)
+                    window_steps += 1
+                    last = step >= total_steps
+                    if step % config.progress_every == 0 or last:
+                        loss_value = float(loss.item())
+                        recorder.metrics.loss.set(loss_value)
+                        averages = recorder.refresh_from_logger()
+                        if self.is_rank0:
+                            elapsed = max(time.perf_counter() - window_start, 1e-9)
+                            p50 = recorder.allreduce_p50_seconds()
+                            print(
+                                Progress(
+                                    step=step,
+                                    epoch=epoch,
+                                    loss=loss_value,
+                                    samples_per_second=window_steps
+                                    * config.batch_size
+                                    * ctx.world_size
+                                    / elapsed,
+                                    allreduce_p50_ms=None if p50 is None else p50 * 1000.0,
+                                    overlap=averages.get("ratio"),
+                                ).line(),
+                                flush=True,
+                            )
+                        window_start, window_steps = time.perf_counter(), 0
+                    if config.checkpoint_every and step % config.checkpoint_every == 0 and not last:
+                        self._checkpoint(ddp, optimizer, step, epoch, position)
+                    if step % config.stop_check_every == 0 and not last:
+                        stop_requested = self._agree_to_stop()
+                        if stop_requested:
+                            break
+                    if config.throttle_ms:
+                        time.sleep(config.throttle_ms / 1000.0)
+                else:
+                    epoch, position = epoch + 1, 0
+            recorder.resolve_ready_events(wait=True)
+            recorder.refresh_from_logger()
+            if stop_requested:
+                path = self._checkpoint(ddp, optimizer, step, epoch, position)
+                if self.is_rank0:
+                    print(
+                        format_status_line("stopped", {"step": step, "checkpoint": path or "none"}),
+                        flush=True,
+                    )
+                return EXIT_STOPPED
+            path = self._checkpoint(ddp, optimizer, step, epoch, position)
+            self._report(ddp, workload, loss_value, step)
+        except InjectedExitError as injected:
+            return injected.code
+        except RuntimeError as error:  # gloo and NCCL report a vanished peer as RuntimeError subclasses
+            log(
+                f"rank {ctx.rank}: a collective failed, a peer is gone: {type(error).__name__}: {_first_line(error)}"
+            )
+            return EXIT_PEER_LOST
+        self._linger()
+        return EXIT_OK
+
+    def _maybe_inject_exit(self, step: int) -> None:
+        injected = self.config.inject_exit
+        if injected is not None and injected.rank == self.ctx.rank and injected.step == step:
+            log(f"rank {self.ctx.rank}: injected exit {injected.code} at step {step}")
+            raise InjectedExitError(injected.code)
+
+    def _agree_to_stop(self) -> bool:
+        flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.ctx.device)
+        with self._collective("the stop-flag allreduce"):
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
+    def _checkpoint(
+        self,
+        ddp: DistributedDataParallel,
+        optimizer: torch.optim.Optimizer,
+        step: int,
+        epoch: int,
+        position: int,
+    ) -> str | None:
+        """Rank 0 writes; every rank waits at a barrier until it has, so a stop never races the write."""
+        if self.checkpoint_dir is None:
+            return None
+        path: str | None = None
+        if self.is_rank0:
+            state = {
+                "step": step,
+                "epoch": epoch,
+                "batch_in_epoch": position,
+                "model": ddp.module.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "world_size": self.ctx.world_size,
+                "seed": self.config.seed,
+                "workload": self.config.workload,
+            }
+            path = str(save_checkpoint(self.checkpoint_dir, step, state, self.config.keep_checkpoints))
+        with self._collective("the checkpoint barrier"):
+            dist.barrier()
+        return path
+
+    def _report(
+        self, ddp: DistributedDataParallel, workload: Workload, loss_value: float, steps: int
+    ) -> None:
+        print(
+            format_status_line("params", {"rank": self.ctx.rank, "sha256": parameters_digest(ddp.module)}),
+            flush=True,
+        )
+        if not self.is_rank0:
+            return
+        model = ddp.module
+        model.eval()
+        with torch.no_grad():
+            features, labels = workload.test.tensors
+            predictions = model(features.to(self.ctx.device)).argmax(dim=1).cpu()
+            accuracy = float((predictions == labels).float().mean())
+        print(FinalResult(accuracy=accuracy, loss=loss_value, steps=steps).line(), flush=True)
+
+    def _linger(self) -> None:
+        if self.metrics_server is not None and self.config.metrics_linger > 0:
+            print(
+                f"ddp_trainer: serving /metrics for {self.config.metrics_linger:g} s more (SIGTERM ends it)",
+                flush=True,
+            )
+            self.stop.event.wait(self.config.metrics_linger)
+
+
+def open_metrics_endpoint(config: TrainConfig, env: DistEnv) -> tuple[CollectorRegistry | None, Any]:
+    """This rank's registry and server; under a launcher the shared files are the registry."""
+    if multiprocess_dir():
+        return None, None
+    registry = CollectorRegistry(auto_describe=True)
+    if not env.metrics_port:
+        return registry, None
+    try:
+        return registry, serve_registry(registry, config.metrics_host, env.metrics_port)
+    except OSError as error:
+        raise ConfigError(
+            "DDP_METRICS_PORT",
+            f"cannot serve /metrics on {config.metrics_host}:{env.metrics_port} ({error.strerror or error})",
+            "choose a free port (or 0 for no endpoint)",
+        ) from None
+
+
+def close_server(server: Any) -> None:
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+
+
+def run_worker(config: TrainConfig, env: DistEnv) -> int:
+    """Everything one rank does: setup, train, and always ``destroy_process_group()``.
+
+    The metrics endpoint opens first, so a port conflict is a configuration error (exit 2) found
+    before this rank makes its peers wait for it.
+    """
+    stop = StopFlag()
+    stop.install()
+    registry, server = open_metrics_endpoint(config, env)
+    try:
+        context = setup(env, config)
+        return Trainer(config, env, context, stop, registry, server).train()
+    except PeerLostError as error:
+        log(str(error))
+        return EXIT_PEER_LOST
+    finally:
+        close_server(server)
+        if dist.is_initialized():
+            # A thread could still sit in a collective after a failure; destroying must not hang us.
+            closer = threading.Thread(target=dist.destroy_process_group, daemon=True)
+            closer.start()
+            closer.join(timeout=10)

@@ -86,7 +86,7 @@ build_kubernetes() {
   for b in "${k8s_binaries[@]}"; do stamp_ok "${b}" "${v}" || missing+=("${b}"); done
   if ((${#missing[@]} == 0)); then log "kubernetes ${v}: up to date"; return; fi
   local t0=${SECONDS}
-  log "kubernetes ${v}: building ${missing[*]} (the long one: ~20-40 min on 2 cores when cold)"
+  log "kubernetes ${v}: building ${missing[*]} (the long one: 10-15 min on 2 cores when cold)"
   local mod_dir="${WORK_DIR}/kubernetes"
   new_module "${mod_dir}" ddp-operator.local/build-kubernetes
   cd "${mod_dir}"

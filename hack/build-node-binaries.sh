@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the binaries of the local control plane's real node (`ddpjob cluster up --real-node`):
 #   kubelet, kube-proxy  (k8s.io/kubernetes, the same release and build flags as hack/build-k8s.sh)
-#   coredns              (github.com/coredns/coredns)
+#   coredns              (github.com/coredns/coredns, with only the plugins our Corefile uses)
 #   crictl               (sigs.k8s.io/cri-tools: `down` removes every pod sandbox through CRI with it)
 #   pause                (a tiny static program that sleeps until a signal: the pod sandbox)
 # into ~/.cache/ddp-operator/k8s-<kubernetes version>/bin, next to the control plane's binaries, and
@@ -121,17 +121,49 @@ build_node_kubernetes() {
   log "kubernetes ${v}: done: $("${BIN_DIR}/kubelet" --version 2>/dev/null || echo '?')"
 }
 
+# CoreDNS with only the plugins the node's Corefile uses (CoreDNS's documented way to choose plugins
+# at compile time: our own main sets dnsserver.Directives). The full build pulls every cloud SDK its
+# other plugins need (~1400 packages); this one compiles ~800.
 build_coredns() {
-  local v="${COREDNS_VERSION}"
-  if stamp_ok coredns "${v}"; then log "coredns ${v}: up to date"; return; fi
+  local v="${COREDNS_VERSION}" stamp="${COREDNS_VERSION}-minimal"
+  if stamp_ok coredns "${stamp}"; then log "coredns ${v}: up to date"; return; fi
   log "coredns ${v}: building"
   local mod_dir="${WORK_DIR}/coredns"
   new_module "${mod_dir}" ddp-operator.local/build-coredns
+  cat >"${mod_dir}/main.go" <<'EOF'
+// CoreDNS with the plugins of the real node's Corefile and nothing else.
+package main
+
+import (
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+
+	_ "github.com/coredns/coredns/plugin/bind"
+	_ "github.com/coredns/coredns/plugin/cache"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/forward"
+	_ "github.com/coredns/coredns/plugin/health"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/loadbalance"
+	_ "github.com/coredns/coredns/plugin/log"
+	_ "github.com/coredns/coredns/plugin/ready"
+)
+
+func init() {
+	// Plugins run in this order whatever the Corefile says: the order of CoreDNS's plugin.cfg.
+	dnsserver.Directives = []string{
+		"bind", "ready", "health", "errors", "log", "loadbalance", "cache", "kubernetes", "forward",
+	}
+}
+
+func main() { coremain.Run() }
+EOF
   cd "${mod_dir}"
-  run_go go get "github.com/coredns/coredns@${v}"
-  run_go go build -ldflags "-s -w" -o "${BIN_DIR}/coredns" github.com/coredns/coredns
-  write_stamp coredns "${v}"
-  log "coredns ${v}: done: $("${BIN_DIR}/coredns" -version 2>/dev/null | head -1 || echo '?')"
+  run_go go mod edit -require="github.com/coredns/coredns@${v}"
+  run_go go mod tidy
+  run_go go build -ldflags "-s -w" -o "${BIN_DIR}/coredns" .
+  write_stamp coredns "${stamp}"
+  log "coredns ${v}: done: $("${BIN_DIR}/coredns" -version 2>/dev/null | sed -n 1p)"
 }
 
 build_crictl() {

@@ -13,7 +13,13 @@ from typing import Any, TypeVar
 
 import pytest
 
-from ddp_operator.cluster import EXIT_CODE_ANNOTATION, GPU_RESOURCE, REASON_ANNOTATION, LocalCluster
+from ddp_operator.cluster import (
+    EXIT_CODE_ANNOTATION,
+    GPU_RESOURCE,
+    NODE_LOST_ANNOTATION,
+    REASON_ANNOTATION,
+    LocalCluster,
+)
 from ddp_operator.cluster.binaries import pinned_versions
 from ddp_operator.cluster.manifests import NodeShape
 
@@ -403,3 +409,49 @@ def test_pod_created_with_an_exit_code_ends_without_running(
     terminated = done["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (terminated["exitCode"], terminated["reason"]) == (2, "Error")
     assert done["spec"]["nodeName"] in local_cluster.node_names
+
+
+def test_a_lost_node_is_tainted_and_its_pods_evicted_then_it_recovers(
+    local_cluster: LocalCluster, namespace: str
+) -> None:
+    node = local_cluster.node_names[-1]
+    victim = pod("victim")
+    victim["spec"]["nodeName"] = node
+    victim["spec"]["tolerations"] = [
+        {
+            "key": "node.kubernetes.io/unreachable",
+            "operator": "Exists",
+            "effect": "NoExecute",
+            "tolerationSeconds": 2,
+        }
+    ]
+    local_cluster.apply_json(victim, "-n", namespace)
+    wait_for("pod victim Running", lambda: running_and_ready(local_cluster, namespace, "victim"))
+    local_cluster.kubectl_run("annotate", "node", node, f"{NODE_LOST_ANNOTATION}=true")
+    try:
+
+        def tainted() -> list[dict[str, Any]] | None:
+            taints = local_cluster.get_json("node", node)["spec"].get("taints") or []
+            unreachable = [t for t in taints if t["key"] == "node.kubernetes.io/unreachable"]
+            # NoSchedule comes first, the taint that evicts (NoExecute) a moment later.
+            return unreachable if len(unreachable) == 2 else None
+
+        taints = wait_for(f"node {node} tainted unreachable (NoSchedule and NoExecute)", tainted)
+        assert {t["effect"] for t in taints} == {"NoSchedule", "NoExecute"}
+        ready = condition(local_cluster.get_json("node", node), "Ready") or {}
+        assert ready.get("status") == "Unknown"
+
+        def evicted() -> bool:
+            result = local_cluster.kubectl_run("get", "pod", "victim", "-n", namespace, check=False)
+            return result.returncode != 0 and "NotFound" in result.stderr
+
+        wait_for("pod victim evicted by the taint-eviction controller", evicted)
+    finally:
+        local_cluster.kubectl_run("annotate", "node", node, f"{NODE_LOST_ANNOTATION}-")
+
+    def recovered() -> bool:
+        back = local_cluster.get_json("node", node)
+        ready = (condition(back, "Ready") or {}).get("status") == "True"
+        return ready and not back["spec"].get("taints")
+
+    wait_for(f"node {node} Ready and untainted again", recovered)

@@ -107,7 +107,8 @@ def test_all_ranks_succeeding_makes_the_job_succeeded_with_conditions_and_one_ev
         return events if any(e["reason"] == REASON_SUCCEEDED for e in events) else None
 
     events = wait_for("the Event of the Succeeded phase", all_events)
-    reasons = [e["reason"] for e in sorted(events, key=lambda e: e["firstTimestamp"])]
+    # firstTimestamp has one-second resolution: the apiserver's write order (resourceVersion) is exact.
+    reasons = [e["reason"] for e in sorted(events, key=lambda e: int(e["metadata"]["resourceVersion"]))]
     # One Event per phase change (Pending, maybe Starting, Running, Succeeded), none from kopf.
     assert all(e["source"].get("component") == "ddp-operator" for e in events), reasons
     assert reasons[0] == "Created" and reasons[-1] == REASON_SUCCEEDED, reasons

@@ -84,6 +84,7 @@ def test_kwok_stage_set_covers_node_and_pod_lifecycles() -> None:
     by_name = {s["metadata"]["name"]: s for s in stages}
     assert set(by_name) == {
         "node-initialize",
+        "node-lost",
         "node-heartbeat",
         "pod-ready",
         "pod-complete-by-annotation",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,20 +132,20 @@ def test_corefile_serves_the_cluster_domain_on_the_bridge() -> None:
 
 def test_api_objects_point_services_at_the_bridge() -> None:
     objects = nm.api_objects(nm.NodeNetwork(), 6443, 1053, [Path("/v/pv-0"), Path("/v/pv-1")])
-    by_kind: dict[str, list[dict[str, object]]] = {}
+    by_kind: dict[str, list[dict[str, Any]]] = {}
     for obj in objects:
         by_kind.setdefault(str(obj["kind"]), []).append(obj)
-    slices = {s["metadata"]["name"]: s for s in by_kind["EndpointSlice"]}  # type: ignore[index]
+    slices = {s["metadata"]["name"]: s for s in by_kind["EndpointSlice"]}
     kubernetes = slices["kubernetes-real-node"]
-    assert kubernetes["metadata"]["labels"]["kubernetes.io/service-name"] == "kubernetes"  # type: ignore[index]
+    assert kubernetes["metadata"]["labels"]["kubernetes.io/service-name"] == "kubernetes"
     assert kubernetes["endpoints"] == [{"addresses": ["10.85.0.1"], "conditions": {"ready": True}}]
     assert kubernetes["ports"] == [{"name": "https", "port": 6443, "protocol": "TCP"}]
     dns_service = by_kind["Service"][0]
-    assert dns_service["spec"]["clusterIP"] == "10.96.0.10"  # type: ignore[index]
-    assert [p["port"] for p in slices["kube-dns-real-node"]["ports"]] == [1053, 1053]  # type: ignore[index]
+    assert dns_service["spec"]["clusterIP"] == "10.96.0.10"
+    assert [p["port"] for p in slices["kube-dns-real-node"]["ports"]] == [1053, 1053]
     volumes = by_kind["PersistentVolume"]
-    assert [v["spec"]["hostPath"]["path"] for v in volumes] == ["/v/pv-0", "/v/pv-1"]  # type: ignore[index]
-    assert all(v["spec"]["storageClassName"] == nm.STORAGE_CLASS for v in volumes)  # type: ignore[index]
+    assert [v["spec"]["hostPath"]["path"] for v in volumes] == ["/v/pv-0", "/v/pv-1"]
+    assert all(v["spec"]["storageClassName"] == nm.STORAGE_CLASS for v in volumes)
 
 
 SAVE_BEFORE = """*filter
@@ -268,3 +269,24 @@ def test_relay_copies_bytes_both_ways() -> None:
 
 def test_api_objects_are_json_serializable() -> None:
     json.dumps(nm.api_objects(nm.NodeNetwork(), 1, 2, []))
+
+
+def test_node_state_survives_its_json_record() -> None:
+    from ddp_operator.cluster.real_node import NodeState
+    from ddp_operator.cluster.runtime import ComponentState
+
+    state = NodeState(
+        name="ddp-node",
+        bin_dir="/bin",
+        image_store="/images",
+        run_dir="/run/ddp-test",
+        bridge="ddpbr0",
+        pod_cidr="10.85.0.0/24",
+        components=[ComponentState("kubelet", 42, 7, {"https": 10250}, "/logs/kubelet.log", ["kubelet"])],
+        bridge_created=True,
+        iptables_rules=[["-t", "filter", "DOCKER-USER", "-s", "10.85.0.0/24", "-j", "ACCEPT"]],
+        chains_before={"filter": ["DOCKER-USER"]},
+        netns_before=["cni-old"],
+        sysctls_changed={"/proc/sys/net/ipv4/ip_forward": "0"},
+    )
+    assert NodeState.from_json(state.to_json()) == state

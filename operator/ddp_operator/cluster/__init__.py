@@ -5,7 +5,7 @@ and kwok for fake GPU nodes) built from the Go module proxy and run as local pro
 Import cost is small: nothing here imports the kubernetes client."""
 
 from ddp_operator.cluster.binaries import BinariesError, default_bin_dir, ensure_binaries
-from ddp_operator.cluster.kwok_stages import EXIT_CODE_ANNOTATION, REASON_ANNOTATION
+from ddp_operator.cluster.kwok_stages import EXIT_CODE_ANNOTATION, NODE_LOST_ANNOTATION, REASON_ANNOTATION
 from ddp_operator.cluster.manifests import GPU_RESOURCE, NodeShape
 from ddp_operator.cluster.runtime import (
     ClusterError,
@@ -22,6 +22,7 @@ from ddp_operator.cluster.runtime import (
 __all__ = [
     "EXIT_CODE_ANNOTATION",
     "GPU_RESOURCE",
+    "NODE_LOST_ANNOTATION",
     "REASON_ANNOTATION",
     "BinariesError",
     "ClusterError",

@@ -3,6 +3,8 @@
 Stages (each a rule "objects matching this selector get this status next"):
 - node-initialize / node-heartbeat: fake nodes become Ready with the capacity they were created with,
   and keep reporting Ready.
+- node-lost: a node annotated `kwok.ddp.dev/node-lost` reports Unknown, as a node whose kubelet went
+  silent; removing the annotation makes it Ready again.
 - pod-ready: a pod scheduled onto a fake node becomes Running and Ready.
 - pod-complete-by-annotation: a test ends a pod by annotating it with `kwok.ddp.dev/exit-code` (and
   optionally `kwok.ddp.dev/reason`); every container is terminated with that code, the pod phase is
@@ -18,11 +20,29 @@ KWOK_API_VERSION = "kwok.x-k8s.io/v1alpha1"
 # Nodes carrying this annotation are the ones kwok manages; a real kubelet node can join beside them.
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 FAKE_NODE_ANNOTATION_VALUE = "fake"
+# A test simulates losing a node by annotating it; removing the annotation brings the node back.
+NODE_LOST_ANNOTATION = "kwok.ddp.dev/node-lost"
 EXIT_CODE_ANNOTATION = "kwok.ddp.dev/exit-code"
 REASON_ANNOTATION = "kwok.ddp.dev/reason"
 
 _NOT_DELETING = {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}
 _EXIT_CODE_KEY = f'.metadata.annotations["{EXIT_CODE_ANNOTATION}"]'
+_NODE_LOST_KEY = f'.metadata.annotations["{NODE_LOST_ANNOTATION}"]'
+
+# What a node's conditions become when its kubelet stops reporting (as the node-lifecycle controller
+# writes them); the controller then taints the node unreachable and evicts its pods.
+_NODE_LOST = """\
+{{ $now := Now }}
+conditions:
+{{ range NodeConditions }}
+- lastHeartbeatTime: {{ $now | Quote }}
+  lastTransitionTime: {{ $now | Quote }}
+  message: "Kubelet stopped posting node status."
+  reason: NodeStatusUnknown
+  status: Unknown
+  type: {{ .type | Quote }}
+{{ end }}
+"""
 
 _NODE_CONDITIONS = """\
 {{ $now := Now }}
@@ -199,12 +219,16 @@ def kwok_stages(heartbeat_interval_ms: int = 10_000) -> list[dict[str, Any]]:
         "values": ["True"],
     }
     ready_true = {**ready_not_true, "operator": "In"}
+    ready_not_unknown = {**ready_not_true, "values": ["Unknown"]}
+    alive = {"key": _NODE_LOST_KEY, "operator": "DoesNotExist"}
+    lost = {"key": _NODE_LOST_KEY, "operator": "Exists"}
     return [
-        _stage("node-initialize", "Node", [ready_not_true], {"statusTemplate": _NODE_INITIALIZE}),
+        _stage("node-initialize", "Node", [alive, ready_not_true], {"statusTemplate": _NODE_INITIALIZE}),
+        _stage("node-lost", "Node", [lost, ready_not_unknown], {"statusTemplate": _NODE_LOST}),
         _stage(
             "node-heartbeat",
             "Node",
-            [{"key": ".status.phase", "operator": "In", "values": ["Running"]}, ready_true],
+            [alive, {"key": ".status.phase", "operator": "In", "values": ["Running"]}, ready_true],
             {"statusTemplate": _NODE_CONDITIONS},
             delay={
                 "durationMilliseconds": heartbeat_interval_ms,

@@ -26,8 +26,15 @@ from typing import TYPE_CHECKING, Any
 
 from ddp_operator.cluster import node_manifests as nm
 from ddp_operator.cluster.manifests import LOCALHOST, kubeconfig
-from ddp_operator.cluster.node_manifests import RealNodeOptions
-from ddp_operator.cluster.runtime import ClusterError, ComponentState, is_running, rss_bytes, stop_components
+from ddp_operator.cluster.node_manifests import RealNodeOptions as RealNodeOptions
+from ddp_operator.cluster.runtime import (
+    ClusterError,
+    ComponentState,
+    ComponentStatus,
+    is_running,
+    rss_bytes,
+    stop_components,
+)
 
 if TYPE_CHECKING:
     from ddp_operator.cluster.runtime import LocalCluster
@@ -36,8 +43,6 @@ Progress = Callable[[str], None]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-node-binaries.sh"
-# Start order; stop goes in reverse.
-COMPONENTS = ("containerd", "kubelet", "kube-proxy", "coredns", "apiserver-relay")
 NODE_BINARIES = ("kubelet", "kube-proxy", "coredns", "crictl", "pause")
 HOST_COMMANDS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "iptables-save", "ip")
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
@@ -400,7 +405,7 @@ def start(cluster: LocalCluster, options: RealNodeOptions, progress: Progress = 
             f"interface {network.bridge} exists: another real node runs (or was not torn down): "
             f"`ddpjob cluster down`, or `ip link del {network.bridge}`"
         )
-    if layout.containerd_socket.exists() and _tcp_or_unix_alive(layout.containerd_socket):
+    if layout.containerd_socket.exists() and _unix_socket_alive(layout.containerd_socket):
         raise RealNodeError(f"a containerd already serves {layout.containerd_socket}")
 
     started = time.monotonic()
@@ -430,12 +435,12 @@ def start(cluster: LocalCluster, options: RealNodeOptions, progress: Progress = 
     except BaseException:
         progress("real node: start failed; undoing what was added")
         with contextlib.suppress(Exception):
-            stop(cluster.state_dir, progress=progress, api_up=True)
+            stop(cluster.state_dir, progress=progress)
         raise
     return RealNode(options.name, network, layout, seconds_to_ready)
 
 
-def _tcp_or_unix_alive(path: Path) -> bool:
+def _unix_socket_alive(path: Path) -> bool:
     with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(1)
         s.connect(str(path))
@@ -541,8 +546,11 @@ def _start_node(
     seconds_to_ready = time.monotonic() - started
     _untaint_not_ready(cluster, options.name)
     step(f"node {options.name} Ready")
-    # After Ready, so that "time to a Ready node" measures the node alone, not a 6 GB import.
+    # After Ready, so that "time to a Ready node" measures the node alone, not a 6 GB import; the
+    # import's time does not count against the timeout either.
+    loading = time.monotonic()
     load_images(layout, options.images, progress=step)
+    deadline += time.monotonic() - loading
 
     cluster.apply_json(
         {
@@ -585,9 +593,9 @@ def _start_node(
 
 
 def _untaint_not_ready(cluster: LocalCluster, name: str) -> None:
-    """The TaintNodesByCondition admission plugin taints every new node not-ready:NoSchedule; the
-    node-lifecycle controller, which would lift it, does not run here (it would also manage kwok's
-    nodes), so the taint goes once the kubelet reports Ready."""
+    """Where the TaintNodesByCondition admission plugin runs, a new node is born tainted
+    not-ready:NoSchedule until the node-lifecycle controller (if any) sees it Ready; the kubelet has
+    reported Ready, so pods need not wait for that controller's next pass."""
     node = _node_status(cluster, name) or {}
     taints = node.get("spec", {}).get("taints") or []
     kept = [t for t in taints if t.get("key") != "node.kubernetes.io/not-ready"]
@@ -611,20 +619,44 @@ def _crictl(state: NodeState, *args: str) -> list[str]:
     ]
 
 
-def stop(state_dir: Path, *, progress: Progress = lambda _: None, api_up: bool = True) -> bool:
+def _revive_containerd(state: NodeState, layout: nm.NodeLayout) -> ComponentState | None:
+    """A containerd for teardown when the recorded one died: it reconnects to the shims of the
+    containers that still run, so their sandboxes can be removed through CRI."""
+    if not layout.containerd_config.is_file():
+        return None
+    log = layout.log_file("containerd")
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [shutil.which("containerd") or "containerd", "--config", str(layout.containerd_config)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    revived = ComponentState("containerd", proc.pid, _start_ticks(proc.pid), {}, str(log), [])
+    deadline = time.monotonic() + 30
+    while _run(_ctr(layout, "version"), check=False).returncode != 0:
+        if time.monotonic() > deadline or not is_running(revived):
+            stop_components([revived])
+            return None
+        time.sleep(_POLL_S)
+    return revived
+
+
+def stop(state_dir: Path, *, progress: Progress = lambda _: None) -> bool:
     """Undo what `start` recorded in state_dir; False when no node was recorded. Raises RealNodeError
-    (and keeps the record) when something could not be removed."""
+    (and keeps the record) when something could not be removed. Works without the apiserver: the
+    node is taken apart through CRI and the host's own tools."""
     state = read_state(state_dir)
     if state is None:
         return False
-    del api_up  # the node is torn down through CRI, whether or not the apiserver still answers
+    layout = nm.NodeLayout(state_dir, Path(state.image_store), Path(state.run_dir))
     by_name = {c.name: c for c in state.components}
     errors: list[str] = []
 
     # The kubelet first, so it does not restart what is removed below.
     stop_components([c for c in state.components if c.name != "containerd"])
     containerd = by_name.get("containerd")
-    if containerd is not None and is_running(containerd):
+    if containerd is not None and not is_running(containerd):
+        containerd = _revive_containerd(state, layout)
+    if containerd is not None:
         # Stops every container and removes every sandbox (CNI DEL releases its address and veth).
         result = _run(_crictl(state, "rmp", "--all", "--force"), check=False, timeout=180)
         if result.returncode != 0:
@@ -634,7 +666,6 @@ def stop(state_dir: Path, *, progress: Progress = lambda _: None, api_up: bool =
     if cleanup.returncode != 0:
         errors.append(f"kube-proxy --cleanup: {cleanup.stderr.strip()[-300:]}")
 
-    layout = nm.NodeLayout(state_dir, Path(state.image_store), Path(state.run_dir))
     mountinfo = Path("/proc/self/mountinfo").read_text()
     for point in nm.mounts_under(mountinfo, layout.owned_dirs):
         result = _run(["umount", point], check=False)
@@ -680,17 +711,8 @@ def stop(state_dir: Path, *, progress: Progress = lambda _: None, api_up: bool =
     return True
 
 
-@dataclass(frozen=True)
-class NodeComponentStatus:
-    name: str
-    pid: int
-    running: bool
-    rss_bytes: int
-    ports: dict[str, int]
-    log: str
-
-
-def status(state_dir: Path) -> list[NodeComponentStatus]:
+def status(state_dir: Path) -> list[ComponentStatus]:
+    """The node's components as `ddpjob cluster status` lists them; empty without a node."""
     state = read_state(state_dir)
     if state is None:
         return []
@@ -698,6 +720,6 @@ def status(state_dir: Path) -> list[NodeComponentStatus]:
     for c in state.components:
         running = is_running(c)
         rows.append(
-            NodeComponentStatus(c.name, c.pid, running, rss_bytes(c.pid) if running else 0, c.ports, c.log)
+            ComponentStatus(c.name, c.pid, running, rss_bytes(c.pid) if running else 0, c.ports, c.log)
         )
     return rows

@@ -489,11 +489,12 @@ def up(options: ClusterOptions, progress: Progress = lambda _: None) -> LocalClu
     deadline = started + options.timeout_s
     layout = Layout(state_dir)
     layout.log_dir.mkdir(parents=True, exist_ok=True)
-    generate_pki(layout)
     ports = Ports(*_free_ports(6))
-    _write_config(layout, ports)
     nodes = [manifests.node_name(i) for i in range(options.nodes)]
     starter = _Starter(layout, bin_dir, ports, nodes)
+    starter.save()  # from here on the directory is recognisably ours, for `down` and the next `up`
+    generate_pki(layout)
+    _write_config(layout, ports)
 
     def step(message: str) -> None:
         progress(f"{message} ({time.monotonic() - started:.1f} s)")

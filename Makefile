@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 PYTEST    := $(PY) -m pytest
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-e2e k8s-binaries bench clean-venv
+.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-e2e k8s-binaries images chart-crds bench clean-venv
 
 all: test
 
@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 	@echo ">>> creating the virtualenv in $(VENV) (torch is several GB on a cold machine)"
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	@# torch is downloaded once into a wheel cache: the venv installs from it, and the trainer image
+	@# build (hack/build-images.sh) reuses it instead of fetching several GB again.
+	$(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["optional-dependencies"]["trainer"]))' > $(CACHE)/trainer-requirements.txt
+	$(PY) -m pip download -q -d $(CACHE)/wheels -r $(CACHE)/trainer-requirements.txt
 	$(PY) -m pip install -q --find-links $(CACHE)/wheels -e '.[trainer,operator,dev]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
@@ -48,7 +52,15 @@ k8s-binaries:
 test-integration: venv k8s-binaries
 	$(PYTEST) tests/integration -q
 
-test-e2e: venv
+## Both images, on a local debootstrap base (no registry needed); tagged by version.
+images: venv
+	hack/build-images.sh
+
+## The chart's crds/ is generated from crds/; the integration tier checks that they agree.
+chart-crds:
+	hack/gen-chart-crds.sh
+
+test-e2e: venv k8s-binaries images
 	$(PYTEST) tests/e2e -q
 
 bench: venv

@@ -34,6 +34,8 @@ Docs = list[dict[str, Any]]
 OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
     ("ddp.dev", "ddpjobs"): {"list", "watch", "delete"},
     ("ddp.dev", "ddpjobs/status"): {"patch"},
+    # blockOwnerDeletion on the children's ownerReferences (OwnerReferencesPermissionEnforcement).
+    ("ddp.dev", "ddpjobs/finalizers"): {"update"},
     ("", "pods"): {"create", "delete", "get", "list", "watch"},
     ("", "services"): {"create", "get"},
     ("", "persistentvolumeclaims"): {"create", "get"},

@@ -236,6 +236,111 @@ def test_namespace_deletion_completes(local_cluster: LocalCluster) -> None:
     wait_for(f"namespace {name} to be deleted", deleted)
 
 
+def test_volume_binder_binds_a_claim_and_protection_lets_its_namespace_go(
+    local_cluster: LocalCluster,
+) -> None:
+    namespace = f"t-claim-{uuid.uuid4().hex[:6]}"
+    volume = f"{namespace}-data"
+    local_cluster.create_namespace(namespace)
+    local_cluster.apply_json(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "hostPath": {"path": f"/tmp/{volume}"},
+                "claimRef": {"namespace": namespace, "name": "data"},
+                "persistentVolumeReclaimPolicy": "Retain",
+            },
+        }
+    )
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    local_cluster.apply_json(claim, "-n", namespace)
+
+    def claim_bound() -> dict[str, Any] | None:
+        pvc: dict[str, Any] = local_cluster.get_json("pvc", "data", "-n", namespace)
+        return pvc if pvc.get("status", {}).get("phase") == "Bound" else None
+
+    pvc = wait_for("the volume binder to bind claim data", claim_bound)
+    assert pvc["spec"]["volumeName"] == volume
+    # StorageObjectInUseProtection adds these; only the protection controllers take them off again.
+    assert "kubernetes.io/pvc-protection" in pvc["metadata"]["finalizers"]
+    assert "kubernetes.io/pv-protection" in local_cluster.get_json("pv", volume)["metadata"]["finalizers"]
+
+    user = pod("user")
+    user["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
+    local_cluster.apply_json(user, "-n", namespace)
+    wait_for("pod user Running", lambda: running_and_ready(local_cluster, namespace, "user"))
+    local_cluster.kubectl_run("delete", "namespace", namespace, "--wait=false")
+
+    def gone(*what: str) -> bool:
+        result = local_cluster.kubectl_run("get", *what, check=False)
+        return result.returncode != 0 and "NotFound" in result.stderr
+
+    wait_for(
+        f"namespace {namespace} (with a bound claim in use) to be deleted", lambda: gone("ns", namespace)
+    )
+    local_cluster.kubectl_run("delete", "pv", volume, "--wait=false")
+    wait_for(f"volume {volume}, released by its claim, to be deleted", lambda: gone("pv", volume))
+
+
+def test_block_owner_deletion_needs_update_on_the_owners_finalizers(
+    local_cluster: LocalCluster, namespace: str
+) -> None:
+    """OwnerReferencesPermissionEnforcement is on, as on OpenShift: the chart's RBAC is checked against it."""
+    local_cluster.kubectl_run("create", "configmap", "owner", "-n", namespace)
+    owner_uid = local_cluster.get_json("configmap", "owner", "-n", namespace)["metadata"]["uid"]
+    user = f"creator-{uuid.uuid4().hex[:6]}"
+    local_cluster.kubectl_run(
+        "create", "role", user, "-n", namespace, "--verb=create,get", "--resource=configmaps"
+    )
+    local_cluster.kubectl_run(
+        "create", "rolebinding", user, "-n", namespace, f"--role={user}", f"--user={user}"
+    )
+
+    def child(name: str, block: bool) -> str:
+        reference = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner_uid}
+        return json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": name, "ownerReferences": [{**reference, "blockOwnerDeletion": block}]},
+            }
+        )
+
+    def create_as_user(manifest: str) -> subprocess.CompletedProcess[str]:
+        return local_cluster.kubectl_run(
+            "create", "-n", namespace, f"--as={user}", "-f", "-", input=manifest, check=False
+        )
+
+    plain = create_as_user(child("plain", block=False))
+    assert plain.returncode == 0, plain.stderr
+    blocking = create_as_user(child("blocking", block=True))
+    assert blocking.returncode != 0 and "blockOwnerDeletion" in blocking.stderr, blocking.stderr
+    local_cluster.kubectl_run(
+        "create", "role", f"{user}-finalizers", "-n", namespace, "--verb=update",
+        "--resource=configmaps/finalizers",
+    )  # fmt: skip
+    local_cluster.kubectl_run(
+        "create", "rolebinding", f"{user}-finalizers", "-n", namespace, f"--role={user}-finalizers",
+        f"--user={user}",
+    )  # fmt: skip
+
+    def created_once_allowed() -> bool:
+        return create_as_user(child("blocking", block=True)).returncode == 0
+
+    wait_for(
+        "a blocking ownerReference to be allowed with update on configmaps/finalizers", created_once_allowed
+    )
+
+
 @pytest.mark.parametrize(
     ("manifest", "expected"),
     [

@@ -49,76 +49,61 @@ def test_example_gets_its_service_and_running_rank_pods(
     job = _the_job(example)
     name = job["metadata"]["name"]
     replicas = int(job["spec"].get("replicas", 1))
-    if job["spec"].get("checkpoint"):
-        _volume_for(kube, namespace, name, job["spec"]["checkpoint"]["volumeClaimTemplate"])
-    kube.run("apply", "-n", namespace, "-f", str(example))
-    if job["spec"].get("checkpoint"):
-        _bind(kube, namespace, name)
+    checkpoint = job["spec"].get("checkpoint")
+    volume = _volume_for(kube, namespace, name, checkpoint["volumeClaimTemplate"]) if checkpoint else None
+    try:
+        kube.run("apply", "-n", namespace, "-f", str(example))
+        if volume is not None:
+            # The controller-manager's volume binder binds the operator's claim to the volume reserved
+            # for it; rank 0 mounts the claim, so the scheduler places it only once that is done.
+            _wait_bound(kube, namespace, f"{name}-checkpoint", volume)
 
-    pods = running_ranks(kube, namespace, name, replicas, attempt=0)
-    kube.json("get", "service", name, "-n", namespace)
-    wait_phase(kube, namespace, name, "Running")
-    trainer = next(c for c in pods[0]["spec"]["containers"] if c["name"] == "trainer")
-    resources = trainer.get("resources", {})
-    if "nvidia.com/gpu" in {**resources.get("limits", {}), **resources.get("requests", {})}:
-        assert {p["spec"]["nodeName"] for p in pods} <= _gpu_nodes(kube)
-        env = {e["name"]: e.get("value") for e in trainer["env"]}
-        assert env["DDP_BACKEND"] == "nccl"
-    if job["spec"].get("checkpoint"):
-        kube.json("get", "pvc", f"{name}-checkpoint", "-n", namespace)
+        pods = running_ranks(kube, namespace, name, replicas, attempt=0)
+        kube.json("get", "service", name, "-n", namespace)
+        wait_phase(kube, namespace, name, "Running")
+        trainer = next(c for c in pods[0]["spec"]["containers"] if c["name"] == "trainer")
+        resources = trainer.get("resources", {})
+        if "nvidia.com/gpu" in {**resources.get("limits", {}), **resources.get("requests", {})}:
+            assert {p["spec"]["nodeName"] for p in pods} <= _gpu_nodes(kube)
+            env = {e["name"]: e.get("value") for e in trainer["env"]}
+            assert env["DDP_BACKEND"] == "nccl"
+    finally:
+        if volume is not None:
+            # pv-protection holds the volume until its claim goes with the namespace.
+            kube.run("delete", "pv", volume, "--wait=false", check=False)
 
 
-def _volume_for(kube: Kube, namespace: str, job: str, claim: dict[str, Any]) -> None:
-    """A PersistentVolume reserved for the job's checkpoint claim. The local cluster runs no volume
-    binder or provisioner, and rank 0 cannot be scheduled while its claim is unbound: see `_bind`."""
+def _volume_for(kube: Kube, namespace: str, job: str, claim: dict[str, Any]) -> str:
+    """A PersistentVolume reserved (claimRef) for the job's checkpoint claim, which the operator has not
+    created yet. The local cluster has no dynamic provisioner, so the volume is provisioned statically."""
+    name = f"{namespace}-{job}"
     volume = {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
-        "metadata": {"name": f"{namespace}-{job}"},
+        "metadata": {"name": name},
         "spec": {
             "capacity": {"storage": claim["resources"]["requests"]["storage"]},
             "accessModes": claim.get("accessModes", ["ReadWriteOnce"]),
-            "hostPath": {"path": f"/tmp/{namespace}-{job}"},
+            "hostPath": {"path": f"/tmp/{name}"},
             "claimRef": {"namespace": namespace, "name": f"{job}-checkpoint"},
             "persistentVolumeReclaimPolicy": "Retain",
         },
     }
     kube.run("apply", "-f", "-", stdin=yaml.safe_dump(volume))
+    return name
 
 
-def _bind(kube: Kube, namespace: str, job: str) -> None:
-    """Do the volume binder's work by hand once the operator has created the claim."""
-    claim = f"{job}-checkpoint"
-    wait_for(
-        f"the operator to create {claim}",
-        lambda: kube.run("get", "pvc", claim, "-n", namespace, check=False).returncode == 0,
-    )
-    kube.run(
-        "patch",
-        "pvc",
-        claim,
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        json.dumps({"spec": {"volumeName": f"{namespace}-{job}"}}),
-    )
-    kube.run("annotate", "pvc", claim, "-n", namespace, "pv.kubernetes.io/bind-completed=yes")
-    bound = {"status": {"phase": "Bound"}}
-    kube.run(
-        "patch",
-        "pvc",
-        claim,
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(bound),
-    )
-    kube.run(
-        "patch", "pv", f"{namespace}-{job}", "--subresource=status", "--type=merge", "-p", json.dumps(bound)
-    )
+def _wait_bound(kube: Kube, namespace: str, claim: str, volume: str) -> None:
+    def bound() -> bool:
+        result = kube.run("get", "pvc", claim, "-n", namespace, "-o", "json", check=False)
+        if result.returncode != 0:
+            return False
+        pvc = json.loads(result.stdout)
+        return bool(pvc.get("status", {}).get("phase") == "Bound" and pvc["spec"].get("volumeName") == volume)
+
+    wait_for(f"the volume binder to bind {claim} to {volume}", bound, timeout=60)
+    pv = kube.json("get", "pv", volume)
+    assert pv["status"]["phase"] == "Bound" and pv["spec"]["claimRef"]["name"] == claim, pv
 
 
 @pytest.fixture

@@ -65,6 +65,12 @@ watches); the same rules go into the ClusterRole (cluster-wide) or each namespac
 - apiGroups: ["ddp.dev"]
   resources: ["ddpjobs/status"]
   verbs: ["patch"]
+# Children carry a controller ownerReference with blockOwnerDeletion: true; where the
+# OwnerReferencesPermissionEnforcement admission plugin is on, setting it takes update on the owner's
+# finalizers subresource (nothing ever writes a finalizer).
+- apiGroups: ["ddp.dev"]
+  resources: ["ddpjobs/finalizers"]
+  verbs: ["update"]
 # Rank pods: created per attempt, deleted for a gang restart, watched by label; get after a 409.
 - apiGroups: [""]
   resources: ["pods"]

@@ -39,6 +39,13 @@ CONTROLLERS = (
     # the taint-eviction controller then evicts pods that do not tolerate the taint.
     "node-lifecycle-controller",
     "taint-eviction-controller",
+    # Binds PVCs to PVs (static provisioning; there is no dynamic provisioner), and removes the
+    # kubernetes.io/pv-protection and kubernetes.io/pvc-protection finalizers that the
+    # StorageObjectInUseProtection admission plugin adds: without them no PVC or PV is ever deleted,
+    # nor a namespace that holds one.
+    "persistentvolume-binder-controller",
+    "persistentvolume-protection-controller",
+    "persistentvolumeclaim-protection-controller",
 )
 
 
@@ -215,6 +222,8 @@ def apiserver_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
         f"--kubelet-client-certificate={layout.cert('apiserver-kubelet-client')}",
         f"--kubelet-client-key={layout.key('apiserver-kubelet-client')}",
         f"--kubelet-certificate-authority={layout.cert('ca')}",
+        # A real node's hostname does not resolve here; its InternalIP (the node's bridge) does.
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
         # Aggregated APIs (metrics-server and the like) trust the apiserver's front-proxy identity.
         f"--requestheader-client-ca-file={layout.cert('ca')}",
         "--requestheader-allowed-names=front-proxy-client",
@@ -233,6 +242,9 @@ def apiserver_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
         # That plugin taints every new node not-ready until the node-lifecycle controller sees it Ready
         # (up to its 5 s monitor period); kwok's nodes are born with their status, so skip the wait.
         "--disable-admission-plugins=TaintNodesByCondition",
+        # As on OpenShift and hardened clusters: setting blockOwnerDeletion on an ownerReference takes
+        # `update` on the owner's finalizers, so the chart's RBAC is proven against it here.
+        "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
         # The kubernetes Service cannot point at a loopback address; nothing in-cluster needs it here.
         "--endpoint-reconciler-type=none",
         f"--audit-policy-file={layout.audit_policy}",

@@ -6,7 +6,7 @@ STAMP     := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 PYTEST    := $(PY) -m pytest
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-e2e k8s-binaries images chart-crds bench clean-venv
+.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-e2e k8s-binaries node-binaries images chart-crds bench clean-venv
 
 all: test
 
@@ -60,7 +60,11 @@ images: venv
 chart-crds:
 	hack/gen-chart-crds.sh
 
-test-e2e: venv k8s-binaries images
+## kubelet, kube-proxy, CoreDNS, crictl, the pause image, CNI plugins and containerd for the real node.
+node-binaries:
+	hack/build-node-binaries.sh
+
+test-e2e: venv k8s-binaries node-binaries images
 	$(PYTEST) tests/e2e -q
 
 bench: venv

@@ -43,7 +43,6 @@ done
 log() { printf '[build-node %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf '[build-node] ERROR: %s\n' "$*" >&2; exit 1; }
 
-command -v go >/dev/null 2>&1 || die "no Go toolchain on PATH: install Go >= 1.25 (e.g. /usr/local/go/bin) and retry"
 export CGO_ENABLED=0
 export GOFLAGS="-buildvcs=false -trimpath"
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
@@ -64,17 +63,21 @@ run_go() {
 }
 
 new_module() { # dir name
+  command -v go >/dev/null 2>&1 || die "no Go toolchain on PATH: install Go >= 1.25 (e.g. /usr/local/go/bin) and retry"
   rm -rf "$1" && mkdir -p "$1"
   (cd "$1" && run_go go mod init "$2" && run_go go mod edit -go="$(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1.0/')")
 }
 
+# Root's tools live in sbin, which a user's PATH may lack.
+have() { command -v "$1" >/dev/null 2>&1 || [[ -x "/usr/sbin/$1" || -x "/sbin/$1" ]]; }
+
 install_debian_packages() {
   local missing=()
-  command -v containerd >/dev/null 2>&1 || missing+=(containerd)
-  command -v runc >/dev/null 2>&1 || missing+=(runc)
+  have containerd || missing+=(containerd)
+  have runc || missing+=(runc)
   [[ -x /usr/lib/cni/bridge || -x /opt/cni/bin/bridge ]] || missing+=(containernetworking-plugins)
-  command -v conntrack >/dev/null 2>&1 || missing+=(conntrack)
-  command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+  have conntrack || missing+=(conntrack)
+  have iptables || missing+=(iptables)
   ((${#missing[@]} == 0)) && { log "system packages: present"; return; }
   ((use_apt)) || die "missing system packages: ${missing[*]} (install them, or drop --no-apt)"
   local sudo=""

@@ -241,8 +241,13 @@ def _finished(
     policy = job.run_policy.clean_pod_policy
     if policy == "All":
         doomed = list(pods)
-    elif policy == "Running" or reason in _STOP_REASONS:
+    elif reason in _STOP_REASONS:
         doomed = [p for p in pods if not p.terminal]
+    elif policy == "Running":
+        # A real kubelet reports the trainer terminated before it turns the pod's phase terminal (it
+        # first tears the sandbox down): such a pod is no longer running, and deleting it would lose the
+        # logs of a rank that finished.
+        doomed = [p for p in pods if not p.terminal and not p.terminated]
     else:
         doomed = []
     completion = parse_time(old.get("completionTime"))

@@ -122,24 +122,24 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClus
     if missing:
         pytest.skip("a real node cannot run here: " + "; ".join(missing))
     state_dir = tmp_path_factory.mktemp("real-node-cluster")
-    started = time.monotonic()
-    # No kwok nodes: every pod must land on the real node.
-    cluster = up(
-        ClusterOptions(state_dir=state_dir, bin_dir=bin_dir, nodes=0, timeout_s=300.0), progress=_progress
+    node_options = real_node.RealNodeOptions(images=(OPERATOR_IMAGE, TRAINER_IMAGE))
+    options = ClusterOptions(
+        state_dir=state_dir,
+        bin_dir=bin_dir,
+        nodes=0,  # no kwok nodes: every pod must land on the real node
+        timeout_s=300.0,
+        real_node=node_options,
     )
+    started = time.monotonic()
+    cluster = up(options, progress=_progress)  # what `ddpjob cluster up --real-node` runs
+    TIMINGS.record("cluster_up_to_ready_node_s", time.monotonic() - started)
     try:
-        node = real_node.start(
-            cluster, real_node.RealNodeOptions(images=(OPERATOR_IMAGE, TRAINER_IMAGE)), progress=_progress
-        )
-        TIMINGS.record("cluster_up_to_ready_node_s", time.monotonic() - started)
-        TIMINGS.record("node_start_to_ready_s", node.seconds_to_ready)
         yield cluster
     finally:
-        real_node.stop(state_dir, progress=_progress)
         down(state_dir, keep_state=True, progress=_progress)
         left = cluster.running_components() + [r.name for r in real_node.status(state_dir) if r.running]
         assert not left, f"still running after down: {left}"
-        assert not Path(f"/sys/class/net/{real_node.RealNodeOptions().network.bridge}").exists()
+        assert not Path(f"/sys/class/net/{node_options.network.bridge}").exists()
 
 
 @pytest.fixture(scope="module")
@@ -421,15 +421,22 @@ def test_digits_trains_across_two_pods_with_equal_allreduce_bytes_and_succeeds(
         texts = metrics_after_some_steps()
         if texts and all(
             counter(t, "ddp_allreduce_bytes_total") > counter(f, "ddp_allreduce_bytes_total")
+            and counter(t, "ddp_sync_steps_total") > counter(f, "ddp_sync_steps_total")
             for t, f in zip(texts, first, strict=True)
         ):
             return texts
         return None
 
     later = wait_for("ddp_allreduce_bytes_total growing on both ranks", grown, timeout=300)
-    per_step = [counter(t, "ddp_allreduce_bytes_total") / counter(t, "ddp_sync_steps_total") for t in later]
+    # Per sync step between two reads (the first step's one-off traffic stays out of it): every rank
+    # reduces the same buckets, so the same payload.
+    per_step = [
+        (counter(t, "ddp_allreduce_bytes_total") - counter(f, "ddp_allreduce_bytes_total"))
+        / (counter(t, "ddp_sync_steps_total") - counter(f, "ddp_sync_steps_total"))
+        for t, f in zip(later, first, strict=True)
+    ]
     assert per_step[0] > 0
-    assert per_step[0] == per_step[1], f"allreduce bytes per sync step differ between ranks: {per_step}"
+    assert per_step[0] == pytest.approx(per_step[1], rel=1e-9), f"bytes per sync step differ: {per_step}"
 
     status = wait_phase(node_cluster, namespace, job, "Succeeded", timeout=900)
     TIMINGS.record("apply_to_succeeded_s", time.monotonic() - applied)

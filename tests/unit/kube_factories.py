@@ -58,8 +58,10 @@ def pod(
     pod_reason: str | None = None,
     disruption: str | None = None,
     owner_uid: str = JOB_UID,
+    phase_lags: bool = False,
 ) -> dict[str, Any]:
-    """A rank pod; a given exit_code makes the trainer terminated (phase defaults from the code)."""
+    """A rank pod; a given exit_code makes the trainer terminated (phase defaults from the code, unless
+    phase_lags: a real kubelet keeps the phase Running until it has torn the pod's sandbox down)."""
     metadata: dict[str, Any] = {
         "name": names.pod_name(job, rank, attempt),
         "namespace": "team-a",
@@ -88,7 +90,7 @@ def pod(
                 "finishedAt": format_time(at(finished if finished is not None else created + 10)),
             }
         }
-        if phase == "Running":
+        if phase == "Running" and not phase_lags:
             phase = "Succeeded" if exit_code == 0 else "Failed"
     elif waiting is not None:
         state = {"waiting": {"reason": waiting, "message": f"{waiting} for ddp-trainer:1"}}

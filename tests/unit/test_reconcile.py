@@ -459,6 +459,13 @@ def test_clean_pod_policy(policy: str, reason: str, deleted: set[str]) -> None:
     assert decision.requeue_after is None, "no TTL set"
 
 
+def test_clean_pod_policy_running_keeps_ranks_whose_trainer_exited_before_the_phase_turned() -> None:
+    job = job_spec(**with_run_policy(cleanPodPolicy="Running"))
+    pods = [pod(0, exit_code=0, phase_lags=True), pod(1, exit_code=0)]
+    decision = run(job, finished_status(), pods, now=200)
+    assert decision.delete_pods == (), "both trainers exited 0: nothing is running, the logs stay"
+
+
 def test_finished_jobs_do_not_come_back_to_life() -> None:
     decision = run(job_spec(), finished_status(), [pod(0, exit_code=1)], now=200)
     assert decision.status["phase"] == "Succeeded"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ddp_operator.cluster.binaries import BinariesError
 from ddp_operator.cluster.manifests import NodeShape
+from ddp_operator.cluster.node_manifests import RealNodeOptions
 from ddp_operator.cluster.pki import PkiError
 from ddp_operator.cluster.runtime import ClusterError, ClusterOptions, default_state_dir, down, status, up
 
@@ -71,6 +72,19 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="the binaries [the build script's output; env DDP_K8S_BIN_DIR]",
     )
     p_up.add_argument("--no-build", action="store_true", help="fail instead of building missing binaries")
+    p_up.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also start one real node (containerd, kubelet, CNI bridge, kube-proxy, CoreDNS; needs root; "
+        "docs/real-node.md); use --nodes 0 so pods cannot land on fake nodes",
+    )
+    p_up.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="IMAGE",
+        help="with --real-node: a Docker image to load into the node (repeatable)",
+    )
     p_up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness [120]")
 
     p_down = actions.add_parser("down", help="stop every process `up` started and remove the state directory")
@@ -99,6 +113,7 @@ def _up(args: argparse.Namespace) -> int:
         ),
         build=not args.no_build,
         timeout_s=args.timeout,
+        real_node=RealNodeOptions(images=tuple(args.image)) if args.real_node else None,
     )
     cluster = up(options, progress=_progress)
     print(f"kubeconfig: {cluster.kubeconfig}")

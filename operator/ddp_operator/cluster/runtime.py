@@ -27,6 +27,7 @@ from ddp_operator.cluster import manifests
 from ddp_operator.cluster.binaries import default_bin_dir, ensure_binaries
 from ddp_operator.cluster.kwok_stages import kwok_stages
 from ddp_operator.cluster.manifests import Layout, NodeShape, Ports
+from ddp_operator.cluster.node_manifests import RealNodeOptions
 from ddp_operator.cluster.pki import CLIENT_IDENTITIES, generate_pki
 
 Progress = Callable[[str], None]
@@ -70,6 +71,7 @@ class ClusterOptions:
     node_shape: NodeShape = field(default_factory=NodeShape)
     build: bool = True  # build missing binaries with hack/build-k8s.sh
     timeout_s: float = 120.0
+    real_node: RealNodeOptions | None = None  # one real kubelet node (real_node.py); needs root
 
 
 @dataclass(frozen=True)
@@ -476,6 +478,7 @@ def up(options: ClusterOptions, progress: Progress = lambda _: None) -> LocalClu
     if existing is not None:
         if any(is_running(c) for c in existing.components):
             raise ClusterError(f"a cluster is already running from {state_dir}: `ddpjob cluster down` first")
+        _stop_real_node(state_dir, progress)  # mounts and rules of a node that died with its cluster
         shutil.rmtree(state_dir)
     elif state_dir.exists() and any(state_dir.iterdir()):
         raise ClusterError(
@@ -552,6 +555,10 @@ def up(options: ClusterOptions, progress: Progress = lambda _: None) -> LocalClu
             "the default service account (controller-manager)", default_service_account, deadline, every
         )
         step("controller-manager and scheduler healthy")
+        if options.real_node is not None:
+            from ddp_operator.cluster import real_node  # it imports this module: import it late
+
+            real_node.start(LocalCluster(starter.state()), options.real_node, progress=progress)
     except BaseException:
         stop_components(starter.components)
         raise
@@ -578,16 +585,31 @@ def down(
     state = read_state(state_dir)
     if state is None:
         return False
+    node_error = _stop_real_node(state_dir, progress)
     killed = stop_components(state.components)
     for name in killed:
         progress(f"{name} did not stop on SIGTERM and was killed")
     still = [c.name for c in state.components if is_running(c)]
     if still:
         raise ClusterError(f"could not stop {', '.join(still)}; state kept in {state_dir}")
+    if node_error is not None:
+        raise ClusterError(f"{node_error}\nthe control plane is stopped; state kept in {state_dir}")
     if not keep_state:
         shutil.rmtree(state_dir, ignore_errors=True)
     progress(f"cluster in {state_dir} stopped" + ("" if keep_state else " and removed"))
     return True
+
+
+def _stop_real_node(state_dir: Path, progress: Progress) -> ClusterError | None:
+    """Tear down a real node recorded in state_dir, if any (before the apiserver goes); what could not
+    be removed comes back as an error, so the state directory is kept for a post-mortem."""
+    from ddp_operator.cluster import real_node
+
+    try:
+        real_node.stop(state_dir, progress=progress)
+    except ClusterError as exc:
+        return exc
+    return None
 
 
 @dataclass(frozen=True)
@@ -610,4 +632,7 @@ def status(state_dir: Path | None = None) -> tuple[ClusterState, list[ComponentS
         rows.append(
             ComponentStatus(c.name, c.pid, running, rss_bytes(c.pid) if running else 0, c.ports, c.log)
         )
+    from ddp_operator.cluster import real_node
+
+    rows += real_node.status(state_dir or default_state_dir())
     return state, rows

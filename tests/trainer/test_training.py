@@ -94,6 +94,50 @@ def test_metrics_pass_promtool_mid_training(gangs: Gangs) -> None:
     assert "ddp_allreduce_duration_seconds_bucket" in text
 
 
+def test_every_mid_training_scrape_counts_whole_steps_over_several_buckets(gangs: Gangs) -> None:
+    """A scrape may land while buckets are in flight: counters still show whole steps, so bytes per
+    sync step is exact at any moment (what a dashboard or the e2e test reads at a pod IP)."""
+    width, depth = 64, 3
+    gang = gangs.ranks(
+        2,
+        [
+            "--workload",
+            "synthetic",
+            "--synthetic-width",
+            str(width),
+            "--synthetic-depth",
+            str(depth),
+            "--bucket-cap-mb",
+            "0.01",
+            "--max-steps",
+            "400",
+            "--throttle-ms",
+            "5",
+            "--progress-every",
+            "5",
+        ],
+        metrics_ranks=(0,),
+    )
+    gang[0].wait_for_stdout(r"^progress step=5 ")
+    # DDP rebuilds its buckets after the first step, so calls are compared step to step, not from 0.
+    seen: list[tuple[float, float]] = []
+    for _ in range(40):
+        text = gang[0].scrape()
+        steps = samples(text, "ddp_sync_steps_total")["0"]
+        buckets = samples(text, "ddp_buckets")["0"]
+        assert buckets > 1, "the bucket cap must split the gradients into several buckets"
+        assert (
+            samples(text, "ddp_gradient_bytes_total")["0"] == synthetic_gradient_bytes(width, depth) * steps
+        )
+        calls = samples(text, "ddp_allreduce_calls_total")["0"]
+        if seen:
+            previous_steps, previous_calls = seen[-1]
+            assert calls - previous_calls == buckets * (steps - previous_steps)
+        seen.append((steps, calls))
+    seen_steps = {steps for steps, _ in seen}
+    assert len(seen_steps) > 1, "the scrapes should have seen training progress"
+
+
 def synthetic_gradient_bytes(width: int, depth: int) -> int:
     hidden = (depth - 1) * (width * width + width)
     return (hidden + width * 10 + 10) * 4

@@ -101,6 +101,13 @@ class SyncRecorder:
         self._light_bucket_bytes: list[int] | None = None
         self._light_rebuilt = False
         self._ddp: DistributedDataParallel | None = None
+        # One step's payload, counted into the counters only when its last bucket is reduced, so that a
+        # scrape at any moment sees bytes, calls and sync steps of whole steps (bytes per step exact).
+        self._step_gradient_bytes = 0
+        self._step_payload_bytes = 0
+        self._step_calls = 0
+        self._step_inflight = 0
+        self._step_saw_last = False
 
     # --- installation -------------------------------------------------------------------------------
     def install(self, ddp: DistributedDataParallel) -> None:
@@ -150,10 +157,11 @@ class SyncRecorder:
             payload = _powersgd_payload(state, bucket, gradient_bytes)
         else:
             payload = int(gradient_bytes * COMPRESSED_RATIO[self.comm_hook])
-        metrics = self.metrics
-        metrics.gradient_bytes.inc(gradient_bytes)
-        metrics.allreduce_bytes.inc(payload)
-        metrics.allreduce_calls.inc()
+        with self._lock:
+            self._step_gradient_bytes += gradient_bytes
+            self._step_payload_bytes += payload
+            self._step_calls += 1
+            self._step_inflight += 1
         is_last = bucket.is_last()
         if buffer.is_cuda:
             return self._cuda_timed(state, bucket, is_last)
@@ -184,9 +192,29 @@ class SyncRecorder:
             self._recent_service.append(service)
         self.metrics.allreduce_duration.observe(end - start)
         self.metrics.allreduce_service_seconds.inc(service)
-        if is_last:
-            self.metrics.sync_steps.inc()
-            self.metrics.last_sync_timestamp.set(time.time())
+        self._bucket_done(is_last)
+
+    def _bucket_done(self, is_last: bool) -> None:
+        """Count a step into the counters once every bucket of it is reduced (gloo may finish them out
+        of order on its worker threads, so the last bucket's callback alone does not say so)."""
+        with self._lock:
+            self._step_inflight -= 1
+            self._step_saw_last = self._step_saw_last or is_last
+            if self._step_inflight > 0 or not self._step_saw_last:
+                return
+            gradient_bytes, payload, calls = (
+                self._step_gradient_bytes,
+                self._step_payload_bytes,
+                self._step_calls,
+            )
+            self._step_gradient_bytes = self._step_payload_bytes = self._step_calls = 0
+            self._step_saw_last = False
+        metrics = self.metrics
+        metrics.gradient_bytes.inc(gradient_bytes)
+        metrics.allreduce_bytes.inc(payload)
+        metrics.allreduce_calls.inc(calls)
+        metrics.sync_steps.inc()
+        metrics.last_sync_timestamp.set(time.time())
 
     def _cuda_timed(
         self, state: Any, bucket: GradBucket, is_last: bool
@@ -207,9 +235,7 @@ class SyncRecorder:
             end_event.record()
             with self._lock:
                 self._pending_events.append((start_event, end_event))
-            if is_last:
-                self.metrics.sync_steps.inc()
-                self.metrics.last_sync_timestamp.set(time.time())
+            self._bucket_done(is_last)
             return fut.value()
 
         return inner.then(enqueued)

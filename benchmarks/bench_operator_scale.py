@@ -79,7 +79,8 @@ def start_cluster(args: argparse.Namespace, state_dir: Path) -> Any:
 
     if args.attach:
         return attach(Path(args.attach))
-    nodes = args.nodes or math.ceil((max(args.ranks) + 16) / args.pods_per_node)
+    # Room for the largest job, the unrelated pods (they run too) and a few system pods.
+    nodes = args.nodes or math.ceil((max(args.ranks) + args.unrelated + 16) / args.pods_per_node)
     options = ClusterOptions(state_dir=state_dir, nodes=nodes, node_shape=NodeShape(pods=args.pods_per_node))
     return up(options, progress=lambda message: print(f"[cluster] {message}", file=sys.stderr))
 
@@ -300,13 +301,14 @@ def baseline_run(
     from ddp_operator import builders, names
     from ddp_operator.spec import parse_job
 
-    # An idle DDPJob (no operator runs now) so the pods carry the same ownerReference and stay.
-    job_obj = admin.request("POST", _jobs_path(namespace), body=job_manifest(name, replicas))
-    job = parse_job(job_obj)
     selector = names.label_selector(name)
     clock = PodClock(admin, namespace, selector, replicas)
-    children = [builders.build_service(job)] + [builders.build_rank_pod(job, r, 0) for r in range(replicas)]
+    # The clock starts before the job's create, as in operator_run. The DDPJob stays idle (no operator
+    # runs now); it gives the pods the same ownerReference, so they stay.
     started = time.monotonic()
+    job_obj = admin.request("POST", _jobs_path(namespace), body=job_manifest(name, replicas))
+    job = parse_job(job_obj)
+    children = [builders.build_service(job)] + [builders.build_rank_pod(job, r, 0) for r in range(replicas)]
     report = asyncio.run(client.create_children(children, job.uid))
     created_at = time.monotonic()
     if report.error is not None:
@@ -336,16 +338,25 @@ def _alive(port: int, process: subprocess.Popen[bytes]) -> bool:
         return False
 
 
-def fill_unrelated(api: Any, namespace: str, count: int, concurrency: int) -> None:
-    """`count` pods that are not ours (never scheduled, so they cost the cluster nothing but storage)."""
+UNRELATED_SELECTOR = "app=unrelated"
+
+
+def fill_unrelated(api: Any, namespace: str, count: int, concurrency: int, timeout: float) -> None:
+    """`count` pods that are not ours, in the watched namespace, scheduled on the fake nodes and Running
+    (kwok keeps their status like any pod's), so they are in every unfiltered watch and list there."""
     pods = [
         {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": f"unrelated-{i}", "namespace": namespace, "labels": {"app": "unrelated"}},
             "spec": {
-                "nodeSelector": {"bench.ddp.dev/nowhere": "true"},
-                "containers": [{"name": "c", "image": "unrelated:never"}],
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "unrelated:bench",
+                        "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}},
+                    }
+                ],
             },
         }
         for i in range(count)
@@ -360,6 +371,16 @@ def fill_unrelated(api: Any, namespace: str, count: int, concurrency: int) -> No
 
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(create, pods))
+
+    def all_running() -> bool:
+        items, _ = api.list_pods_blocking(namespace, UNRELATED_SELECTOR)
+        running = sum(1 for pod in items if (pod.get("status") or {}).get("phase") == "Running")
+        print(f"[bench] unrelated pods Running: {running} of {count}", file=sys.stderr)
+        if running < count:
+            time.sleep(3)  # a 5,000-pod LIST is not free: do not poll it at wait_until's pace
+        return running >= count
+
+    wait_until(f"{count} unrelated pods Running", all_running, timeout)
 
 
 # ---- the table -------------------------------------------------------------------------------------
@@ -426,6 +447,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             check=True,
             capture_output=True,
         )
+        # An operator started before the CRD is Established waits for kopf's next discovery (~2 s).
+        subprocess.run(
+            [
+                str(cluster.kubectl),
+                "--kubeconfig",
+                str(cluster.kubeconfig),
+                "wait",
+                "--for=condition=Established",
+                "crd/ddpjobs.ddp.dev",
+                "--timeout=60s",
+            ],
+            check=True,
+            capture_output=True,
+        )
         operator_kubeconfig = identity_kubeconfig(cluster, OPERATOR_USER, workdir)
         baseline_kubeconfig = identity_kubeconfig(cluster, BASELINE_USER, workdir)
         admin = KubeApi.connect(str(cluster.kubeconfig), concurrency=args.concurrency)
@@ -441,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             wait_until("default serviceaccount", lambda ns=namespace: _has_default_sa(admin, ns), 60)
             if unrelated:
                 print(f"[bench] creating {unrelated} unrelated pods in {namespace}", file=sys.stderr)
-                fill_unrelated(admin, namespace, unrelated, args.concurrency)
+                fill_unrelated(admin, namespace, unrelated, args.concurrency, args.timeout)
             for ranks in args.ranks:
                 ops, bounds = [], []
                 for run in range(args.runs):

@@ -6,8 +6,10 @@ executes its Decision through kube_api, so reconciles of one job never overlap a
 becomes one reconcile. Nothing here LISTs: the only LIST is the pod cache's, once per namespace at start.
 
 Writes per job lifecycle are kept near the floor the benchmark measures (R pods + 1 Service + a few):
-- a status write is skipped when nothing changed, and one that only moves counters (readyReplicas...) is
-  held back to at most one per `status_interval` seconds per job;
+- a status write is skipped when nothing changed; one that only moves counters (readyReplicas...) waits
+  until the counters stand still or a coarse refresh is due, and at most COUNTER_WRITES_PER_PHASE of
+  them go out per phase of an attempt (CounterWrites), so status costs a constant whatever R is and
+  however long ranks take to start;
 - an Event is posted only when the phase changes;
 - the Service (and PVC) are created once per job per process, not once per reconcile.
 """
@@ -18,8 +20,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from ddp_operator import builders, names
 from ddp_operator.kube_api import (
@@ -40,12 +43,76 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# How long pod events are gathered before a reconcile runs: ranks change together.
+# How long pod events are gathered before a reconcile runs: ranks change together. A job's first
+# reconcile (no status yet) does not wait: it has no pods yet, and its creates are what users wait for.
 DEFAULT_BATCH_DELAY = 0.05
 # After an API error other than the typed ones, try the job again after this long.
 ERROR_RETRY_SECONDS = 5.0
 # A child name held by an object that is not ours (an old job of the same name being collected).
 FOREIGN_RETRY_SECONDS = 2.0
+# Status fields that only count ranks; a change to nothing else is a counter-only change.
+COUNTER_KEYS: Final = frozenset({"replicas", "readyReplicas", "ready", "succeededReplicas", "failedReplicas"})
+# Counter-only status writes allowed per phase of an attempt; the phase change itself writes exact counts.
+COUNTER_WRITES_PER_PHASE: Final = 2
+# Counters that keep moving are still written after this many status intervals (a long steady start-up).
+REFRESH_INTERVALS: Final = 10.0
+
+
+@dataclass
+class _HeldCounters:
+    phase: tuple[Any, ...]
+    spent: int = 0
+    counters: tuple[Any, ...] | None = None  # the latest counters not written yet
+    held_since: float = 0.0  # when the first of them was held back
+    still_since: float = 0.0  # when they last changed
+
+
+class CounterWrites:
+    """When a status change that only moves counters (readyReplicas while ranks start or finish) is written.
+
+    Such a change waits until the counters have stood still for `interval` seconds (progress stalled:
+    the count a user needs to see is the one written) or have been held back for `refresh` seconds (a
+    long, steady start-up still shows progress), and at most `budget` of them go out per phase of an
+    attempt; once the budget is spent, counters wait for the next phase change, which always writes
+    them exactly. Per job lifecycle that is at most `budget` writes per live phase, whatever the number
+    of ranks and however long they take to start. `now` is a monotonic clock reading.
+    """
+
+    def __init__(
+        self, interval: float, refresh: float | None = None, budget: int = COUNTER_WRITES_PER_PHASE
+    ) -> None:
+        self.interval = interval
+        self.refresh = interval * REFRESH_INTERVALS if refresh is None else refresh
+        self.budget = budget
+        self._jobs: dict[JobKey, _HeldCounters] = {}
+
+    def due_in(
+        self, key: JobKey, phase: tuple[Any, ...], counters: tuple[Any, ...], now: float
+    ) -> float | None:
+        """0: write now; a number of seconds: look again then; None: not in this phase (budget spent)."""
+        held = self._jobs.get(key)
+        if held is None or held.phase != phase:
+            held = self._jobs[key] = _HeldCounters(phase)
+        if held.spent >= self.budget:
+            return None
+        if held.counters is None:
+            held.held_since = now
+        if counters != held.counters:
+            held.counters, held.still_since = counters, now
+        due = min(held.still_since + self.interval, held.held_since + self.refresh)
+        return max(due - now, 0.0)
+
+    def written(self, key: JobKey, phase: tuple[Any, ...], counter_only: bool) -> None:
+        """A status write carrying the current counters went out."""
+        held = self._jobs.get(key)
+        if held is None or held.phase != phase:
+            held = self._jobs[key] = _HeldCounters(phase)
+        held.counters = None
+        if counter_only:
+            held.spent += 1
+
+    def forget(self, key: JobKey) -> None:
+        self._jobs.pop(key, None)
 
 
 def _resource_version(obj: Mapping[str, Any]) -> int | None:
@@ -79,7 +146,7 @@ class Controller:
         self._pending: set[JobKey] = set()
         self._workers: dict[JobKey, asyncio.Task[None]] = {}
         self._timers: dict[JobKey, tuple[float, asyncio.TimerHandle]] = {}
-        self._last_status_write: dict[JobKey, float] = {}
+        self.counter_writes = CounterWrites(status_interval)
         # (namespace, name, uid) whose Service and PVC exist: created once per job per process.
         self._services_ready: set[tuple[str, str, str]] = set()
         # Jobs whose creates wait for a child name held by an object that is not theirs.
@@ -88,6 +155,7 @@ class Controller:
     # ---- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
+        await self.api.warm_up()
         await self.pods.start()
 
     async def stop(self) -> None:
@@ -130,7 +198,7 @@ class Controller:
         timer = self._timers.pop(key, None)
         if timer is not None:
             timer[1].cancel()
-        self._last_status_write.pop(key, None)
+        self.counter_writes.forget(key)
         self._timers_foreign.discard(key)
         self.pods.forget_job(key)
         if body is not None:
@@ -167,7 +235,8 @@ class Controller:
         try:
             await self.pods.synced.wait()
             while key in self._pending:
-                await asyncio.sleep(self.batch_delay)
+                if self._has_status(key):
+                    await asyncio.sleep(self.batch_delay)
                 self._pending.discard(key)
                 started = time.perf_counter()
                 try:
@@ -183,6 +252,10 @@ class Controller:
                         self.metrics.reconcile_duration.observe(time.perf_counter() - started)
         finally:
             self._workers.pop(key, None)
+
+    def _has_status(self, key: JobKey) -> bool:
+        """False for a job never reconciled: it has no pods whose events could be gathered first."""
+        return bool((self.jobs.get(key) or {}).get("status"))
 
     async def reconcile(self, key: JobKey) -> None:
         from ddp_operator.reconcile import decide
@@ -245,15 +318,19 @@ class Controller:
             return body
         old_phase, new_phase = str(old_status.get("phase", "")), decision.phase
         phase_changed = old_phase != new_phase
-        if not phase_changed and not decision.create_ranks and "attempt" not in patch:
-            # Counter-only changes (readyReplicas while ranks come up) are coalesced per job.
-            waited = time.monotonic() - self._last_status_write.get(key, 0.0)
-            if waited < self.status_interval:
-                self.kick_later(key, self.status_interval - waited)
+        phase_of_attempt = (decision.status.get("attempt"), new_phase)
+        counter_only = not decision.create_ranks and patch.keys() <= COUNTER_KEYS
+        if counter_only:
+            counters = tuple(decision.status.get(field) for field in sorted(COUNTER_KEYS))
+            due_in = self.counter_writes.due_in(key, phase_of_attempt, counters, time.monotonic())
+            if due_in is None:
+                return body
+            if due_in > 0:
+                self.kick_later(key, due_in)
                 return body
         namespace, name = key
         stored = await self.api.patch_job_status(namespace, name, patch)
-        self._last_status_write[key] = time.monotonic()
+        self.counter_writes.written(key, phase_of_attempt, counter_only)
         self.job_event("MODIFIED", stored)
         body = self.jobs.get(key, stored)
         if decision.gang_restart and self.metrics is not None:

@@ -67,7 +67,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--status-interval",
         type=float,
         default=1.0,
-        help="at most one status write per job per this many seconds for counter-only changes (default 1)",
+        help="counter-only status changes (readyReplicas...) are written once the counts stood still this many "
+        "seconds, or after 10 times as long; at most 2 per phase (default 1)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 

@@ -34,6 +34,7 @@ from ddp_operator.cluster.runtime import (
     is_running,
     rss_bytes,
     stop_components,
+    wait_for,
 )
 
 if TYPE_CHECKING:
@@ -150,13 +151,6 @@ def _tcp_open(host: str, port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
         return True
     return False
-
-
-def _log_tail(path: str, lines: int = 20) -> str:
-    try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
-        return "(no log)"
 
 
 def _openssl_leaf(
@@ -281,16 +275,7 @@ def read_state(state_dir: Path) -> NodeState | None:
 
 
 def _wait(what: str, check: Callable[[], bool], deadline: float, watch: Sequence[ComponentState]) -> None:
-    while not check():
-        for c in watch:
-            if not is_running(c):
-                raise RealNodeError(
-                    f"{c.name} exited while waiting for {what}; log {c.log}:\n{_log_tail(c.log)}"
-                )
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {c.name} ({c.log}):\n{_log_tail(c.log, 10)}" for c in watch)
-            raise RealNodeError(f"timed out waiting for {what}\n{logs}")
-        time.sleep(_POLL_S)
+    wait_for(what, check, deadline, watch, error=RealNodeError, poll_s=_POLL_S)
 
 
 # ---- images -----------------------------------------------------------------------------------------

@@ -161,11 +161,31 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _log_tail(path: Path, lines: int = 25) -> str:
+def log_tail(path: Path | str, lines: int = 25) -> str:
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return "(no log)"
+
+
+def wait_for(
+    what: str,
+    check: Callable[[], bool],
+    deadline: float,
+    watch: Iterable[ComponentState],
+    error: type[ClusterError] = ClusterError,
+    poll_s: float = _POLL_S,
+) -> None:
+    """Poll ``check`` until it holds; fail early, with the log's tail, when a watched component exits."""
+    watched = list(watch)
+    while not check():
+        for c in watched:
+            if not is_running(c):
+                raise error(f"{c.name} exited while waiting for {what}; log {c.log}:\n{log_tail(c.log)}")
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {c.name} ({c.log}):\n{log_tail(c.log, 10)}" for c in watched)
+            raise error(f"timed out waiting for {what}\n{logs}")
+        time.sleep(poll_s)
 
 
 def _signal_and_wait(components: Sequence[ComponentState], sig: signal.Signals, wait_s: float) -> None:
@@ -455,19 +475,7 @@ class _Starter:
     def wait(
         self, what: str, check: Callable[[], bool], deadline: float, watch: Iterable[ComponentState]
     ) -> None:
-        watched = list(watch)
-        while True:
-            if check():
-                return
-            for c in watched:
-                if not is_running(c):
-                    raise ClusterError(
-                        f"{c.name} exited while waiting for {what}; log {c.log}:\n{_log_tail(Path(c.log))}"
-                    )
-            if time.monotonic() > deadline:
-                logs = "\n".join(f"--- {c.name} ({c.log}):\n{_log_tail(Path(c.log), 10)}" for c in watched)
-                raise ClusterError(f"timed out waiting for {what}\n{logs}")
-            time.sleep(_POLL_S)
+        wait_for(what, check, deadline, watch)
 
 
 def up(options: ClusterOptions, progress: Progress = lambda _: None) -> LocalCluster:

@@ -28,7 +28,7 @@ import yaml
 from ddp_operator import __version__
 from ddp_operator.cluster.binaries import default_bin_dir
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.ci_may_skip]
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "ddp-operator"

@@ -265,6 +265,11 @@ def test_operator_image_answers_liveness_and_serves_the_local_cluster(
         f"the operator image's USER must be numeric non-root, is {user!r}"
     )
 
+    # The documented install order: the CRD first (helm installs crds/ before templates), then the operator.
+    crds = REPO / "crds"
+    control_plane.kubectl_run("apply", "--server-side", "-f", str(crds))
+    control_plane.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+
     # The container shares the host's network (the apiserver listens on 127.0.0.1) and mounts the
     # kubeconfig's certificate files at the same paths, read-only.
     config = yaml.safe_load(Path(control_plane.kubeconfig).read_text())
@@ -300,9 +305,6 @@ def test_operator_image_answers_liveness_and_serves_the_local_cluster(
 
     wait_for("the operator image's liveness probe", healthy, timeout=90)
 
-    crds = REPO / "crds"
-    control_plane.kubectl_run("apply", "--server-side", "-f", str(crds))
-    control_plane.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
     job = {
         "apiVersion": "ddp.dev/v1alpha1",
         "kind": "DDPJob",
@@ -313,19 +315,25 @@ def test_operator_image_answers_liveness_and_serves_the_local_cluster(
         },
     }
     control_plane.apply_json(job)
-    pods = wait_for(
-        "the containerized operator to create both rank pods",
-        lambda: (
-            [
-                p["metadata"]["name"]
-                for p in control_plane.get_json("pods", "-n", "default", "-l", "ddp.dev/job-name=from-image")[
-                    "items"
+    try:
+        pods = wait_for(
+            "the containerized operator to create both rank pods",
+            lambda: (
+                [
+                    p["metadata"]["name"]
+                    for p in control_plane.get_json(
+                        "pods", "-n", "default", "-l", "ddp.dev/job-name=from-image"
+                    )["items"]
                 ]
-            ]
-            or None
-        ),
-        timeout=90,
-    )
+                or None
+            ),
+            timeout=180,
+        )
+    except AssertionError as error:
+        operator_log = docker("logs", name, check=False)
+        raise AssertionError(
+            f"{error}\noperator log:\n{(operator_log.stdout + operator_log.stderr)[-4000:]}"
+        ) from None
     assert sorted(pods) == ["from-image-0-0", "from-image-1-0"]
     logs = docker("logs", name)
     assert "Traceback" not in logs.stdout + logs.stderr, logs.stderr[-3000:]

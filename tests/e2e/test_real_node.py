@@ -1,16 +1,24 @@
-"""The e2e tier on this machine: the local control plane plus one real node (`ddpjob cluster up
---real-node`: containerd, kubelet, CNI bridge, kube-proxy, CoreDNS), our chart and our two images.
+"""The e2e tier on real nodes: by default the local control plane plus one real node of this machine
+(`ddpjob cluster up --real-node`: containerd, kubelet, CNI bridge, kube-proxy, CoreDNS), or, with
+DDP_E2E_KUBECONFIG=<path>, any cluster with real nodes (kind, ...); our chart and our two images.
 
 What runs here is what a user does: `helm install` the chart (the operator runs in a pod under its
 ServiceAccount), `kubectl apply` the digits example with a checkpoint volume in a namespace that enforces
 Pod Security "restricted", and watch the DDPJob. The ranks run the trainer image for real, find rank 0
-through the headless Service's DNS name, and export metrics that the test reads at each pod IP.
+through the headless Service's DNS name, and export metrics that the test reads at each pod IP (on the
+local node) or through the apiserver's pod proxy (elsewhere: the pod network may not be reachable from
+here, as with kind).
 
 Prerequisites (each missing one skips the module, naming it): root (the node adds a bridge, iptables
 rules and mounts), Docker with both images built by hack/build-images.sh, the control plane's and the
 node's binaries (hack/build-k8s.sh, hack/build-node-binaries.sh; built here when Go is available) and
 Debian's containerd, runc and CNI plugins. Set DDP_E2E_TIMINGS=<file> to record the figures of
-docs/real-node.md (the test never asserts on them)."""
+docs/real-node.md (the test never asserts on them).
+
+Against another cluster (DDP_E2E_KUBECONFIG) only kubectl and helm are needed here; the cluster must be
+able to run DDP_E2E_OPERATOR_IMAGE and DDP_E2E_TRAINER_IMAGE (pullable, or loaded beforehand as with
+`kind load docker-image`) and bind a checkpoint claim: through its default StorageClass, or the one
+named by DDP_E2E_STORAGE_CLASS. docs/real-node.md says how."""
 
 from __future__ import annotations
 
@@ -25,13 +33,22 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pytest
 import yaml
 
 from ddp_operator import __version__
-from ddp_operator.cluster import ClusterOptions, LocalCluster, default_bin_dir, down, real_node, up
+from ddp_operator.cluster import (
+    ClusterError,
+    ClusterOptions,
+    KubectlError,
+    LocalCluster,
+    default_bin_dir,
+    down,
+    real_node,
+    up,
+)
 from ddp_operator.cluster.binaries import pinned_versions, stale_binaries
 
 pytestmark = pytest.mark.e2e
@@ -41,6 +58,8 @@ CHART = REPO / "charts" / "ddp-operator"
 EXAMPLE = REPO / "examples" / "digits-cpu.yaml"
 TRAINER_IMAGE = os.environ.get("DDP_E2E_TRAINER_IMAGE", f"ddp-trainer:{__version__}")
 OPERATOR_IMAGE = os.environ.get("DDP_E2E_OPERATOR_IMAGE", f"ddp-operator:{__version__}")
+EXTERNAL_KUBECONFIG = os.environ.get("DDP_E2E_KUBECONFIG")
+STORAGE_CLASS = os.environ.get("DDP_E2E_STORAGE_CLASS")  # None: the cluster's default StorageClass
 METRICS_PORT = 9400
 T = TypeVar("T")
 
@@ -77,6 +96,87 @@ class Timings:
 TIMINGS = Timings()
 
 
+# ---- the cluster under test -------------------------------------------------------------------------
+
+
+class Cluster(Protocol):
+    """What the tests use of a cluster: LocalCluster (the local node) and ExternalCluster both have it."""
+
+    @property
+    def kubeconfig(self) -> Path: ...
+
+    @property
+    def kubectl(self) -> Path: ...
+
+    def kubectl_run(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]: ...
+
+    def helm_run(
+        self, *args: str, check: bool = True, timeout: float = 120.0
+    ) -> subprocess.CompletedProcess[str]: ...
+
+    def apply_json(self, obj: Any, *args: str) -> subprocess.CompletedProcess[str]: ...
+
+    def create_namespace(self, name: str, timeout_s: float = 30.0) -> None: ...
+
+
+@dataclass(frozen=True)
+class ExternalCluster:
+    """A cluster with real nodes that this test neither starts nor stops (kind, or any), reached through
+    its kubeconfig with our kubectl and helm."""
+
+    kubeconfig: Path
+    kubectl: Path
+    helm: Path
+
+    def kubectl_run(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        return self._run(self.kubectl, args, check=check, input=input, timeout=timeout)
+
+    def helm_run(
+        self, *args: str, check: bool = True, timeout: float = 120.0
+    ) -> subprocess.CompletedProcess[str]:
+        return self._run(self.helm, args, check=check, input=None, timeout=timeout)
+
+    def _run(
+        self, binary: Path, args: tuple[str, ...], *, check: bool, input: str | None, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [str(binary), f"--kubeconfig={self.kubeconfig}", *args]
+        result = subprocess.run(
+            cmd, input=input, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and result.returncode != 0:
+            raise KubectlError(result.returncode, cmd, result.stdout, result.stderr)
+        return result
+
+    def apply_json(self, obj: Any, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.kubectl_run("apply", "-f", "-", *args, input=json.dumps(obj))
+
+    def create_namespace(self, name: str, timeout_s: float = 30.0) -> None:
+        self.kubectl_run("create", "namespace", name)
+        # Pods are refused until the controller-manager has made the namespace's default ServiceAccount.
+        wait_for(
+            f"the default ServiceAccount of {name}",
+            lambda: (
+                self.kubectl_run("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0
+            ),
+            timeout=timeout_s,
+        )
+
+
+def is_local_node(cluster: Cluster) -> bool:
+    """The local real node: its pod IPs and hostPath volumes are on this machine."""
+    return isinstance(cluster, LocalCluster)
+
+
+def pod_start_timeout(cluster: Cluster) -> float:
+    """The local node has both images before any test starts; another cluster may first pull the trainer
+    image (5.8 GB) onto the node a pod lands on."""
+    return 180.0 if is_local_node(cluster) else 900.0
+
+
 # ---- prerequisites ----------------------------------------------------------------------------------
 
 
@@ -108,11 +208,51 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def client_tool(name: str) -> Path | None:
+    built = default_bin_dir() / name
+    if os.access(built, os.X_OK):
+        return built
+    found = shutil.which(name)
+    return Path(found) if found else None
+
+
+def default_storage_class(cluster: Cluster) -> str | None:
+    classes = json.loads(cluster.kubectl_run("get", "storageclass", "-o", "json").stdout)["items"]
+    return next(
+        (
+            c["metadata"]["name"]
+            for c in classes
+            if (c["metadata"].get("annotations") or {}).get("storageclass.kubernetes.io/is-default-class")
+            == "true"
+        ),
+        None,
+    )
+
+
 # ---- fixtures ---------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if EXTERNAL_KUBECONFIG:
+        yield external_cluster(Path(EXTERNAL_KUBECONFIG))
+    else:
+        yield from local_cluster(tmp_path_factory)
+
+
+def external_cluster(kubeconfig: Path) -> ExternalCluster:
+    if not kubeconfig.is_file():
+        raise ClusterError(f"DDP_E2E_KUBECONFIG={kubeconfig} is not a file")
+    kubectl, helm = client_tool("kubectl"), client_tool("helm")
+    if kubectl is None or helm is None:
+        pytest.skip(
+            "against DDP_E2E_KUBECONFIG the test needs kubectl and helm (hack/build-k8s.sh builds both)"
+        )
+    _progress(f"using the cluster of {kubeconfig}; images {OPERATOR_IMAGE}, {TRAINER_IMAGE}")
+    return ExternalCluster(kubeconfig=kubeconfig, kubectl=kubectl, helm=helm)
+
+
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
@@ -143,10 +283,10 @@ def node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClus
 
 
 @pytest.fixture(scope="module")
-def operator_release(node_cluster: LocalCluster) -> Iterator[str]:
+def operator_release(cluster: Cluster) -> Iterator[str]:
     repository, tag = OPERATOR_IMAGE.rsplit(":", 1)
     release = "ddp"
-    node_cluster.helm_run(
+    cluster.helm_run(
         "install", release, str(CHART), "--namespace", "ddp-system", "--create-namespace", "--wait",
         "--timeout", "5m", "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
         "--set", "image.pullPolicy=IfNotPresent",
@@ -155,33 +295,53 @@ def operator_release(node_cluster: LocalCluster) -> Iterator[str]:
     try:
         yield release
     finally:
-        node_cluster.helm_run("uninstall", release, "--namespace", "ddp-system", check=False)
+        cluster.helm_run("uninstall", release, "--namespace", "ddp-system", check=False)
 
 
-def restricted_namespace(cluster: LocalCluster) -> str:
+@pytest.fixture(scope="module")
+def checkpoint_storage(cluster: Cluster) -> str | None:
+    """The StorageClass of the checkpoint claims; None for the cluster's default. The local node has a
+    default class with static hostPath volumes; another cluster needs a default class (kind's provisions
+    local volumes) or DDP_E2E_STORAGE_CLASS."""
+    if is_local_node(cluster):
+        return None
+    if STORAGE_CLASS:
+        return STORAGE_CLASS
+    if default_storage_class(cluster) is None:
+        pytest.skip(
+            "the cluster has no default StorageClass for the checkpoint claim: set DDP_E2E_STORAGE_CLASS"
+        )
+    return None
+
+
+@pytest.fixture
+def restricted_namespace(cluster: Cluster) -> Iterator[str]:
     name = f"e2e-{uuid.uuid4().hex[:6]}"
     cluster.create_namespace(name)
     cluster.kubectl_run(
         "label", "namespace", name,
         "pod-security.kubernetes.io/enforce=restricted", "pod-security.kubernetes.io/enforce-version=latest",
     )  # fmt: skip
-    return name
+    yield name
+    if not is_local_node(cluster):  # the local cluster goes down whole; another one is left as found
+        cluster.kubectl_run("delete", "namespace", name, "--wait=false", check=False)
 
 
 # ---- helpers ----------------------------------------------------------------------------------------
 
 
-def digits_job(name: str, *extra_args: str, cpu: str = "500m") -> dict[str, Any]:
+def digits_job(
+    name: str, *extra_args: str, storage_class: str | None = None, cpu: str = "500m"
+) -> dict[str, Any]:
     """examples/digits-cpu.yaml as a user applies it, with our locally built trainer image, a
-    checkpoint volume, and CPU requests two ranks and the operator fit in on a 2-core machine."""
+    checkpoint volume (of the cluster's default StorageClass unless one is named), and CPU requests two
+    ranks and the operator fit in on a 2-core machine."""
     job: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     job["metadata"] = {"name": name}
-    job["spec"]["checkpoint"] = {
-        "volumeClaimTemplate": {
-            "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": "1Gi"}},
-        }
-    }
+    claim: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    if storage_class:
+        claim["storageClassName"] = storage_class
+    job["spec"]["checkpoint"] = {"volumeClaimTemplate": claim}
     trainer = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "trainer")
     trainer["image"] = TRAINER_IMAGE
     trainer["command"] = [*trainer["command"], *extra_args]
@@ -189,16 +349,16 @@ def digits_job(name: str, *extra_args: str, cpu: str = "500m") -> dict[str, Any]
     return job
 
 
-def get_json(cluster: LocalCluster, *args: str) -> Any:
+def get_json(cluster: Cluster, *args: str) -> Any:
     return json.loads(cluster.kubectl_run("get", *args, "-o", "json").stdout)
 
 
-def job_status(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any]:
+def job_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
     status: dict[str, Any] = get_json(cluster, "ddpjob", name, "-n", namespace).get("status") or {}
     return status
 
 
-def rank_pods(cluster: LocalCluster, namespace: str, job: str) -> list[dict[str, Any]]:
+def rank_pods(cluster: Cluster, namespace: str, job: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = get_json(cluster, "pods", "-n", namespace, "-l", f"ddp.dev/job-name={job}")[
         "items"
     ]
@@ -208,7 +368,7 @@ def rank_pods(cluster: LocalCluster, namespace: str, job: str) -> list[dict[str,
 
 
 def running_ranks(
-    cluster: LocalCluster, namespace: str, job: str, attempt: int, replicas: int
+    cluster: Cluster, namespace: str, job: str, attempt: int, replicas: int
 ) -> list[dict[str, Any]] | None:
     pods = [
         p
@@ -220,7 +380,7 @@ def running_ranks(
     return pods if len(pods) == replicas else None
 
 
-def wait_phase(cluster: LocalCluster, namespace: str, job: str, phase: str, timeout: float) -> dict[str, Any]:
+def wait_phase(cluster: Cluster, namespace: str, job: str, phase: str, timeout: float) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
         status = job_status(cluster, namespace, job)
         if status.get("phase") in ("Succeeded", "Failed") and status.get("phase") != phase:
@@ -234,7 +394,7 @@ def wait_phase(cluster: LocalCluster, namespace: str, job: str, phase: str, time
         raise AssertionError(f"{error}\n{diagnostics(cluster, namespace, job)}") from None
 
 
-def diagnostics(cluster: LocalCluster, namespace: str, job: str) -> str:
+def diagnostics(cluster: Cluster, namespace: str, job: str) -> str:
     pods = cluster.kubectl_run("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
     events = cluster.kubectl_run(
         "get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False
@@ -245,12 +405,28 @@ def diagnostics(cluster: LocalCluster, namespace: str, job: str) -> str:
     return f"pods:\n{pods}\nevents:\n{events[-3000:]}\nlogs:\n{logs.stdout[-3000:]}{logs.stderr[-500:]}"
 
 
-def scrape(pod_ip: str) -> str | None:
-    try:
-        with urllib.request.urlopen(f"http://{pod_ip}:{METRICS_PORT}/metrics", timeout=5) as answer:
-            return str(answer.read().decode())
-    except OSError:
-        return None
+def read_metrics(cluster: Cluster, pod: dict[str, Any]) -> str | None:
+    """A rank's /metrics: at its pod IP on the local node; through the apiserver's pod proxy elsewhere,
+    where this machine may not reach the pod network (kind's pods live inside Docker containers)."""
+    if is_local_node(cluster):
+        try:
+            url = f"http://{pod['status']['podIP']}:{METRICS_PORT}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                return str(answer.read().decode())
+        except OSError:
+            return None
+    namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+    path = f"/api/v1/namespaces/{namespace}/pods/{name}:{METRICS_PORT}/proxy/metrics"
+    answer = cluster.kubectl_run("get", "--raw", path, "--request-timeout=10s", check=False, timeout=30)
+    return answer.stdout if answer.returncode == 0 else None
+
+
+def apiserver_version(cluster: Cluster) -> str:
+    """What the apiserver's /version must say to a pod: the release we built for the local node, and for
+    another cluster what its apiserver tells us."""
+    if is_local_node(cluster):
+        return pinned_versions()["KUBERNETES_VERSION"]
+    return str(json.loads(cluster.kubectl_run("get", "--raw", "/version").stdout)["gitVersion"])
 
 
 def counter(text: str, name: str) -> float:
@@ -274,7 +450,7 @@ class LogFollower:
     """`kubectl logs -f` of a running rank pod, read once the pod has ended: the operator may delete
     finished pods (cleanPodPolicy), and their logs go with them."""
 
-    def __init__(self, cluster: LocalCluster, namespace: str, pod: str) -> None:
+    def __init__(self, cluster: Cluster, namespace: str, pod: str) -> None:
         self.pod = pod
         self.process = subprocess.Popen(
             [str(cluster.kubectl), f"--kubeconfig={cluster.kubeconfig}", "logs", "-f", "-n", namespace, pod,
@@ -307,10 +483,10 @@ print("SMOKE " + json.dumps(result))
 
 
 def test_a_pod_resolves_kubernetes_default_and_reaches_a_cluster_ip_service(
-    node_cluster: LocalCluster,
+    cluster: Cluster,
 ) -> None:
     namespace = f"smoke-{uuid.uuid4().hex[:6]}"
-    node_cluster.create_namespace(namespace)
+    cluster.create_namespace(namespace)
     try:
         server = {
             "apiVersion": "v1",
@@ -339,16 +515,14 @@ def test_a_pod_resolves_kubernetes_default_and_reaches_a_cluster_ip_service(
             "metadata": {"name": "echo", "namespace": namespace},
             "spec": {"selector": {"app": "echo"}, "ports": [{"port": 8080, "targetPort": 8080}]},
         }
-        node_cluster.apply_json({"apiVersion": "v1", "kind": "List", "items": [server, service]})
+        cluster.apply_json({"apiVersion": "v1", "kind": "List", "items": [server, service]})
         wait_for(
             "the echo pod Ready",
             lambda: any(
                 c["type"] == "Ready" and c["status"] == "True"
-                for c in get_json(node_cluster, "pod", "echo", "-n", namespace)["status"].get(
-                    "conditions", []
-                )
+                for c in get_json(cluster, "pod", "echo", "-n", namespace)["status"].get("conditions", [])
             ),
-            timeout=180,
+            timeout=pod_start_timeout(cluster),
         )
         client = {
             "apiVersion": "v1",
@@ -361,43 +535,43 @@ def test_a_pod_resolves_kubernetes_default_and_reaches_a_cluster_ip_service(
                 ],
             },
         }
-        node_cluster.apply_json(client)
+        cluster.apply_json(client)
         phase = wait_for(
             "the client pod to finish",
             lambda: (
-                get_json(node_cluster, "pod", "client", "-n", namespace)["status"].get("phase")
+                get_json(cluster, "pod", "client", "-n", namespace)["status"].get("phase")
                 in ("Succeeded", "Failed")
-                and get_json(node_cluster, "pod", "client", "-n", namespace)["status"]["phase"]
+                and get_json(cluster, "pod", "client", "-n", namespace)["status"]["phase"]
             ),
-            timeout=180,
+            timeout=pod_start_timeout(cluster),
         )
-        logs = node_cluster.kubectl_run("logs", "-n", namespace, "client", check=False)
+        logs = cluster.kubectl_run("logs", "-n", namespace, "client", check=False)
         assert phase == "Succeeded", f"client pod {phase}:\n{logs.stdout}{logs.stderr}"
         line = next(line for line in logs.stdout.splitlines() if line.startswith("SMOKE "))
         result = json.loads(line.removeprefix("SMOKE "))
-        service_ip = get_json(node_cluster, "service", "kubernetes", "-n", "default")["spec"]["clusterIP"]
+        service_ip = get_json(cluster, "service", "kubernetes", "-n", "default")["spec"]["clusterIP"]
         assert result["kubernetes.default"] == service_ip
         assert result["echo"] == "hello-from-echo"
-        assert result["apiserver"] == pinned_versions()["KUBERNETES_VERSION"]
+        assert result["apiserver"] == apiserver_version(cluster)
     finally:
-        node_cluster.kubectl_run("delete", "namespace", namespace, "--wait=false", check=False)
+        cluster.kubectl_run("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 # ---- the user's path --------------------------------------------------------------------------------
 
 
 def test_digits_trains_across_two_pods_with_equal_allreduce_bytes_and_succeeds(
-    node_cluster: LocalCluster, operator_release: str
+    cluster: Cluster, checkpoint_storage: str | None, operator_release: str, restricted_namespace: str
 ) -> None:
-    namespace = restricted_namespace(node_cluster)
+    namespace = restricted_namespace
     job = "digits"
     applied = time.monotonic()
-    node_cluster.apply_json(
-        digits_job(job, "--throttle-ms", "40", "--checkpoint-every", "50"), "-n", namespace
+    cluster.apply_json(
+        digits_job(job, "--throttle-ms", "40", "--checkpoint-every", "50", storage_class=checkpoint_storage),
+        "-n",
+        namespace,
     )
-    pods = wait_for(
-        "both ranks Running", lambda: running_ranks(node_cluster, namespace, job, 0, 2), timeout=600
-    )
+    pods = wait_for("both ranks Running", lambda: running_ranks(cluster, namespace, job, 0, 2), timeout=600)
     TIMINGS.record("apply_to_all_ranks_running_s", time.monotonic() - applied)
 
     # The rendezvous address is rank 0's stable DNS name through the headless Service.
@@ -406,11 +580,10 @@ def test_digits_trains_across_two_pods_with_equal_allreduce_bytes_and_succeeds(
         assert env["MASTER_ADDR"] == f"{job}-0.{job}.{namespace}.svc", env
 
     rank0 = next(p["metadata"]["name"] for p in pods if p["metadata"]["labels"]["ddp.dev/rank"] == "0")
-    rank0_log = LogFollower(node_cluster, namespace, rank0)
-    ips = [p["status"]["podIP"] for p in pods]
+    rank0_log = LogFollower(cluster, namespace, rank0)
 
     def metrics_after_some_steps() -> list[str] | None:
-        texts = [scrape(ip) for ip in ips]
+        texts = [read_metrics(cluster, pod) for pod in pods]
         if all(t and counter(t, "ddp_sync_steps_total") > 0 for t in texts):
             return [t for t in texts if t]
         return None
@@ -438,7 +611,7 @@ def test_digits_trains_across_two_pods_with_equal_allreduce_bytes_and_succeeds(
     assert per_step[0] > 0
     assert per_step[0] == pytest.approx(per_step[1], rel=1e-9), f"bytes per sync step differ: {per_step}"
 
-    status = wait_phase(node_cluster, namespace, job, "Succeeded", timeout=900)
+    status = wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
     TIMINGS.record("apply_to_succeeded_s", time.monotonic() - applied)
     assert status.get("worldSize") == 2
     logs = rank0_log.text()
@@ -447,7 +620,7 @@ def test_digits_trains_across_two_pods_with_equal_allreduce_bytes_and_succeeds(
     assert 0.5 < float(final[-1]["accuracy"]) <= 1.0, final
 
     # The namespace enforces "restricted": the rank pods were admitted, a privileged pod is not.
-    refused = node_cluster.kubectl_run(
+    refused = cluster.kubectl_run(
         "run", "privileged", "-n", namespace, f"--image={TRAINER_IMAGE}", "--restart=Never",
         "--overrides", json.dumps({"spec": {"containers": [{"name": "privileged", "image": TRAINER_IMAGE,
                                                             "securityContext": {"privileged": True}}]}}),
@@ -456,7 +629,21 @@ def test_digits_trains_across_two_pods_with_equal_allreduce_bytes_and_succeeds(
     assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stderr
 
 
-def checkpoint_files(cluster: LocalCluster, namespace: str, job: str) -> list[str]:
+LIST_CHECKPOINT_DIR = (
+    "import os; root = os.environ['DDP_CHECKPOINT_DIR']; "
+    "print('\\n'.join(sorted(f for _, _, files in os.walk(root) for f in files)))"
+)
+
+
+def checkpoint_files(cluster: Cluster, namespace: str, job: str, rank0: str) -> list[str]:
+    """The files on the job's checkpoint volume: read on its hostPath volume on the local node; through
+    rank 0, which mounts it, elsewhere (a provisioned volume may live on another machine)."""
+    if not is_local_node(cluster):
+        listed = cluster.kubectl_run(
+            "exec", "-n", namespace, rank0, "-c", "trainer", "--", "python3", "-c", LIST_CHECKPOINT_DIR,
+            check=False,
+        )  # fmt: skip
+        return listed.stdout.split() if listed.returncode == 0 else []
     claim = get_json(cluster, "pvc", f"{job}-checkpoint", "-n", namespace)
     volume = claim["spec"].get("volumeName")
     if not volume:
@@ -466,29 +653,30 @@ def checkpoint_files(cluster: LocalCluster, namespace: str, job: str) -> list[st
 
 
 def test_deleting_a_rank_pod_restarts_the_gang_which_resumes_from_the_checkpoint(
-    node_cluster: LocalCluster, operator_release: str
+    cluster: Cluster, checkpoint_storage: str | None, operator_release: str, restricted_namespace: str
 ) -> None:
-    namespace = restricted_namespace(node_cluster)
+    namespace = restricted_namespace
     job = "digits-restart"
-    node_cluster.apply_json(
-        digits_job(job, "--throttle-ms", "60", "--checkpoint-every", "20"), "-n", namespace
+    cluster.apply_json(
+        digits_job(job, "--throttle-ms", "60", "--checkpoint-every", "20", storage_class=checkpoint_storage),
+        "-n",
+        namespace,
     )
-    pods = wait_for(
-        "both ranks Running", lambda: running_ranks(node_cluster, namespace, job, 0, 2), timeout=600
-    )
+    pods = wait_for("both ranks Running", lambda: running_ranks(cluster, namespace, job, 0, 2), timeout=600)
+    rank0 = next(p["metadata"]["name"] for p in pods if p["metadata"]["labels"]["ddp.dev/rank"] == "0")
     wait_for(
-        "a checkpoint on the volume", lambda: checkpoint_files(node_cluster, namespace, job), timeout=300
+        "a checkpoint on the volume", lambda: checkpoint_files(cluster, namespace, job, rank0), timeout=300
     )
     victim = next(p["metadata"]["name"] for p in pods if p["metadata"]["labels"]["ddp.dev/rank"] == "1")
-    node_cluster.kubectl_run("delete", "pod", victim, "-n", namespace, "--wait=false")
+    cluster.kubectl_run("delete", "pod", victim, "-n", namespace, "--wait=false")
 
     # The whole gang restarts as attempt 1; rank 0 resumes from the newest checkpoint.
     restarted = wait_for(
-        "attempt 1 Running", lambda: running_ranks(node_cluster, namespace, job, 1, 2), timeout=600
+        "attempt 1 Running", lambda: running_ranks(cluster, namespace, job, 1, 2), timeout=600
     )
     rank0 = next(p["metadata"]["name"] for p in restarted if p["metadata"]["labels"]["ddp.dev/rank"] == "0")
-    rank0_log = LogFollower(node_cluster, namespace, rank0)
-    status = wait_phase(node_cluster, namespace, job, "Succeeded", timeout=900)
+    rank0_log = LogFollower(cluster, namespace, rank0)
+    status = wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
     assert status.get("restarts", 0) >= 1, status
     assert status.get("attempt") == 1, status
     logs = rank0_log.text()
@@ -498,12 +686,14 @@ def test_deleting_a_rank_pod_restarts_the_gang_which_resumes_from_the_checkpoint
 
 
 def test_a_rank_exiting_1_fails_the_job_with_the_reason(
-    node_cluster: LocalCluster, operator_release: str
+    cluster: Cluster, checkpoint_storage: str | None, operator_release: str, restricted_namespace: str
 ) -> None:
-    namespace = restricted_namespace(node_cluster)
+    namespace = restricted_namespace
     job = "digits-crash"
-    node_cluster.apply_json(digits_job(job, "--inject-exit", "1:3:1"), "-n", namespace)
-    status = wait_phase(node_cluster, namespace, job, "Failed", timeout=600)
+    cluster.apply_json(
+        digits_job(job, "--inject-exit", "1:3:1", storage_class=checkpoint_storage), "-n", namespace
+    )
+    status = wait_phase(cluster, namespace, job, "Failed", timeout=600)
     failed = [
         c for c in status.get("conditions", []) if c.get("type") == "Failed" and c.get("status") == "True"
     ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 
 def main() -> int:
+    # Workers of one pod share its stdout; under PYTHONUNBUFFERED a print() is two writes (text, then
+    # newline) that another worker's line can split. Line buffering writes each line at once.
+    sys.stdout.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--expect-world-size", type=int, default=None)
     parser.add_argument("--steps", type=int, default=20)

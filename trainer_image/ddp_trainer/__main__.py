@@ -10,7 +10,18 @@ from ddp_trainer.config import ConfigError, parse_args, parse_env
 from ddp_trainer.exitcodes import EXIT_BAD_CONFIG
 
 
+def _whole_lines(*streams: object) -> None:
+    """Local workers share the pod's stdout and stderr. Under PYTHONUNBUFFERED (the env contract) a
+    print() is two writes, text then newline, and another worker's line can land between them: line
+    buffering hands each line to the pipe in one write, which the pipe keeps whole."""
+    for stream in streams:
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True, write_through=False)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _whole_lines(sys.stdout, sys.stderr)
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:
         config = parse_args(arguments)

@@ -327,6 +327,10 @@ def load_images(layout: nm.NodeLayout, refs: Sequence[str], progress: Progress =
         name = nm.normalized_image_ref(ref)
         if imported.get(name) == image_id and name in present:
             continue
+        if name in present:
+            # A rebuilt image under the same tag: drop the old one first, synchronously, so containerd's
+            # garbage collector frees its content and unpacked layers (the trainer is ~17 GiB of both).
+            _run(_ctr(layout, "images", "rm", "--sync", name))
         started = time.monotonic()
         save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         load = subprocess.run(

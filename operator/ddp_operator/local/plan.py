@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddp_operator.builders import CONTRACT_ENV
 from ddp_operator.names import TRAINER_CONTAINER
 
 LOCALHOST = "127.0.0.1"
@@ -21,24 +22,14 @@ LOCALHOST = "127.0.0.1"
 # Variables of the env contract (and torchrun's own) that must come from the pod, never from the
 # shell `ddpjob run` was started in: a stray RANK in the user's shell would break the group.
 CONTRACT_PREFIXES = ("PET_", "TORCHELASTIC_", "DDP_", "DDPJOB_", "PROMETHEUS_MULTIPROC")
-CONTRACT_NAMES = frozenset(
-    {
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "NNODES",
-        "NODE_RANK",
-        "NPROC_PER_NODE",
-        "WORLD_SIZE",
-        "RANK",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "GROUP_WORLD_SIZE",
-        "ROLE_RANK",
-        "ROLE_WORLD_SIZE",
-        "POD_IP",
-    }
-)
+CONTRACT_NAMES = frozenset(CONTRACT_ENV) | {
+    # What torchrun itself exports to its workers.
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+}
 
 METRICS_LINGER_SECONDS = 15
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")

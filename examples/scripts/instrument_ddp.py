@@ -41,6 +41,10 @@ def main() -> None:
     sys.stdout.write("".join(f"{line}\n" for line in lines))
     sys.stdout.flush()
     metrics.close()
+    # Every rank done with its collectives before any tears its group down: a rank that destroys its
+    # gloo pairs while a peer still talks to them can abort that peer ("terminate called ...").
+    dist.barrier()
+    del model
     dist.destroy_process_group()
 
 

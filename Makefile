@@ -2,7 +2,8 @@
 CACHE     ?= $(HOME)/.cache/ddp-operator
 VENV      ?= $(CACHE)/venv
 PY        := $(VENV)/bin/python
-STAMP     := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+# The editable install points at one checkout: a new pyproject or another checkout reinstalls.
+STAMP     := $(VENV)/.installed-$(shell (sha256sum < pyproject.toml; echo '$(CURDIR)') | sha256sum | cut -c1-16)
 PYTEST    := $(PY) -m pytest
 export PATH := $(VENV)/bin:$(PATH)
 

@@ -40,12 +40,12 @@ def main() -> None:
     # One write per rank, so that the two workers' lines do not interleave on a shared stdout.
     sys.stdout.write("".join(f"{line}\n" for line in lines))
     sys.stdout.flush()
-    metrics.close()
-    # Every rank done with its collectives before any tears its group down: a rank that destroys its
-    # gloo pairs while a peer still talks to them can abort that peer ("terminate called ...").
+    # Leave together, and let go of everything that holds the group before ending it: a gloo group
+    # that outlives destroy_process_group() can abort the process at exit (ddp_trainer.teardown).
     dist.barrier()
-    del model
-    dist.destroy_process_group()
+    metrics.close()
+    del model, optimizer
+    ddp_trainer.leave_process_group()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,12 @@ import sys
 
 import torch
 import torch.distributed as dist
+
+# Imported before the group exists on purpose: its collectives default to `group=group.WORLD`, which
+# Python evaluates at import. DDP imports it lazily, after init_process_group, and the defaults would
+# then hold the group past destroy_process_group(); its gloo threads would outlive it, and one of them
+# releasing the last backward's work while the interpreter exits aborts the process (torch 2.15).
+import torch.distributed.nn
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -60,8 +66,10 @@ def main() -> int:
         print(
             f"trained {args.steps} steps, final loss={loss.item():.4f}, world_size={world_size}", flush=True
         )
-    # Leave together: a rank that tears down gloo while a peer still sends can abort the peer.
+    # Leave together, and drop the model first: its reducer holds the group, which must end (and
+    # join its threads) now, while the interpreter is fully alive.
     dist.barrier()
+    del model, optimizer
     dist.destroy_process_group()
     return 0
 

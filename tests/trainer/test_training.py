@@ -7,6 +7,8 @@ import shutil
 import pytest
 from trainer_gang import LINGERING, Gangs, describe, promtool_check, samples, wait_all
 
+from ddp_trainer.teardown import THREADS_OUTLIVED_GROUP
+
 pytestmark = pytest.mark.trainer
 
 LINGER = ["--metrics-linger", "120"]  # the test ends the linger with SIGTERM once it has scraped
@@ -44,6 +46,8 @@ def test_digits_default_config_trains_identically_and_exports_metrics(gangs: Gan
     for process in gang:
         process.signal(15)
     assert wait_all(gang) == [0, 0], describe(gang)
+    # Each rank ended its group (and joined gloo's threads) before the interpreter's teardown.
+    assert not any(THREADS_OUTLIVED_GROUP in process.stderr for process in gang), describe(gang)
     final = gang[0].final()
     assert final is not None and final.accuracy >= 0.90, describe(gang)
     progress = gang[0].progress()

@@ -32,10 +32,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return launch_local_workers(env, config, arguments)
         from ddp_trainer.control import write_exit_record
+        from ddp_trainer.teardown import THREADS_OUTLIVED_GROUP, collective_threads, exit_without_finalizing
         from ddp_trainer.trainer import run_worker
 
         code = run_worker(config, env)
         write_exit_record(env.rank, code)
+        if collective_threads():
+            # Something still holds the process group: a gloo thread releasing a work while the
+            # interpreter finalizes would abort this finished rank (see ddp_trainer.teardown).
+            print(f"ddp_trainer: {THREADS_OUTLIVED_GROUP}", file=sys.stderr, flush=True)
+            exit_without_finalizing(code)
         return code
     except ConfigError as error:
         print(f"ddp_trainer: bad configuration: {error}", file=sys.stderr, flush=True)

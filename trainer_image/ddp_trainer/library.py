@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer.metrics import RankMetrics, create_rank_metrics, multiprocess_dir, serve_registry
 from ddp_trainer.sync import SyncRecorder
+from ddp_trainer.teardown import release_group_defaults
 
 
 @dataclass
@@ -60,10 +61,18 @@ class Instrumentation:
         return generate_latest(self.registry).decode()
 
     def close(self) -> None:
+        """Stop serving /metrics and let go of the DDP model and the process group.
+
+        Call it before ``destroy_process_group()`` (or :func:`ddp_trainer.leave_process_group`): a
+        group that something still holds outlives its destruction, and its threads can then abort the
+        process at exit (see ``ddp_trainer.teardown``).
+        """
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
             self.server = None
+        self.recorder.detach()
+        release_group_defaults()
 
 
 def _default_port() -> int | None:

@@ -130,6 +130,17 @@ class SyncRecorder:
 
             ddp.register_comm_hook(self.process_group, default_hooks.bf16_compress_hook)
 
+    def detach(self) -> None:
+        """Forget the DDP model once training is over.
+
+        The comm hook registered on the model refers back to this recorder: with ``_ddp`` that is a
+        cycle through the C++ reducer that the garbage collector cannot see, and it would keep the
+        model and its process group alive until the interpreter exits (see ``ddp_trainer.teardown``).
+        """
+        self._ddp = None
+        self._inner_state = None
+        self._inner_hook = None
+
     def _builtin_python_hook(self) -> tuple[Any, HookFn | None]:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 

@@ -6,7 +6,6 @@ import hashlib
 import math
 import os
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,6 +27,7 @@ from ddp_trainer.exitcodes import EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED
 from ddp_trainer.metrics import create_rank_metrics, multiprocess_dir, serve_registry
 from ddp_trainer.progress import FinalResult, Progress, format_status_line
 from ddp_trainer.sync import SyncRecorder
+from ddp_trainer.teardown import import_group_defaults_early, leave_process_group
 from ddp_trainer.workloads import Workload, build_workload
 
 
@@ -63,6 +63,7 @@ def setup(env: DistEnv, config: TrainConfig) -> DistContext:
     else:
         device = torch.device("cpu")
     endpoint = f"{env.master_addr}:{env.master_port}"
+    import_group_defaults_early()
     try:
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             # Started by our launcher: torch's elastic agent hosts the store, env:// finds it.
@@ -295,6 +296,8 @@ class Trainer:
                 f"rank {ctx.rank}: a collective failed, a peer is gone: {type(error).__name__}: {_first_line(error)}"
             )
             return EXIT_PEER_LOST
+        finally:
+            recorder.detach()
         self._linger()
         return EXIT_OK
 
@@ -404,8 +407,5 @@ def run_worker(config: TrainConfig, env: DistEnv) -> int:
         return EXIT_PEER_LOST
     finally:
         close_server(server)
-        if dist.is_initialized():
-            # A thread could still sit in a collective after a failure; destroying must not hang us.
-            closer = threading.Thread(target=dist.destroy_process_group, daemon=True)
-            closer.start()
-            closer.join(timeout=10)
+        # Here the Trainer and its DDP model are gone, so the group's threads can be joined now.
+        leave_process_group()

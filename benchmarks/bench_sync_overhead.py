@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer.metrics import create_rank_metrics
 from ddp_trainer.sync import SyncRecorder
+from ddp_trainer.teardown import import_group_defaults_early, leave_process_group
 from ddp_trainer.workloads import mlp
 
 MODES = ("plain", "torch-hook", "detailed", "light")
@@ -106,6 +107,7 @@ def bus_bandwidth(rank: int, world: int, mib: int, repeats: int) -> tuple[float,
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
+    import_group_defaults_early()
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
     template = mlp(args.width, args.depth)
@@ -130,7 +132,11 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: 
     bandwidth = {mib: bus_bandwidth(rank, world, mib, args.repeats) for mib in SIZES_MIB}
     if rank == 0:
         results.update(steps={m: statistics.median(v) for m, v in per_mode.items()}, bandwidth=bandwidth)
-    dist.destroy_process_group()
+    for _, recorder in setups.values():
+        if recorder is not None:
+            recorder.detach()
+    setups.clear()
+    leave_process_group()
 
 
 def main() -> None:

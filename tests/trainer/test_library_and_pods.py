@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,11 @@ def test_two_pods_of_two_workers_serve_one_endpoint_per_pod(gangs: Gangs) -> Non
     for pod in pods:
         pod.wait_for_stdout(LINGERING)
         texts.append(pod.scrape())
+    for pod in pods:
+        pod.signal(15)
+    # A second SIGTERM while the pod winds down (a user's, or a kubelet's after a delete) must not turn
+    # its exit 0 into torch's "SignalException" and exit 1. The gap lets it land after the linger ends.
+    time.sleep(0.2)
     for pod in pods:
         pod.signal(15)
     assert wait_all(pods) == [0, 0], describe(pods)

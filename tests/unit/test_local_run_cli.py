@@ -10,7 +10,7 @@ import pytest
 
 from ddp_operator import cli
 from ddp_operator.local.console import Console
-from ddp_operator.local.supervisor import exit_code_of, session_members
+from ddp_operator.local.supervisor import exit_code_of, members_outside_group, session_members
 from ddp_operator.local_run import load_manifest
 
 pytestmark = pytest.mark.unit
@@ -138,6 +138,8 @@ def test_session_members_reads_proc(tmp_path: Path) -> None:
         (tmp_path / pid / "stat").write_text(stat)
     (tmp_path / "self").mkdir()
     assert sorted(session_members(100, proc_root=tmp_path)) == [100, 101, 102]
+    # killpg(100) reaches 100 and 101; only 102, in a group of its own, needs a signal of its own.
+    assert members_outside_group(100, proc_root=tmp_path) == [102]
 
 
 def test_console_plain_prints_progress_at_most_every_interval() -> None:

@@ -115,6 +115,11 @@ def launch_local_workers(env: DistEnv, config: TrainConfig, argv: Sequence[str])
             flush=True,
         )
         code = EXIT_PEER_LOST
+    # The outcome is decided. torch's agent left its own SIGTERM/SIGINT handlers installed, which raise:
+    # a stop signal from here on (a pod deleted after its work, a repeated SIGTERM) must not turn this
+    # outcome into a traceback and exit 1. Only the linger below still listens, to end early.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
     if code == EXIT_OK and server is not None and config.metrics_linger > 0:
         _linger(config.metrics_linger)
     if server is not None:

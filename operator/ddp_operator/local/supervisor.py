@@ -34,9 +34,9 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def session_members(session_id: int, proc_root: Path = Path("/proc")) -> list[int]:
-    """PIDs whose session or process group is ``session_id`` (Linux /proc; empty elsewhere)."""
-    members: list[int] = []
+def _session_processes(session_id: int, proc_root: Path) -> list[tuple[int, int]]:
+    """(pid, process group) of every process whose session or process group is ``session_id``."""
+    members: list[tuple[int, int]] = []
     try:
         entries = list(proc_root.iterdir())
     except OSError:
@@ -51,14 +51,26 @@ def session_members(session_id: int, proc_root: Path = Path("/proc")) -> list[in
         # Fields after the command name (which may hold spaces and parentheses): state ppid pgrp session.
         fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) >= 4 and session_id in (int(fields[2]), int(fields[3])):
-            members.append(int(entry.name))
+            members.append((int(entry.name), int(fields[2])))
     return members
 
 
+def session_members(session_id: int, proc_root: Path = Path("/proc")) -> list[int]:
+    """PIDs whose session or process group is ``session_id`` (Linux /proc; empty elsewhere)."""
+    return [pid for pid, _ in _session_processes(session_id, proc_root)]
+
+
+def members_outside_group(session_id: int, proc_root: Path = Path("/proc")) -> list[int]:
+    """Session members that moved to a process group of their own, which ``killpg`` does not reach."""
+    return [pid for pid, group in _session_processes(session_id, proc_root) if group != session_id]
+
+
 def _signal_session(session_id: int, signum: int) -> None:
+    # Each process gets the signal once: a second SIGTERM can land after a handler has been swapped
+    # back (torch's elastic agent turns it into an exception and exit 1 after a successful run).
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(session_id, signum)
-    for pid in session_members(session_id):
+    for pid in members_outside_group(session_id):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signum)
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import math
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -75,6 +77,7 @@ def setup(env: DistEnv, config: TrainConfig) -> DistContext:
                 timeout=timedelta(seconds=config.init_timeout),
             )
         else:
+            listen_fd = loopback_listener(env.master_addr, env.master_port) if env.rank == 0 else None
             store = TCPStore(
                 env.master_addr,
                 env.master_port,
@@ -82,6 +85,7 @@ def setup(env: DistEnv, config: TrainConfig) -> DistContext:
                 is_master=env.rank == 0,
                 timeout=timedelta(seconds=config.init_timeout),
                 wait_for_workers=False,
+                master_listen_fd=listen_fd,
             )
             dist.init_process_group(
                 backend,
@@ -101,6 +105,32 @@ def setup(env: DistEnv, config: TrainConfig) -> DistContext:
     return DistContext(
         rank=env.rank, local_rank=env.local_rank, world_size=env.world_size, backend=backend, device=device
     )
+
+
+def loopback_listener(master_addr: str, master_port: int) -> int | None:
+    """A listening socket on MASTER_ADDR for rank 0's store when that is a loopback address, else None.
+
+    TCPStore's own server listens on every interface. Where MASTER_ADDR is a pod's DNS name that is
+    what peers need, but a job on one machine (``ddpjob run``, the tests) must stay on loopback. The
+    store takes over the returned descriptor.
+    """
+    host = "127.0.0.1" if master_addr == "localhost" else master_addr
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if not address.is_loopback:
+        return None
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, master_port))
+        listener.listen(socket.SOMAXCONN)
+    except OSError:
+        listener.close()
+        raise
+    return listener.detach()
 
 
 def _set_collective_timeout(seconds: float) -> None:

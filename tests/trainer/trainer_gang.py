@@ -53,7 +53,13 @@ def base_env() -> dict[str, str]:
         }
     }
     # Loopback only; one intra-op thread per rank keeps 2-core runs from oversubscribing the CPUs.
-    env.update(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1")
+    env.update(
+        GLOO_SOCKET_IFNAME="lo",
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        MASTER_ADDR="127.0.0.1",
+        DDP_METRICS_HOST="127.0.0.1",
+    )
     return env
 
 

@@ -127,7 +127,9 @@ def contract_env(job: JobSpec, rank: int, attempt: int) -> list[dict[str, Any]]:
         ("DDPJOB_NAMESPACE", job.namespace),
         ("DDPJOB_ATTEMPT", str(attempt)),
         ("DDP_BACKEND", job.backend),
-        ("DDP_METRICS_PORT", str(job.metrics.port)),
+        # 0 tells the trainer to serve no endpoint: with metrics disabled the port may even be the
+        # rendezvous port (the CRD only checks it while metrics are enabled).
+        ("DDP_METRICS_PORT", str(job.metrics.port) if job.metrics.enabled else "0"),
     ]
     if job.checkpoint is not None:
         values.append(("DDP_CHECKPOINT_DIR", job.checkpoint.mount_path))
@@ -154,7 +156,11 @@ def _add_port(container: dict[str, Any], name: str, port: int) -> None:
 def _restrict_container(container: dict[str, Any]) -> None:
     """Pod Security "restricted" for one container, keeping whatever the template set."""
     context: dict[str, Any] = container.setdefault("securityContext", {})
-    context.setdefault("allowPrivilegeEscalation", False)
+    added = ((context.get("capabilities") or {}).get("add")) or ()
+    # The apiserver rejects allowPrivilegeEscalation false beside privileged or CAP_SYS_ADMIN: a template
+    # that asks for those keeps them (and Pod Security "restricted", if enforced, refuses the pod).
+    if context.get("privileged") is not True and not {"SYS_ADMIN", "CAP_SYS_ADMIN"} & set(added):
+        context.setdefault("allowPrivilegeEscalation", False)
     context.setdefault("capabilities", {"drop": ["ALL"]})
 
 

@@ -17,6 +17,7 @@ Writes per job lifecycle are kept near the floor the benchmark measures (R pods 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 from ddp_operator import builders, names
 from ddp_operator.kube_api import (
     ApiError,
+    ChildInvalid,
     ForeignObjectExists,
     JsonDict,
     KubeApi,
@@ -148,7 +150,7 @@ class Controller:
         self._timers: dict[JobKey, tuple[float, asyncio.TimerHandle]] = {}
         self.counter_writes = CounterWrites(status_interval)
         # (namespace, name, uid) whose Service and PVC exist: created once per job per process.
-        self._services_ready: set[tuple[str, str, str]] = set()
+        self._services_ready: set[tuple[str, str, str, str]] = set()
         # Jobs whose creates wait for a child name held by an object that is not theirs.
         self._timers_foreign: set[JobKey] = set()
 
@@ -203,7 +205,9 @@ class Controller:
         self.pods.forget_job(key)
         if body is not None:
             uid = str((body.get("metadata") or {}).get("uid", ""))
-            self._services_ready.discard((key[0], key[1], uid))
+            self._services_ready = {
+                ready for ready in self._services_ready if ready[:3] != (key[0], key[1], uid)
+            }
 
     def kick(self, key: JobKey) -> None:
         """Mark a job dirty; its worker reconciles it soon (pods of unknown jobs wait for the job event)."""
@@ -276,7 +280,7 @@ class Controller:
 
     async def execute(self, key: JobKey, body: JsonDict, job: JobSpec, decision: Decision) -> None:
         """Carry out a Decision in the order reconcile.py fixes (its module docstring)."""
-        from ddp_operator.reconcile import pod_create_forbidden
+        from ddp_operator.reconcile import child_invalid, pod_create_forbidden
 
         old_status: Mapping[str, Any] = body.get("status") or {}
         if decision.delete_pods:
@@ -286,17 +290,18 @@ class Controller:
                     self.pods.remember(remains)
 
         if decision.create_ranks:
-            forbidden = await self._create_attempt(key, job, decision)
-            if forbidden is not None:
-                refusal, rank = forbidden
-                decision = pod_create_forbidden(
-                    job,
-                    old_status,
-                    rank,
-                    decision.create_attempt,
-                    refusal.message or refusal.reason,
-                    self.clock(),
-                )
+            refused = await self._create_attempt(key, job, decision)
+            if refused is not None:
+                refusal, child, rank = refused
+                message = refusal.message or refusal.reason
+                if isinstance(refusal, PodCreateForbidden):
+                    decision = pod_create_forbidden(
+                        job, old_status, rank, decision.create_attempt, message, self.clock()
+                    )
+                else:
+                    decision = child_invalid(
+                        job, old_status, child, decision.create_attempt, message, self.clock()
+                    )
             elif key in self._timers_foreign:
                 return  # a name is still held by an old job's pod: the status waits with the creates
 
@@ -357,14 +362,19 @@ class Controller:
 
     async def _create_attempt(
         self, key: JobKey, job: JobSpec, decision: Decision
-    ) -> tuple[PodCreateForbidden, int] | None:
-        """The Service, PVC and missing rank pods; (the 403, its rank) when the apiserver refused a pod."""
+    ) -> tuple[PodCreateForbidden | ChildInvalid, str, int] | None:
+        """The Service, PVC and missing rank pods.
+
+        Returns (the refusal, which child, its rank or -1) when the apiserver refused a pod with 403 or
+        any child as invalid: both are permanent, so the job fails instead of retrying forever.
+        """
         self._timers_foreign.discard(key)
-        identity = (job.namespace, job.name, job.uid)
+        service = builders.build_service(job) if decision.create_service else None
+        # The ports are part of the identity: a job resumed with new ports gets its Service updated.
+        ports = json.dumps((service or {}).get("spec", {}).get("ports"), sort_keys=True)
+        identity = (job.namespace, job.name, job.uid, ports)
         if identity not in self._services_ready:
-            children: list[JsonDict] = []
-            if decision.create_service:
-                children.append(builders.build_service(job))
+            children: list[JsonDict] = [service] if service is not None else []
             pvc = builders.build_checkpoint_pvc(job) if decision.create_pvc else None
             if pvc is not None:
                 children.append(pvc)
@@ -372,6 +382,9 @@ class Controller:
             if isinstance(report.error, ForeignObjectExists):
                 self._foreign(key, job, report.error)
                 return None
+            if isinstance(report.error, ChildInvalid):
+                kind = (report.failed or {}).get("kind")
+                return report.error, "the Service" if kind == "Service" else "the checkpoint PVC", -1
             if report.error is not None:
                 raise report.error
             self._services_ready.add(identity)
@@ -383,9 +396,10 @@ class Controller:
 
         pods = [builders.build_rank_pod(job, rank, decision.create_attempt) for rank in decision.create_ranks]
         report = await self.api.create_children(pods, job.uid, on_result=on_result)
-        if isinstance(report.error, PodCreateForbidden):
+        if isinstance(report.error, PodCreateForbidden | ChildInvalid):
             labels = ((report.failed or {}).get("metadata") or {}).get("labels") or {}
-            return report.error, int(labels.get(names.LABEL_RANK, decision.create_ranks[0]))
+            rank = int(labels.get(names.LABEL_RANK, decision.create_ranks[0]))
+            return report.error, f"rank {rank}'s pod", rank
         if isinstance(report.error, ForeignObjectExists):
             self._foreign(key, job, report.error)
             return None

@@ -61,6 +61,10 @@ class PodCreateForbidden(ApiError):
     """The apiserver refused to create a rank pod (403): Pod Security admission, a ResourceQuota..."""
 
 
+class ChildInvalid(ApiError):
+    """The apiserver refused a child as invalid (400, 422): the job's spec yields an object it rejects."""
+
+
 class ForeignObjectExists(ApiError):
     """A child's name is taken by an object that is not this job's (another owner UID or attempt)."""
 
@@ -109,6 +113,19 @@ def is_ours(existing: Mapping[str, Any], wanted: Mapping[str, Any], owner_uid: s
         existing_attempt = (meta.get("labels") or {}).get(LABEL_ATTEMPT)
         return bool(wanted_attempt == existing_attempt)
     return True
+
+
+def _port_view(ports: Any) -> list[tuple[Any, ...]]:
+    """A Service's ports as the builders set them, ignoring what the apiserver defaults."""
+    return sorted(
+        (
+            port.get("name"),
+            port.get("port"),
+            port.get("targetPort", port.get("port")),
+            port.get("protocol", "TCP"),
+        )
+        for port in ports or ()
+    )
 
 
 def merge_patch_for(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonDict:
@@ -242,6 +259,8 @@ class KubeApi:
         except ApiError as error:
             if error.status == 403 and kind == "Pod":
                 raise PodCreateForbidden(error.status, error.reason, error.message) from None
+            if error.status in (400, 422):
+                raise ChildInvalid(error.status, error.reason, error.message) from None
             if error.status != 409:
                 raise
         existing = self.request("GET", _core_path(namespace, kind, name))
@@ -249,6 +268,16 @@ class KubeApi:
             raise ForeignObjectExists(
                 409, "AlreadyExists", f"{kind} {namespace}/{name} exists and does not belong to this job"
             )
+        if kind == "Service":
+            wanted_ports = (obj.get("spec") or {}).get("ports")
+            if _port_view(wanted_ports) != _port_view((existing.get("spec") or {}).get("ports")):
+                # The job's ports changed while it was suspended: the next attempt's Service follows.
+                existing = self.request(
+                    "PATCH",
+                    _core_path(namespace, kind, name),
+                    body={"spec": {"ports": wanted_ports}},
+                    content_type="application/merge-patch+json",
+                )
         return existing, False
 
     def delete_blocking(self, namespace: str, kind: str, name: str) -> JsonDict | None:

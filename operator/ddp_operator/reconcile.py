@@ -47,6 +47,7 @@ REASON_SCHEDULED: Final = "Scheduled"
 REASON_RUNNING: Final = "Running"
 REASON_SUSPENDED: Final = "Suspended"
 REASON_POD_CREATE_FORBIDDEN: Final = "PodCreateForbidden"
+REASON_INVALID_SPEC: Final = "InvalidSpec"
 # Reasons that fail a job which must stop consuming resources whatever cleanPodPolicy says.
 _STOP_REASONS: Final = frozenset(
     {
@@ -583,23 +584,44 @@ def failed_status(status: Mapping[str, Any], reason: str, message: str, now: dat
     return result
 
 
-def pod_create_forbidden(
-    job: JobSpec, status: Mapping[str, Any], rank: int, attempt: int, message: str, now: datetime
+def create_refused(
+    job: JobSpec, status: Mapping[str, Any], attempt: int, reason: str, text: str, now: datetime
 ) -> Decision:
-    """The apiserver refused a rank pod with 403: fail the job with its message instead of retrying forever.
+    """The apiserver refused a child for good: fail the job with its message instead of retrying forever.
 
     The pods of the attempt that were created go at the next ``decide`` (a finished job cleans up).
     """
-    text = f"creating rank {rank} of attempt {attempt} was forbidden: {message}"
-    failed = failed_status(status, REASON_POD_CREATE_FORBIDDEN, text, now)
+    failed = failed_status(status, reason, text, now)
     failed.update(observedGeneration=job.generation, attempt=attempt, worldSize=job.world_size)
     return Decision(
         status=failed,
         status_changed=True,
         create_attempt=attempt,
-        event=PhaseEvent(type="Warning", reason=REASON_POD_CREATE_FORBIDDEN, message=text),
+        event=PhaseEvent(type="Warning", reason=reason, message=text),
         requeue_after=0.0,
     )
+
+
+def pod_create_forbidden(
+    job: JobSpec, status: Mapping[str, Any], rank: int, attempt: int, message: str, now: datetime
+) -> Decision:
+    """403 on a rank pod (Pod Security admission, a ResourceQuota...): Failed, PodCreateForbidden."""
+    text = f"creating rank {rank} of attempt {attempt} was forbidden: {message}"
+    return create_refused(job, status, attempt, REASON_POD_CREATE_FORBIDDEN, text, now)
+
+
+def child_invalid(
+    job: JobSpec, status: Mapping[str, Any], child: str, attempt: int, message: str, now: datetime
+) -> Decision:
+    """400/422 on a child (``child`` says which, e.g. "rank 0's pod"): Failed, InvalidSpec.
+
+    Retrying cannot help: the same spec builds the same object. The apiserver's message names the field.
+    """
+    text = (
+        f"the apiserver refused {child} of attempt {attempt} as invalid: {message}; fix spec.template "
+        "(or spec.checkpoint) and create the job again"
+    )
+    return create_refused(job, status, attempt, REASON_INVALID_SPEC, text, now)
 
 
 # --- `ddpjob run`: the same rules for local processes ---------------------------------------------

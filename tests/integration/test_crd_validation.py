@@ -98,6 +98,7 @@ INVALID = [
     pytest.param(setting("metadata.name", "1digits"), "metadata.name", id="name-starts-with-digit"),
     pytest.param(setting("metadata.name", "d" * 59), "metadata.name", id="name-too-long-for-hostname"),
     pytest.param(dropping("spec.template"), "spec.template", id="template-missing"),
+    pytest.param(dropping("spec.template.spec"), "spec.template.spec", id="template-without-pod-spec"),
     pytest.param(
         containers({"name": "main", "image": "i"}), "spec.template.spec.containers", id="no-trainer-container"
     ),
@@ -205,6 +206,12 @@ def test_fields_of_a_running_job_are_immutable(kubectl: Callable[..., Any]) -> N
     assert refused.returncode != 0
     assert "spec.template" in refused.stderr
 
+    remetered = copy.deepcopy(job)
+    remetered["spec"]["metrics"] = {"enabled": True, "port": 9999}
+    refused = apply(kubectl, remetered)
+    assert refused.returncode != 0
+    assert "spec.metrics" in refused.stderr
+
     suspended = copy.deepcopy(job)
     suspended["spec"]["runPolicy"] = {"suspend": True, "activeDeadlineSeconds": 600}
     result = apply(kubectl, suspended)
@@ -245,3 +252,15 @@ def test_printer_columns(kubectl: Callable[..., Any]) -> None:
     header, row = table.strip().splitlines()
     assert header.split() == ["NAME", "PHASE", "READY", "RESTARTS", "AGE"]
     assert row.split()[:4] == ["columns", "Running", "1/2", "1"]
+
+
+def test_the_checkpoint_of_a_running_job_is_immutable(kubectl: Callable[..., Any]) -> None:
+    job = valid_job("ckpt-immutable")
+    job["spec"]["checkpoint"] = {"volumeClaimTemplate": {"resources": {"requests": {"storage": "1Gi"}}}}
+    assert apply(kubectl, job).returncode == 0
+    set_phase(kubectl, "ckpt-immutable", "Running")
+    resized = copy.deepcopy(job)
+    resized["spec"]["checkpoint"]["volumeClaimTemplate"]["resources"]["requests"]["storage"] = "500Gi"
+    refused = apply(kubectl, resized)
+    assert refused.returncode != 0
+    assert "spec.checkpoint" in refused.stderr

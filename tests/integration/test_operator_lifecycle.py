@@ -303,3 +303,59 @@ def test_rank_pods_keep_their_ranks_across_attempts(
     again = running_ranks(kube, namespace, "ranks", 3, attempt=1)
     assert [pod_rank(p) for p in again] == [0, 1, 2]
     assert [p["spec"]["hostname"] for p in again] == ["ranks-0", "ranks-1", "ranks-2"]
+
+
+def test_a_pod_the_apiserver_rejects_as_invalid_fails_the_job_naming_the_field(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    job = ddpjob("badlabel", replicas=2)
+    # The CRD keeps template labels free-form; the apiserver checks them on the pod.
+    job["spec"]["template"]["metadata"] = {"labels": {"team": "a b"}}
+    kube.apply(job, namespace)
+    status = wait_phase(kube, namespace, "badlabel", "Failed")
+    failed = condition(status, "Failed")
+    assert failed is not None and failed["reason"] == "InvalidSpec", failed
+    assert "metadata.labels" in failed["message"] and "pod" in failed["message"], failed["message"]
+    wait_for("the attempt's pods to go", lambda: not kube.pods(namespace, "badlabel"))
+    assert operator.process is not None and operator.process.poll() is None
+
+
+def test_a_privileged_template_keeps_privilege_escalation_unset(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    trainer = {"name": "trainer", "image": "ddp-trainer:test", "securityContext": {"privileged": True}}
+    kube.apply(ddpjob("privileged", replicas=2, pod_spec={"containers": [trainer]}), namespace)
+    pods = running_ranks(kube, namespace, "privileged", 2, attempt=0)
+    for pod in pods:
+        context = pod["spec"]["containers"][0]["securityContext"]
+        assert context["privileged"] is True and "allowPrivilegeEscalation" not in context, context
+
+
+def test_ports_changed_while_suspended_reach_the_service(
+    kube: Kube, namespace: str, operator: OperatorProcess
+) -> None:
+    kube.apply(ddpjob("ports", replicas=2), namespace)
+    running_ranks(kube, namespace, "ports", 2, attempt=0)
+    kube.run(
+        "patch",
+        "ddpjob",
+        "ports",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"runPolicy":{"suspend":true}}}',
+    )
+    wait_phase(kube, namespace, "ports", "Suspended")
+    patch = '{"spec":{"rendezvousPort":30000,"metrics":{"port":9999},"runPolicy":{"suspend":false}}}'
+    kube.run("patch", "ddpjob", "ports", "-n", namespace, "--type=merge", "-p", patch)
+    running_ranks(kube, namespace, "ports", 2, attempt=1)
+
+    def service_ports() -> dict[str, int]:
+        service = kube.json("get", "service", "ports", "-n", namespace)
+        return {port["name"]: port["port"] for port in service["spec"]["ports"]}
+
+    wait_for(
+        "the Service to carry the new ports",
+        lambda: service_ports() == {"rendezvous": 30000, "metrics": 9999},
+    )

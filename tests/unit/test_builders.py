@@ -301,6 +301,27 @@ def test_checkpoint_pvc() -> None:
 def test_metrics_disabled_declares_no_metrics_port() -> None:
     pod = builders.build_rank_pod(job_spec(metrics={"enabled": False}), 0, 0)
     assert [p["name"] for p in trainer_of(pod)["ports"]] == ["rendezvous"]
+    # 0 is "no endpoint" to the trainer, even where the disabled port equals the rendezvous port.
+    assert env_of(pod)["DDP_METRICS_PORT"] == "0"
+
+
+@pytest.mark.parametrize(
+    ("security_context", "escalation"),
+    [
+        pytest.param({}, False, id="silent-template-gets-restricted"),
+        pytest.param({"privileged": True}, None, id="privileged-keeps-escalation-unset"),
+        pytest.param({"capabilities": {"add": ["SYS_ADMIN"]}}, None, id="sys-admin-keeps-escalation-unset"),
+        pytest.param({"allowPrivilegeEscalation": True}, True, id="explicit-choice-kept"),
+    ],
+)
+def test_privilege_escalation_default_never_makes_an_invalid_pod(
+    security_context: dict[str, Any], escalation: bool | None
+) -> None:
+    template = {
+        "spec": {"containers": [{"name": "trainer", "image": "i", "securityContext": security_context}]}
+    }
+    context = trainer_of(builders.build_rank_pod(job_spec(template=template), 0, 0))["securityContext"]
+    assert context.get("allowPrivilegeEscalation") is escalation
 
 
 def test_building_does_not_mutate_the_job_template() -> None:

@@ -11,6 +11,7 @@ from ddp_operator.observe import format_time
 from ddp_operator.reconcile import (
     Decision,
     RankExit,
+    child_invalid,
     decide,
     failed_status,
     judge_local_attempt,
@@ -521,3 +522,13 @@ def test_local_attempts_follow_the_cluster_rules(
 def test_a_rank_that_exited_0_is_not_failed_by_a_later_disruption() -> None:
     pods = [pod(0, exit_code=0, disruption="DeletionByPodGC"), pod(1, exit_code=0)]
     assert run(job_spec(), live_status(), pods, now=30).status["phase"] == "Succeeded"
+
+
+def test_a_child_the_apiserver_finds_invalid_fails_the_job_once() -> None:
+    message = 'Pod "mnist-0-0" is invalid: metadata.labels: Invalid value: "a b"'
+    decision = child_invalid(job_spec(), live_status("Pending"), "rank 0's pod", 0, message, at(5))
+    failed = decision.status["conditions"][-1]
+    assert decision.status["phase"] == "Failed" and failed["reason"] == "InvalidSpec"
+    assert "rank 0's pod of attempt 0" in failed["message"] and "metadata.labels" in failed["message"]
+    assert decision.event is not None and decision.event.reason == "InvalidSpec"
+    assert not decision.create_ranks, "no retry: the same spec builds the same invalid object"

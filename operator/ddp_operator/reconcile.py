@@ -25,7 +25,7 @@ the attempt. After that, a missing pod was deleted under the job and fails its r
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final, Literal
 
@@ -281,7 +281,8 @@ def _finish(
         phase=phase,
         reason=reason,
         message=message,
-        counts=counts,
+        # A finished job has no ready ranks: what is left is being cleaned up or has ended.
+        counts=replace(counts, ready=0),
         attempt=attempt,
         restarts=_int(old.get("restarts"), 0),
         start_time=old.get("startTime") or format_time(now),

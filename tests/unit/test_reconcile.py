@@ -270,6 +270,8 @@ def test_failures(
         assert not decision.gang_restart
         assert decision.status["restarts"] == restarts
         assert decision.status["completionTime"] == format_time(at(30))
+        # Ranks still up when the job failed are being stopped, not ready: READY reads 0/2.
+        assert (decision.status["readyReplicas"], decision.status["ready"]) == (0, "0/2")
 
 
 def test_never_policy_fails_on_a_retryable_code() -> None:

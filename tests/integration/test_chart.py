@@ -37,7 +37,7 @@ OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
     # blockOwnerDeletion on the children's ownerReferences (OwnerReferencesPermissionEnforcement).
     ("ddp.dev", "ddpjobs/finalizers"): {"update"},
     ("", "pods"): {"create", "delete", "get", "list", "watch"},
-    ("", "services"): {"create", "get"},
+    ("", "services"): {"create", "get", "patch"},
     ("", "persistentvolumeclaims"): {"create", "get"},
     ("", "events"): {"create"},
 }

@@ -75,9 +75,13 @@ watches); the same rules go into the ClusterRole (cluster-wide) or each namespac
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["create", "delete", "get", "list", "watch"]
-# The headless Service and the checkpoint PVC: created once (get checks an existing one is ours).
+# The headless Service and the checkpoint PVC: created once (get checks an existing one is ours);
+# the Service's ports are patched when a job resumes with new ones.
 - apiGroups: [""]
-  resources: ["services", "persistentvolumeclaims"]
+  resources: ["services"]
+  verbs: ["create", "get", "patch"]
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
   verbs: ["create", "get"]
 # One Event per phase change.
 - apiGroups: [""]

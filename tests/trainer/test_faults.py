@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,22 @@ def test_unreachable_master_fails_within_the_init_timeout_naming_the_endpoint() 
     )
     assert result.returncode == EXIT_PEER_LOST, result.stderr
     assert f"127.0.0.1:{port}" in result.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_a_stop_signal_ends_a_rank_still_waiting_for_its_group(gangs: Gangs, signum: int) -> None:
+    # Rank 0 of 2 with no rank 1: it hosts the store and waits in the rendezvous, in C++, for up to
+    # --init-timeout (10 minutes here). Nothing is there to checkpoint, so a stop must end it now.
+    env = {"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": str(free_port())}
+    lonely = gangs.start("rank0", env, ["--init-timeout", "600"], free_port())
+    # The endpoint opens just before the rendezvous: once it answers, the rank is in or near setup().
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            lonely.scrape()
+            break
+        except OSError:
+            assert time.monotonic() < deadline and lonely.process.poll() is None, describe([lonely])
+            time.sleep(0.1)
+    lonely.signal(signum)
+    assert lonely.wait(timeout=120) == -signum, describe([lonely])

@@ -6,6 +6,7 @@ import hashlib
 import ipaddress
 import math
 import os
+import signal
 import socket
 import sys
 import time
@@ -427,10 +428,15 @@ def run_worker(config: TrainConfig, env: DistEnv) -> int:
     before this rank makes its peers wait for it.
     """
     stop = StopFlag()
-    stop.install()
+    # Until the group is formed there is nothing to checkpoint, and the rank may sit in a rendezvous
+    # (in C++, where no Python handler runs) for up to --init-timeout: a stop signal ends it at once,
+    # by the default action (reported as 143), instead of after the pod's whole grace period.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)
     registry, server = open_metrics_endpoint(config, env)
     try:
         context = setup(env, config)
+        stop.install()
         return Trainer(config, env, context, stop, registry, server).train()
     except PeerLostError as error:
         log(str(error))

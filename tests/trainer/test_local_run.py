@@ -7,6 +7,7 @@ the ranks' output, the checkpoints, and that no process of the job is left once 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -242,3 +243,31 @@ def test_invalid_manifest_exits_2_naming_the_field(tmp_path: Path, runs: list[Dd
     assert run.wait() == 2
     assert "spec.replicas" in run.output
     assert not (tmp_path / "work").exists()
+
+
+def test_a_stop_while_a_failed_attempt_winds_down_starts_no_new_attempt(
+    tmp_path: Path, runs: list[DdpjobRun]
+) -> None:
+    # Pod 1 fails with a retryable code; pod 0 ignores SIGTERM, so the runner waits out its grace period.
+    script = (
+        'if [ "$NODE_RANK" = 1 ]; then sleep 1; exit 137; fi; '
+        "trap '' TERM; echo holding; while true; do sleep 0.2; done"
+    )
+    manifest = tmp_path / "winding-down.yaml"
+    manifest.write_text(
+        "apiVersion: ddp.dev/v1alpha1\nkind: DDPJob\nmetadata: {name: winding-down}\n"
+        "spec:\n  replicas: 2\n  restartPolicy: OnFailure\n  runPolicy: {backoffLimit: 3}\n"
+        "  template:\n    spec:\n      containers:\n      - name: trainer\n        image: unused\n"
+        f"        command: [bash, -c, {json.dumps(script)}]\n"
+    )
+    run = start(runs, manifest, tmp_path / "work", "--grace-period", "600")
+    wait_for(lambda: "stopping the other 1 rank(s)" in run.output, "pod 1 to fail")
+    os.kill(run.process.pid, signal.SIGINT)
+    wait_for(lambda: "no new attempt will start" in run.output, "the stop to be noted")
+    os.kill(run.process.pid, signal.SIGINT)  # the second one kills pod 0 at once
+    code = run.wait()
+    output = run.output
+    assert code == 130, output
+    assert "outcome: Interrupted (SIGINT)" in output and "attempts: 1 (restarts: 0)" in output, output
+    assert "attempt 1:" not in output, output
+    assert not job_processes("winding-down")

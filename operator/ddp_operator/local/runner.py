@@ -15,7 +15,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -295,6 +295,17 @@ class LocalJobRunner:
                     result.reason = verdict.reason
                     result.message = verdict.message
                     break
+                if self.stop.requested:
+                    # Asked to stop while the failed attempt wound down: no new attempt starts.
+                    signum = self.stop.signum or signal.SIGINT
+                    result.outcome = OUTCOME_INTERRUPTED
+                    result.exit_code = 128 + signum
+                    result.reason = signal.Signals(signum).name
+                    result.message = (
+                        f"stopped by {signal.Signals(signum).name} before attempt {self.attempt + 1} started; "
+                        f"checkpoints in {checkpoint_dir} (run again with --resume to continue from them)"
+                    )
+                    break
                 restarts += 1
                 self.attempt += 1
         finally:
@@ -320,7 +331,7 @@ class LocalJobRunner:
             if deadline is not None and time.monotonic() >= deadline:
                 ending = "deadline"
                 self.console.note("activeDeadlineSeconds reached: stopping every rank")
-                gang.stop(grace, should_hurry=lambda: self.stop.hurry)
+                gang.stop(grace, should_hurry=self._hurry_noting(grace))
                 break
             finished = gang.next_exit(timeout=0.2)
             if finished is None:
@@ -335,12 +346,30 @@ class LocalJobRunner:
                         f"rank {finished.rank} exited with code {finished.exit_code}: "
                         f"stopping the other {running} rank(s) of attempt {self.attempt}"
                     )
-                gang.stop(grace, should_hurry=lambda: self.stop.hurry)
+                gang.stop(grace, should_hurry=self._hurry_noting(grace))
                 break
         gang.wait_all()
         while (more := gang.next_exit(timeout=0)) is not None:
             exits.setdefault(more.rank, more)
         return exits, ending
+
+    def _hurry_noting(self, grace: float) -> Callable[[], bool]:
+        """``should_hurry`` for a stop that a failure or the deadline began: a Ctrl-C meanwhile is noted
+        (no new attempt will start), and a second one kills at once."""
+        noted = False
+
+        def should_hurry() -> bool:
+            nonlocal noted
+            if self.stop.requested and not noted:
+                noted = True
+                name = signal.Signals(self.stop.signum or signal.SIGINT).name
+                self.console.note(
+                    f"{name}: no new attempt will start; waiting up to {grace:.0f}s for the ranks to exit "
+                    "(again to kill now)"
+                )
+            return self.stop.hurry
+
+        return should_hurry
 
     def summary(self, result: RunResult) -> str:
         extra = []

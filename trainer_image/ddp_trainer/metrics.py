@@ -9,6 +9,7 @@ is summed across workers).
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Final
@@ -110,7 +111,7 @@ def create_rank_metrics(
     build_info.labels(rank=str(rank), backend=backend, comm_hook=comm_hook, torch_version=torch_version).set(
         1
     )
-    return RankMetrics(
+    metrics = RankMetrics(
         sync_steps=counter("ddp_sync_steps", "Training steps whose gradients were synchronized."),
         allreduce_bytes=counter(
             "ddp_allreduce_bytes", "Payload bytes of the gradient buckets reduced, after compression."
@@ -160,9 +161,12 @@ def create_rank_metrics(
         last_sync_timestamp=gauge(
             "ddp_last_sync_timestamp_seconds", "Unix time at which the last gradient synchronization ended."
         ),
-        loss=gauge("ddp_loss", "Training loss of this rank's last logged step."),
+        loss=gauge("ddp_loss", "Training loss of this rank's last logged step (NaN before the first)."),
         registry=registry,
     )
+    # No loss is known before the first logged step; 0 would read as a perfect one.
+    metrics.loss.set(math.nan)
+    return metrics
 
 
 def serve_registry(registry: CollectorRegistry, host: str, port: int) -> Any:

@@ -100,10 +100,13 @@ def main(args: argparse.Namespace) -> int:
     from ddp_operator.local.console import Console
     from ddp_operator.local.plan import PlanError
     from ddp_operator.local.runner import EXIT_INVALID, LocalJobRunner, RunOptions, StopRequest
-    from ddp_operator.spec import SpecError, parse_job
+    from ddp_operator.spec import SpecError, parse_job, unknown_fields
 
     try:
         manifest = load_manifest(args.file)
+        unknown = unknown_fields(manifest)
+        if unknown:
+            raise unknown[0]
         job = parse_job(manifest)
     except (SpecError, ValueError) as exc:
         print(f"ddpjob run: invalid manifest: {exc}", file=sys.stderr)

@@ -8,6 +8,7 @@ operator never acts on an object that slipped past an older CRD.
 from __future__ import annotations
 
 import copy
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast
@@ -42,6 +43,62 @@ class SpecError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+# The fields the CRD's schema declares, where it is closed (the template's pod spec is the apiserver's
+# to check). tests/unit/test_spec.py keeps this in step with crds/ddp.dev_ddpjobs.yaml.
+DECLARED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
+    "": frozenset({"apiVersion", "kind", "metadata", "spec", "status"}),
+    "spec": frozenset(
+        {
+            "replicas",
+            "nprocPerNode",
+            "backend",
+            "restartPolicy",
+            "runPolicy",
+            "template",
+            "checkpoint",
+            "rendezvousPort",
+            "metrics",
+        }
+    ),
+    "spec.runPolicy": frozenset(
+        {
+            "backoffLimit",
+            "activeDeadlineSeconds",
+            "startupDeadlineSeconds",
+            "ttlSecondsAfterFinished",
+            "cleanPodPolicy",
+            "suspend",
+        }
+    ),
+    "spec.template": frozenset({"metadata", "spec"}),
+    "spec.checkpoint": frozenset({"volumeClaimTemplate", "mountPath"}),
+    "spec.metrics": frozenset({"enabled", "port"}),
+}
+
+
+def unknown_fields(manifest: Mapping[str, Any]) -> list[SpecError]:
+    """Fields the schema does not declare, as kubectl's default ``--validate=strict`` refuses them.
+
+    The apiserver would silently prune them otherwise: a typo such as ``spec.replica`` must not run a
+    job of the default size. Each error suggests the closest declared name.
+    """
+    errors = []
+    for path, declared in DECLARED_FIELDS.items():
+        node: Any = manifest
+        for key in path.split(".") if path else ():
+            node = node.get(key) if isinstance(node, Mapping) else None
+        if not isinstance(node, Mapping):
+            continue
+        for key in node:
+            if key in declared:
+                continue
+            close = difflib.get_close_matches(str(key), sorted(declared), n=1)
+            hint = f"did you mean {'.'.join(filter(None, (path, close[0])))}?" if close else "remove it"
+            field = ".".join(filter(None, (path, str(key))))
+            errors.append(SpecError(field, f"unknown field (kubectl apply refuses it); {hint}"))
+    return errors
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,31 @@ def test_no_command_runs_the_trainer_entrypoint_with_args() -> None:
     assert spec.argv == ("/venv/bin/python", "-m", "ddp_trainer", "--epochs", "3")
 
 
+def test_an_empty_command_is_no_command_as_in_kubernetes() -> None:
+    spec = plan_process(pod({"image": "x", "command": [], "args": ["--epochs", "3"]}), 0, ADDRESSES, HOST, {})
+    assert spec.argv == ("/venv/bin/python", "-m", "ddp_trainer", "--epochs", "3")
+
+
+@pytest.mark.parametrize(
+    ("shell", "manifest_env", "expected"),
+    [
+        pytest.param({}, [], "15", id="machine-default"),
+        pytest.param({"DDP_METRICS_LINGER": "30"}, [], "30", id="shell-wins-over-the-default"),
+        pytest.param(
+            {"DDP_METRICS_LINGER": "30"},
+            [{"name": "DDP_METRICS_LINGER", "value": "5"}],
+            "5",
+            id="manifest-wins-over-the-shell",
+        ),
+    ],
+)
+def test_metrics_linger_default(
+    shell: dict[str, str], manifest_env: list[dict[str, str]], expected: str
+) -> None:
+    spec = plan_process(pod({"image": "x", "env": [*CLUSTER_ENV, *manifest_env]}), 0, ADDRESSES, HOST, shell)
+    assert spec.env["DDP_METRICS_LINGER"] == expected
+
+
 def test_command_and_args_expand_pod_variables() -> None:
     container = {
         "image": "x",

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from tests.unit.kube_factories import job_object
 
-from ddp_operator.spec import SpecError, parse_job
+from ddp_operator.spec import DECLARED_FIELDS, SpecError, parse_job, unknown_fields
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.unit
 
@@ -168,3 +173,53 @@ def test_longest_valid_name_leaves_room_for_four_rank_digits() -> None:
     name = "j" * 58
     job = parse_job(job_object(name))
     assert len(f"{job.name}-4095") == 63
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "hint"),
+    [
+        pytest.param(
+            lambda m: m["spec"].update(replica=2), "spec.replica", "spec.replicas", id="typo-in-spec"
+        ),
+        pytest.param(
+            lambda m: m["spec"].update(runPolicy={"backofLimit": 2}),
+            "spec.runPolicy.backofLimit",
+            "spec.runPolicy.backoffLimit",
+            id="typo-in-run-policy",
+        ),
+        pytest.param(
+            lambda m: m["spec"].update(metrics={"prot": 1}),
+            "spec.metrics.prot",
+            "spec.metrics.port",
+            id="metrics",
+        ),
+        pytest.param(lambda m: m.update(sepc={}), "sepc", "spec", id="top-level"),
+    ],
+)
+def test_unknown_fields_are_named_with_the_closest_declared_one(
+    mutate: Callable[[dict[str, Any]], None], field: str, hint: str
+) -> None:
+    manifest = job_object()
+    mutate(manifest)
+    errors = unknown_fields(manifest)
+    assert [error.field for error in errors] == [field]
+    assert f"did you mean {hint}?" in str(errors[0])
+
+
+def test_free_form_parts_are_not_checked() -> None:
+    manifest = job_object()
+    manifest["metadata"]["labels"] = {"team": "a"}
+    manifest["spec"]["template"]["spec"]["nodeSelector"] = {"gpu": "h200"}
+    manifest["spec"]["template"]["metadata"] = {"labels": {"a": "b"}}
+    assert unknown_fields(manifest) == []
+
+
+def test_declared_fields_match_the_crd_schema() -> None:
+    crd = yaml.safe_load((REPO / "crds" / "ddp.dev_ddpjobs.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    expected = {"": set(schema["properties"]) | {"metadata"}}
+    spec = schema["properties"]["spec"]
+    expected["spec"] = set(spec["properties"])
+    for name in ("runPolicy", "template", "checkpoint", "metrics"):
+        expected[f"spec.{name}"] = set(spec["properties"][name]["properties"])
+    assert {path: set(fields) for path, fields in DECLARED_FIELDS.items()} == expected

@@ -307,9 +307,12 @@ def plan_process(
     env.update(local)
     env.update(user)
     for name, value in machine_defaults(host, env).items():
-        if name not in env and name not in base_env:
-            env[name] = value
-    if "command" in container:
+        if name not in env:
+            # A value in the caller's shell wins over this machine's default (and is passed on
+            # explicitly: the DDP_* variables of the shell are not inherited).
+            env[name] = base_env.get(name, value)
+    # An empty command is no command, as in Kubernetes: the image's entrypoint runs.
+    if container.get("command"):
         command = [expand(str(part), env) for part in container["command"]]
     else:
         command = ["python", "-m", "ddp_trainer"]

@@ -50,6 +50,19 @@ def test_sigkill_of_one_rank_makes_the_others_exit_peer_lost(gangs: Gangs) -> No
     assert wait_all(gang[:2], timeout=90) == [EXIT_PEER_LOST, EXIT_PEER_LOST], describe(gang)
 
 
+@pytest.mark.parametrize("delay", [0.2, 0.5, 1.0], ids=["sigterm-0.2s-later", "0.5s", "1s"])
+def test_a_sigterm_after_a_peer_died_keeps_exit_peer_lost(gangs: Gangs, delay: float) -> None:
+    # The operator (or `ddpjob run`) stops the collateral ranks of a failed attempt with SIGTERM. It
+    # used to land while the rank finalized torch, with Python's handlers already reset: 143, not 170.
+    gang = gangs.ranks(2, ["--max-steps", "100000", "--throttle-ms", "5", "--progress-every", "5"])
+    gang[0].wait_for_stdout(r"^progress step=5 ")
+    gang[1].signal(signal.SIGKILL)
+    gang[1].wait()
+    time.sleep(delay)
+    gang[0].signal(signal.SIGTERM)
+    assert gang[0].wait() == EXIT_PEER_LOST, describe(gang)
+
+
 def test_watchdog_ends_a_rank_stuck_in_a_collective(gangs: Gangs) -> None:
     gang = gangs.ranks(
         2, ["--max-steps", "2000", "--throttle-ms", "30", "--progress-every", "5", "--watchdog-timeout", "4"]

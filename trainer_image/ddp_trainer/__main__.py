@@ -41,8 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Something still holds the process group: a gloo thread releasing a work while the
             # interpreter finalizes would abort this finished rank (see ddp_trainer.teardown).
             print(f"ddp_trainer: {THREADS_OUTLIVED_GROUP}", file=sys.stderr, flush=True)
-            exit_without_finalizing(code)
-        return code
+        # The exit code is decided and everything that matters is on disk (checkpoints fsynced, the
+        # exit record written). Finalizing torch takes a noticeable time during which Python has reset
+        # the signal handlers: a SIGTERM then (the operator or `ddpjob run` stopping the collateral
+        # ranks of a failed attempt) would turn 170 into 143. Exit now instead.
+        exit_without_finalizing(code)
     except ConfigError as error:
         print(f"ddp_trainer: bad configuration: {error}", file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG

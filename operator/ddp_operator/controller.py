@@ -149,7 +149,8 @@ class Controller:
         self._workers: dict[JobKey, asyncio.Task[None]] = {}
         self._timers: dict[JobKey, tuple[float, asyncio.TimerHandle]] = {}
         self.counter_writes = CounterWrites(status_interval)
-        # (namespace, name, uid) whose Service and PVC exist: created once per job per process.
+        # (namespace, name, uid, Service ports) whose Service and PVC exist: created once per job per
+        # process, and again (the Service patched) when a resumed job changed its ports.
         self._services_ready: set[tuple[str, str, str, str]] = set()
         # Jobs whose creates wait for a child name held by an object that is not theirs.
         self._timers_foreign: set[JobKey] = set()

@@ -9,6 +9,8 @@ operator owns restarts), the labels and ownerReference, and the env variables of
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from typing import Any, Final
 
 from ddp_operator import names
@@ -183,12 +185,37 @@ def _mounts_path(container: dict[str, Any], path: str) -> bool:
     return any(m.get("mountPath") == path for m in container.get("volumeMounts", []))
 
 
+def spec_hash(job: JobSpec) -> str:
+    """A short digest of every spec field that shapes a rank pod (not the policies, which may change).
+
+    Pods of one attempt built from different versions of the spec would disagree on the world size or
+    the template; the label lets the operator find and replace them before the attempt starts.
+    """
+    shaping = {
+        "replicas": job.replicas,
+        "nprocPerNode": job.nproc_per_node,
+        "backend": job.backend,
+        "template": job.template,
+        "rendezvousPort": job.rendezvous_port,
+        "metrics": [job.metrics.enabled, job.metrics.port],
+        "checkpoint": None
+        if job.checkpoint is None
+        else [job.checkpoint.volume_claim_template, job.checkpoint.mount_path],
+    }
+    encoded = json.dumps(shaping, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(encoded).hexdigest()[:16]
+
+
 def build_rank_pod(job: JobSpec, rank: int, attempt: int) -> dict[str, Any]:
     template = copy.deepcopy(dict(job.template))
     template_meta: dict[str, Any] = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template.get("spec") or {}
 
-    labels = {**(template_meta.get("labels") or {}), **names.rank_labels(job.name, rank, attempt)}
+    labels = {
+        **(template_meta.get("labels") or {}),
+        **names.rank_labels(job.name, rank, attempt),
+        names.LABEL_SPEC_HASH: spec_hash(job),
+    }
     metadata = _metadata(job, names.pod_name(job.name, rank, attempt), labels)
     if template_meta.get("annotations"):
         metadata["annotations"] = dict(template_meta["annotations"])

@@ -35,6 +35,7 @@ DDP_GROUP = names.API_GROUP
 DDP_VERSION = names.API_VERSION
 DDP_PLURAL = names.PLURAL
 LABEL_ATTEMPT = names.LABEL_ATTEMPT
+LABEL_SPEC_HASH = names.LABEL_SPEC_HASH
 EVENT_COMPONENT = names.MANAGED_BY_VALUE
 
 # kind -> REST plural for the core/v1 children the operator creates.
@@ -109,9 +110,13 @@ def is_ours(existing: Mapping[str, Any], wanted: Mapping[str, Any], owner_uid: s
     if not owned:
         return False
     if wanted.get("kind") == "Pod":
-        wanted_attempt = ((wanted.get("metadata") or {}).get("labels") or {}).get(LABEL_ATTEMPT)
-        existing_attempt = (meta.get("labels") or {}).get(LABEL_ATTEMPT)
-        return bool(wanted_attempt == existing_attempt)
+        wanted_labels = (wanted.get("metadata") or {}).get("labels") or {}
+        existing_labels = meta.get("labels") or {}
+        if wanted_labels.get(LABEL_ATTEMPT) != existing_labels.get(LABEL_ATTEMPT):
+            return False
+        # A pod of this attempt built from another version of the spec is not the one wanted.
+        existing_hash = existing_labels.get(LABEL_SPEC_HASH)
+        return existing_hash is None or existing_hash == wanted_labels.get(LABEL_SPEC_HASH)
     return True
 
 

@@ -26,6 +26,8 @@ MANAGED_BY_VALUE: Final = "ddp-operator"
 LABEL_JOB_NAME: Final = "ddp.dev/job-name"
 LABEL_RANK: Final = "ddp.dev/rank"
 LABEL_ATTEMPT: Final = "ddp.dev/attempt"
+# Which version of the job's spec built a pod: all pods of one attempt must agree (reconcile.py).
+LABEL_SPEC_HASH: Final = "ddp.dev/spec-hash"
 
 TRAINER_CONTAINER: Final = "trainer"
 SHM_VOLUME: Final = "dshm"

@@ -57,6 +57,8 @@ class PodObservation:
     name: str
     rank: int | None
     attempt: int | None
+    # The spec version that built it (names.LABEL_SPEC_HASH); None on pods of older operators.
+    spec_hash: str | None = None
     phase: str = "Pending"
     uid: str = ""
     owner_uid: str | None = None
@@ -174,6 +176,7 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         name=str(metadata.get("name", "")),
         rank=_int_label(labels, names.LABEL_RANK),
         attempt=_int_label(labels, names.LABEL_ATTEMPT),
+        spec_hash=labels.get(names.LABEL_SPEC_HASH) or None,
         phase=str(status.get("phase") or "Pending"),
         uid=str(metadata.get("uid") or ""),
         owner_uid=str(owners[0].get("uid")) if owners else None,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from ddp_operator import names
+from ddp_operator import builders, names
 from ddp_operator.observe import PodObservation, format_time, parse_time
 from ddp_operator.policies import deadline, success, ttl
 from ddp_operator.policies.failure import (
@@ -339,6 +339,17 @@ def _start_attempt(
     """Create attempt ``target`` once no pod of another attempt is alive; delete those pods meanwhile."""
     stale = [p for p in pods if p.attempt != target or (p.rank or 0) >= job.replicas]
     current = [p for p in pods if p not in stale]
+    wanted_hash = builders.spec_hash(job)
+    # The spec changed while this attempt was being created (before its phase locked the spec): pods
+    # built from the old version go, and the attempt waits until their names are free again.
+    respec = [p for p in current if p.spec_hash is not None and p.spec_hash != wanted_hash]
+    if respec:
+        return Decision(
+            status=dict(old),
+            status_changed=False,
+            delete_pods=_deletable([*stale, *respec]),
+            requeue_after=RESTART_POLL_SECONDS,
+        )
     if any(not p.terminal for p in stale):
         # Still tearing down: the status stays as it is (Restarting, Suspended, or nothing yet).
         keep = dict(old)

@@ -43,6 +43,7 @@ def test_rank_pod_names_and_dns(rank: int, attempt: int, pod_name: str, hostname
         "ddp.dev/job-name": "mnist",
         "ddp.dev/rank": str(rank),
         "ddp.dev/attempt": str(attempt),
+        "ddp.dev/spec-hash": builders.spec_hash(job_spec()),
     }
 
 
@@ -340,3 +341,23 @@ def test_hostnames_are_dns_labels(job: str, rank: int) -> None:
     hostname = names.pod_hostname(job, rank)
     assert len(hostname) <= 63
     assert names.job_name_problem(job) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "changes_the_hash"),
+    [
+        pytest.param({"replicas": 3}, True, id="replicas"),
+        pytest.param({"nprocPerNode": 2}, True, id="processes-per-pod"),
+        pytest.param({"rendezvousPort": 30000}, True, id="rendezvous-port"),
+        pytest.param({"metrics": {"port": 9999}}, True, id="metrics-port"),
+        pytest.param(
+            {"template": {"spec": {"containers": [{"name": "trainer", "image": "ddp-trainer:2"}]}}},
+            True,
+            id="template",
+        ),
+        pytest.param({"runPolicy": {"backoffLimit": 9}}, False, id="run-policy-is-not-the-pods"),
+        pytest.param({"restartPolicy": "Never"}, False, id="restart-policy-is-not-the-pods"),
+    ],
+)
+def test_spec_hash_follows_what_shapes_the_pods(change: dict[str, Any], changes_the_hash: bool) -> None:
+    assert (builders.spec_hash(job_spec(**change)) != builders.spec_hash(job_spec())) is changes_the_hash

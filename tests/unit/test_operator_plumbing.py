@@ -33,6 +33,11 @@ def _pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "status": {"phase": phase}}
 
 
+def _hashed(pod: dict[str, Any], spec_hash: str) -> dict[str, Any]:
+    pod["metadata"]["labels"][names.LABEL_SPEC_HASH] = spec_hash
+    return pod
+
+
 @pytest.mark.parametrize(
     ("existing", "wanted", "expected"),
     [
@@ -40,6 +45,11 @@ def _pod(
         pytest.param(_pod("job-0-0", owner="other"), _pod("job-0-0"), False, id="other-owner"),
         pytest.param(_pod("job-0-0", owner=None), _pod("job-0-0"), False, id="no-owner"),
         pytest.param(_pod("job-0-0", attempt="1"), _pod("job-0-0"), False, id="other-attempt"),
+        pytest.param(
+            _hashed(_pod("job-0-0"), "old"), _hashed(_pod("job-0-0"), "new"), False, id="other-spec-version"
+        ),
+        pytest.param(_hashed(_pod("job-0-0"), "new"), _hashed(_pod("job-0-0"), "new"), True, id="same-spec"),
+        pytest.param(_pod("job-0-0"), _hashed(_pod("job-0-0"), "new"), True, id="pod-of-an-older-operator"),
         pytest.param(
             {"kind": "Service", "metadata": {"ownerReferences": [{"uid": JOB_UID, "controller": True}]}},
             {"kind": "Service", "metadata": {"labels": {names.LABEL_ATTEMPT: "3"}}},

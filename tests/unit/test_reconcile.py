@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from tests.unit.kube_factories import at, job_spec, observe, pod, with_run_policy
 
+from ddp_operator import builders, names
 from ddp_operator.observe import format_time
 from ddp_operator.reconcile import (
     Decision,
@@ -83,6 +84,33 @@ def test_interrupted_first_creation_creates_only_the_missing_ranks() -> None:
     decision = run(job_spec(replicas=3), {}, [pod(0), pod(2)], now=1)
     assert decision.create_ranks == (1,)
     assert decision.create_attempt == 0
+
+
+def built_from(spec: JobSpec, pod_object: dict[str, Any]) -> dict[str, Any]:
+    pod_object["metadata"]["labels"][names.LABEL_SPEC_HASH] = builders.spec_hash(spec)
+    return pod_object
+
+
+def test_pods_built_from_an_older_spec_are_replaced_before_the_attempt_starts() -> None:
+    # Ranks 0 and 1 were created, then the spec grew to 3 replicas before any phase locked it.
+    old_spec, new_spec = job_spec(replicas=2), job_spec(replicas=3)
+    pods = [built_from(old_spec, pod(0)), built_from(new_spec, pod(1))]
+    decision = run(new_spec, {}, pods, now=1)
+    assert decision.delete_pods == ("mnist-0-0",)
+    assert decision.create_ranks == () and not decision.status_changed
+    assert decision.requeue_after is not None
+    # While the old pod terminates its name is taken: still nothing created.
+    terminating = [built_from(old_spec, pod(0, deleting_at=1)), built_from(new_spec, pod(1))]
+    assert run(new_spec, {}, terminating, now=2).create_ranks == ()
+    # Once it is gone, the missing ranks come from the new spec.
+    assert run(new_spec, {}, [built_from(new_spec, pod(1))], now=3).create_ranks == (0, 2)
+
+
+def test_a_running_attempt_is_never_replaced_for_its_spec_hash() -> None:
+    # Running, the spec is locked (CEL); a differing hash there means a newer operator, not an edit.
+    pods = [built_from(job_spec(replicas=5), pod(rank)) for rank in (0, 1)]
+    decision = run(job_spec(), live_status("Running"), pods, now=10)
+    assert decision.delete_pods == () and decision.status["phase"] == "Running"
 
 
 def test_missing_ranks_before_all_were_seen_are_created_again() -> None:

@@ -6,6 +6,7 @@ exit code kwok should report. Waits are bounded polls; nothing asserts on how lo
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -190,35 +191,22 @@ def test_oom_killed_rank_is_reported_as_such(kube: Kube, namespace: str, operato
     assert failed is not None and failed["reason"] == "OOMKilled", failed
 
 
+def patch_job(kube: Kube, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    """`kubectl patch --type=merge` of a DDPJob's spec, as a user suspends, resumes or edits it."""
+    kube.run("patch", "ddpjob", name, "-n", namespace, "--type=merge", "-p", json.dumps(patch))
+
+
 def test_suspend_deletes_the_pods_and_resume_starts_a_new_attempt(
     kube: Kube, namespace: str, operator: OperatorProcess
 ) -> None:
     kube.apply(ddpjob("pause", replicas=2), namespace)
     running_ranks(kube, namespace, "pause", 2, attempt=0)
 
-    kube.run(
-        "patch",
-        "ddpjob",
-        "pause",
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        '{"spec":{"runPolicy":{"suspend":true}}}',
-    )
+    patch_job(kube, namespace, "pause", {"spec": {"runPolicy": {"suspend": True}}})
     wait_phase(kube, namespace, "pause", "Suspended")
     wait_for("the suspended job's pods to go", lambda: not kube.pods(namespace, "pause"))
 
-    kube.run(
-        "patch",
-        "ddpjob",
-        "pause",
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        '{"spec":{"runPolicy":{"suspend":false}}}',
-    )
+    patch_job(kube, namespace, "pause", {"spec": {"runPolicy": {"suspend": False}}})
     pods = running_ranks(kube, namespace, "pause", 2, attempt=1)
     assert [p["metadata"]["name"] for p in pods] == ["pause-0-1", "pause-1-1"]
     wait_phase(kube, namespace, "pause", "Running")
@@ -336,19 +324,10 @@ def test_ports_changed_while_suspended_reach_the_service(
 ) -> None:
     kube.apply(ddpjob("ports", replicas=2), namespace)
     running_ranks(kube, namespace, "ports", 2, attempt=0)
-    kube.run(
-        "patch",
-        "ddpjob",
-        "ports",
-        "-n",
-        namespace,
-        "--type=merge",
-        "-p",
-        '{"spec":{"runPolicy":{"suspend":true}}}',
-    )
+    patch_job(kube, namespace, "ports", {"spec": {"runPolicy": {"suspend": True}}})
     wait_phase(kube, namespace, "ports", "Suspended")
-    patch = '{"spec":{"rendezvousPort":30000,"metrics":{"port":9999},"runPolicy":{"suspend":false}}}'
-    kube.run("patch", "ddpjob", "ports", "-n", namespace, "--type=merge", "-p", patch)
+    resume = {"rendezvousPort": 30000, "metrics": {"port": 9999}, "runPolicy": {"suspend": False}}
+    patch_job(kube, namespace, "ports", {"spec": resume})
     running_ranks(kube, namespace, "ports", 2, attempt=1)
 
     def service_ports() -> dict[str, int]:

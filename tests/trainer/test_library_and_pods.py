@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from trainer_gang import LINGERING, PYTHON, Gangs, base_env, describe, free_port, samples, wait_all
+from trainer_gang import LINGERING, Gangs, describe, run_torchrun, samples, wait_all
 
 from ddp_trainer.idx import write_idx
 
@@ -19,26 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_instrument_example_counts_every_bucket_allreduce() -> None:
     script = REPO / "examples" / "scripts" / "instrument_ddp.py"
-    result = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            str(script),
-        ],
-        # No DDP_METRICS_PORT: the script reads its series with render(); a fixed port + LOCAL_RANK
-        # could collide with other tests on a shared machine.
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    # No DDP_METRICS_PORT: the script reads its series with render(); a fixed port + LOCAL_RANK could
+    # collide with other tests on a shared machine.
+    result = run_torchrun(script)
     assert result.returncode == 0, result.stdout + result.stderr
     for rank in ("0", "1"):
         steps = samples(result.stdout, "ddp_sync_steps_total")[rank]

@@ -8,11 +8,10 @@ deterministic cause instead: whether the threads are gone before the script retu
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
-from trainer_gang import PYTHON, base_env, free_port
+from trainer_gang import run_torchrun
 
 pytestmark = pytest.mark.trainer
 
@@ -21,24 +20,7 @@ LINE = re.compile(r"rank (\d): before=(\d+) left=(True|False) after=(\d+)")
 
 
 def run_probe(case: str) -> dict[int, tuple[int, bool, int]]:
-    result = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            str(PROBE),
-        ],
-        env={**base_env(), "CASE": case},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    result = run_torchrun(PROBE, env={"CASE": case})
     assert result.returncode == 0, result.stdout + result.stderr
     found = {
         int(m.group(1)): (int(m.group(2)), m.group(3) == "True", int(m.group(4)))

@@ -236,3 +236,27 @@ def promtool_check(text: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
     )
+
+
+def run_torchrun(
+    script: Path, nproc: int = 2, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``torchrun --nproc-per-node N script`` on loopback, as a user starts a plain DDP script."""
+    return subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            str(script),
+        ],
+        env={**base_env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )

@@ -264,14 +264,7 @@ class LocalJobRunner:
                     for s in specs
                 )
                 if ending == "interrupted":
-                    signum = self.stop.signum or signal.SIGINT
-                    result.outcome = OUTCOME_INTERRUPTED
-                    result.exit_code = 128 + signum
-                    result.reason = signal.Signals(signum).name
-                    result.message = (
-                        f"stopped by {signal.Signals(signum).name}; checkpoints in {checkpoint_dir} "
-                        "(run again with --resume to continue from them)"
-                    )
+                    self._interrupted(result, checkpoint_dir)
                     break
                 if ending == "deadline":
                     result.reason = REASON_DEADLINE
@@ -297,14 +290,7 @@ class LocalJobRunner:
                     break
                 if self.stop.requested:
                     # Asked to stop while the failed attempt wound down: no new attempt starts.
-                    signum = self.stop.signum or signal.SIGINT
-                    result.outcome = OUTCOME_INTERRUPTED
-                    result.exit_code = 128 + signum
-                    result.reason = signal.Signals(signum).name
-                    result.message = (
-                        f"stopped by {signal.Signals(signum).name} before attempt {self.attempt + 1} started; "
-                        f"checkpoints in {checkpoint_dir} (run again with --resume to continue from them)"
-                    )
+                    self._interrupted(result, checkpoint_dir, f" before attempt {self.attempt + 1} started")
                     break
                 restarts += 1
                 self.attempt += 1
@@ -314,6 +300,17 @@ class LocalJobRunner:
         with self._lock:
             result.accuracy = self._accuracy
         return result
+
+    def _interrupted(self, result: RunResult, checkpoint_dir: Path, when: str = "") -> None:
+        signum = self.stop.signum or signal.SIGINT
+        name = signal.Signals(signum).name
+        result.outcome = OUTCOME_INTERRUPTED
+        result.exit_code = 128 + signum
+        result.reason = name
+        result.message = (
+            f"stopped by {name}{when}; checkpoints in {checkpoint_dir} "
+            "(run again with --resume to continue from them)"
+        )
 
     def _watch(self, gang: Gang, grace: float, deadline: float | None) -> tuple[dict[int, Exit], str]:
         """Wait until every rank exited 0, one failed, the deadline passed, or a stop was asked for."""

@@ -298,7 +298,7 @@ def baseline_run(
 ) -> RunResult:
     import asyncio
 
-    from ddp_operator import builders, names
+    from ddp_operator import builders, names, ownership
     from ddp_operator.spec import parse_job
 
     selector = names.label_selector(name)
@@ -309,7 +309,9 @@ def baseline_run(
     job_obj = admin.request("POST", _jobs_path(namespace), body=job_manifest(name, replicas))
     job = parse_job(job_obj)
     children = [builders.build_service(job)] + [builders.build_rank_pod(job, r, 0) for r in range(replicas)]
-    report = asyncio.run(client.create_children(children, job.uid))
+    report = asyncio.run(
+        client.create_children(children, lambda wanted, found: ownership.is_ours(wanted, found, job.uid))
+    )
     created_at = time.monotonic()
     if report.error is not None:
         raise report.error

@@ -11,9 +11,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, Final
 
 from ddp_operator import names
+from ddp_operator.observe import format_time
 from ddp_operator.spec import JobSpec
 
 # Long enough for rank 0 to finish a step and write a checkpoint after SIGTERM.
@@ -260,3 +263,38 @@ def build_rank_pod(job: JobSpec, rank: int, attempt: int) -> dict[str, Any]:
         _add_port(trainer, names.METRICS_PORT_NAME, job.metrics.port)
 
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def build_event(
+    job: Mapping[str, Any], event_type: str, reason: str, message: str, now: datetime, instance: str
+) -> dict[str, Any]:
+    """A core/v1 Event on the DDPJob ``job`` (as stored), what `kubectl describe ddpjob` shows.
+
+    ``instance`` names the operator process that reports it (its host name).
+    """
+    meta: Mapping[str, Any] = job.get("metadata") or {}
+    timestamp = format_time(now)
+    namespace = str(meta.get("namespace", "default"))
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta.get('name', names.SINGULAR)}.", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": names.API_GROUP_VERSION,
+            "kind": names.KIND,
+            "name": meta.get("name"),
+            "namespace": namespace,
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "type": event_type,
+        "reason": reason,
+        # The apiserver refuses longer messages.
+        "message": message[:1024],
+        "firstTimestamp": timestamp,
+        "lastTimestamp": timestamp,
+        "count": 1,
+        "source": {"component": names.MANAGED_BY_VALUE},
+        "reportingComponent": f"{names.API_GROUP}/{names.MANAGED_BY_VALUE}",
+        "reportingInstance": instance[:128],
+    }

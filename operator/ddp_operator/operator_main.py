@@ -104,6 +104,8 @@ def main(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
     )
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # Every liveness probe is an aiohttp access line: noise below the one line per job decision.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     if args.kubeconfig:
         # kopf logs in through the kubernetes client, which reads $KUBECONFIG.
         os.environ["KUBECONFIG"] = os.path.abspath(args.kubeconfig)

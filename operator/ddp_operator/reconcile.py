@@ -8,8 +8,9 @@ success:
   below), and post ``event`` when there is one (one per phase change, nothing else);
 - delete ``delete_pods``;
 - create the Service if ``create_service`` and the checkpoint PVC if ``create_pvc``, then the pods of
-  ``create_ranks`` (attempt ``create_attempt``) concurrently; a 403 on a pod create (Pod Security,
-  quota) fails the job: write ``failed_status(status, REASON_POD_CREATE_FORBIDDEN, message, now)``;
+  ``create_ranks`` (attempt ``create_attempt``) concurrently; a child the apiserver refuses for good
+  (403 on a pod, 400/422 on any child) is not retried: the executor hands it to the next ``decide`` as
+  a ``CreateRefusal``, which fails the job;
 - delete the DDPJob when ``delete_job`` (TTL);
 - call ``decide`` again after ``requeue_after`` seconds when it is set (deadlines, TTL, restarts).
 
@@ -32,12 +33,10 @@ from typing import Any, Final, Literal
 from ddp_operator import builders, names
 from ddp_operator.observe import PodObservation, format_time, parse_time
 from ddp_operator.policies import deadline, success, ttl
+from ddp_operator.policies.attempt import judge_attempt
 from ddp_operator.policies.failure import (
     REASON_POD_DELETED,
     RankFailure,
-    Verdict,
-    exit_code_from_returncode,
-    judge_failures,
 )
 from ddp_operator.spec import JobSpec
 
@@ -227,13 +226,8 @@ def _deletable(pods: Sequence[PodObservation]) -> tuple[str, ...]:
     return tuple(sorted(p.name for p in pods if not p.deleting))
 
 
-def _finished(
-    job: JobSpec,
-    old: Mapping[str, Any],
-    pods: Sequence[PodObservation],
-    now: datetime,
-) -> Decision:
-    """Succeeded or Failed: clean up pods per cleanPodPolicy, then wait for the TTL."""
+def _cleanup(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime) -> Decision:
+    """A finished job (Succeeded or Failed): clean up pods per cleanPodPolicy, then wait for the TTL."""
     phase = str(old.get("phase"))
     reason = ""
     for condition in old.get("conditions") or []:
@@ -262,43 +256,6 @@ def _finished(
         delete_pods=() if expired else _deletable(doomed),
         delete_job=expired,
         requeue_after=None if expired else left,
-    )
-
-
-def _finish(
-    job: JobSpec,
-    old: Mapping[str, Any],
-    pods: Sequence[PodObservation],
-    now: datetime,
-    *,
-    phase: str,
-    reason: str,
-    message: str,
-    attempt: int | None,
-    counts: _Counts,
-) -> Decision:
-    change = _Transition(
-        phase=phase,
-        reason=reason,
-        message=message,
-        # A finished job has no ready ranks: what is left is being cleaned up or has ended.
-        counts=replace(counts, ready=0),
-        attempt=attempt,
-        restarts=_int(old.get("restarts"), 0),
-        start_time=old.get("startTime") or format_time(now),
-        completion_time=format_time(now),
-    )
-    status = _status(job, old, change, now)
-    cleanup = _finished(job, status, pods, now)
-    return _decision(
-        job,
-        old,
-        change,
-        now,
-        create_attempt=attempt or 0,
-        delete_pods=cleanup.delete_pods,
-        delete_job=cleanup.delete_job,
-        requeue_after=cleanup.requeue_after,
     )
 
 
@@ -343,20 +300,12 @@ def _start_attempt(
     # The spec changed while this attempt was being created (before its phase locked the spec): pods
     # built from the old version go, and the attempt waits until their names are free again.
     respec = [p for p in current if p.spec_hash is not None and p.spec_hash != wanted_hash]
-    if respec:
+    if respec or any(not p.terminal for p in stale):
+        # Still tearing down: the status stays as it is (Restarting, Suspended, or nothing yet).
         return Decision(
             status=dict(old),
             status_changed=False,
             delete_pods=_deletable([*stale, *respec]),
-            requeue_after=RESTART_POLL_SECONDS,
-        )
-    if any(not p.terminal for p in stale):
-        # Still tearing down: the status stays as it is (Restarting, Suspended, or nothing yet).
-        keep = dict(old)
-        return Decision(
-            status=keep,
-            status_changed=False,
-            delete_pods=_deletable(stale),
             requeue_after=RESTART_POLL_SECONDS,
         )
     present = {p.rank for p in current}
@@ -427,103 +376,164 @@ def _missing_ranks(
     ]
 
 
-def _live(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime) -> Decision:
+# --- a live attempt: an ordered list of rules, like the policy table in docs/restarts.md -------------
+
+
+@dataclass(frozen=True)
+class _LiveAttempt:
+    """What the rules of a live attempt (Pending, Starting, Running) read, gathered once."""
+
+    job: JobSpec
+    old: Mapping[str, Any]
+    now: datetime
+    pods: Sequence[PodObservation]  # every pod of this job object
+    current: Sequence[PodObservation]  # the pods of the attempt in status
+    stale: Sequence[PodObservation]  # pods of other attempts, or of ranks beyond replicas
+    attempt: int
+    restarts: int
+    to_create: tuple[int, ...]
+    failures: Sequence[RankFailure]
+
+    @property
+    def counts(self) -> _Counts:
+        return _counts(self.current)
+
+    @property
+    def all_running(self) -> bool:
+        return len(self.current) == self.job.replicas and all(
+            p.running or p.trainer_succeeded for p in self.current
+        )
+
+    @property
+    def active_left(self) -> float | None:
+        return deadline.seconds_left(
+            parse_time(self.old.get("startTime")), self.job.run_policy.active_deadline_seconds, self.now
+        )
+
+    @property
+    def startup_left(self) -> float | None:
+        """Seconds left to start every rank; None once the attempt ran or without a startup deadline."""
+        if self.old.get("phase") == names.PHASE_RUNNING or self.all_running:
+            return None
+        created = [p.created_at for p in self.current if p.created_at is not None]
+        return deadline.seconds_left(
+            min(created) if created else None, self.job.run_policy.startup_deadline_seconds, self.now
+        )
+
+
+def _live_attempt(
+    job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime
+) -> _LiveAttempt:
     attempt = _int(old.get("attempt"), 0)
-    restarts = _int(old.get("restarts"), 0)
     stale = [p for p in pods if p.attempt != attempt or (p.rank or 0) >= job.replicas]
     current = [p for p in pods if p not in stale]
-    counts = _counts(current)
-
-    failures = [f for f in (_failure_of(p, now) for p in current) if f is not None]
     to_create, missing = _missing_ranks(job, old, current, now)
-    failures += missing
-    if failures:
-        verdict: Verdict = judge_failures(
-            job.restart_policy, job.run_policy.backoff_limit, restarts, failures, attempt
-        )
-        if verdict.retry:
-            change = _Transition(
-                phase=names.PHASE_RESTARTING,
-                reason=verdict.reason,
-                message=verdict.message,
-                counts=counts,
-                attempt=attempt,
-                restarts=restarts + 1,
-                start_time=old.get("startTime"),
-            )
-            return _decision(
-                job,
-                old,
-                change,
-                now,
-                gang_restart=True,
-                delete_pods=_deletable(pods),
-                requeue_after=0.0 if all(p.terminal for p in pods) else RESTART_POLL_SECONDS,
-            )
-        return _finish(
-            job,
-            old,
-            pods,
-            now,
-            phase=names.PHASE_FAILED,
-            reason=verdict.reason,
-            message=verdict.message,
-            attempt=attempt,
-            counts=counts,
-        )
-
-    if success.attempt_succeeded(job.replicas, current):
-        return _finish(
-            job,
-            old,
-            pods,
-            now,
-            phase=names.PHASE_SUCCEEDED,
-            reason=success.REASON_SUCCEEDED,
-            message=success.success_message(job.replicas, attempt),
-            attempt=attempt,
-            counts=counts,
-        )
-
-    active_left = deadline.seconds_left(
-        parse_time(old.get("startTime")), job.run_policy.active_deadline_seconds, now
+    failures = [f for f in (_failure_of(p, now) for p in current) if f is not None]
+    return _LiveAttempt(
+        job=job,
+        old=old,
+        now=now,
+        pods=pods,
+        current=current,
+        stale=stale,
+        attempt=attempt,
+        restarts=_int(old.get("restarts"), 0),
+        to_create=to_create,
+        failures=[*failures, *missing],
     )
-    if active_left is not None and active_left <= 0:
-        assert job.run_policy.active_deadline_seconds is not None
-        return _finish(
-            job,
-            old,
-            pods,
-            now,
-            phase=names.PHASE_FAILED,
-            reason=deadline.REASON_DEADLINE,
-            message=deadline.active_deadline_message(job.run_policy.active_deadline_seconds),
-            attempt=attempt,
-            counts=counts,
-        )
 
-    all_running = len(current) == job.replicas and all(p.running or p.trainer_succeeded for p in current)
-    startup_left = None
-    if old.get("phase") != names.PHASE_RUNNING and not all_running:
-        created = [p.created_at for p in current if p.created_at is not None]
-        startup_limit = job.run_policy.startup_deadline_seconds
-        startup_left = deadline.seconds_left(min(created) if created else None, startup_limit, now)
-        if startup_left is not None and startup_left <= 0:
-            assert startup_limit is not None
-            reason, message = deadline.classify_startup(current, job.replicas, startup_limit)
-            return _finish(
-                job,
-                old,
-                pods,
-                now,
-                phase=names.PHASE_FAILED,
-                reason=reason,
-                message=message,
-                attempt=attempt,
-                counts=counts,
-            )
 
-    if all_running or old.get("phase") == names.PHASE_RUNNING:
+def _finish(live: _LiveAttempt, phase: str, reason: str, message: str) -> Decision:
+    """The attempt ends the job: Succeeded or Failed, with the cleanup that comes with it."""
+    change = _Transition(
+        phase=phase,
+        reason=reason,
+        message=message,
+        # A finished job has no ready ranks: what is left is being cleaned up or has ended.
+        counts=replace(live.counts, ready=0),
+        attempt=live.attempt,
+        restarts=live.restarts,
+        start_time=live.old.get("startTime") or format_time(live.now),
+        completion_time=format_time(live.now),
+    )
+    cleanup = _cleanup(live.job, _status(live.job, live.old, change, live.now), live.pods, live.now)
+    return _decision(
+        live.job,
+        live.old,
+        change,
+        live.now,
+        create_attempt=live.attempt,
+        delete_pods=cleanup.delete_pods,
+        delete_job=cleanup.delete_job,
+        requeue_after=cleanup.requeue_after,
+    )
+
+
+def _restart(live: _LiveAttempt, reason: str, message: str) -> Decision:
+    """Tear the gang down; the next attempt is created once none of its pods is alive."""
+    change = _Transition(
+        phase=names.PHASE_RESTARTING,
+        reason=reason,
+        message=message,
+        counts=live.counts,
+        attempt=live.attempt,
+        restarts=live.restarts + 1,
+        start_time=live.old.get("startTime"),
+    )
+    return _decision(
+        live.job,
+        live.old,
+        change,
+        live.now,
+        gang_restart=True,
+        delete_pods=_deletable(live.pods),
+        requeue_after=0.0 if all(p.terminal for p in live.pods) else RESTART_POLL_SECONDS,
+    )
+
+
+def _rule_judged(live: _LiveAttempt) -> Decision | None:
+    """A failure restarts the gang or fails the job; every rank exited 0: the job succeeded."""
+    verdict = judge_attempt(
+        live.job.restart_policy,
+        live.job.run_policy.backoff_limit,
+        live.restarts,
+        live.attempt,
+        live.job.replicas,
+        live.failures,
+        success.succeeded_ranks(live.current),
+    )
+    if verdict.outcome == "retry":
+        return _restart(live, verdict.reason, verdict.message)
+    if verdict.outcome == "failed":
+        return _finish(live, names.PHASE_FAILED, verdict.reason, verdict.message)
+    if verdict.outcome == "succeeded":
+        return _finish(live, names.PHASE_SUCCEEDED, verdict.reason, verdict.message)
+    return None
+
+
+def _rule_active_deadline(live: _LiveAttempt) -> Decision | None:
+    limit = live.job.run_policy.active_deadline_seconds
+    left = live.active_left
+    if limit is None or left is None or left > 0:
+        return None
+    return _finish(
+        live, names.PHASE_FAILED, deadline.REASON_DEADLINE, deadline.active_deadline_message(limit)
+    )
+
+
+def _rule_startup_deadline(live: _LiveAttempt) -> Decision | None:
+    limit = live.job.run_policy.startup_deadline_seconds
+    left = live.startup_left
+    if limit is None or left is None or left > 0:
+        return None
+    reason, message = deadline.classify_startup(live.current, live.job.replicas, limit)
+    return _finish(live, names.PHASE_FAILED, reason, message)
+
+
+def _rule_progress(live: _LiveAttempt) -> Decision:
+    """Nothing ended the attempt: Pending, Starting or Running, and the ranks still to create."""
+    job, attempt, current = live.job, live.attempt, live.current
+    if live.all_running or live.old.get("phase") == names.PHASE_RUNNING:
         phase, reason = names.PHASE_RUNNING, REASON_RUNNING
         message = f"all {job.replicas} rank(s) of attempt {attempt} are running (world size {job.world_size})"
     elif len(current) == job.replicas and all(p.scheduled or p.running for p in current):
@@ -531,42 +541,67 @@ def _live(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], 
         message = f"all {job.replicas} rank pod(s) of attempt {attempt} are scheduled"
     else:
         phase, reason = names.PHASE_PENDING, REASON_CREATED
-        message = f"{sum(1 for p in current if p.scheduled)} of {job.replicas} rank pod(s) of attempt {attempt} scheduled"
-    if phase == old.get("phase"):
+        scheduled = sum(1 for p in current if p.scheduled)
+        message = f"{scheduled} of {job.replicas} rank pod(s) of attempt {attempt} scheduled"
+    if phase == live.old.get("phase"):
         # Same phase: keep the message of the transition, so conditions do not churn per pod event.
-        message = _condition_message(old, phase) or message
+        message = _condition_message(live.old, phase) or message
     change = _Transition(
         phase=phase,
         reason=reason,
         message=message,
-        counts=counts,
+        counts=live.counts,
         attempt=attempt,
-        restarts=restarts,
-        start_time=old.get("startTime") or format_time(now),
+        restarts=live.restarts,
+        start_time=live.old.get("startTime") or format_time(live.now),
     )
+    create = live.to_create
     return _decision(
         job,
-        old,
+        live.old,
         change,
-        now,
-        delete_pods=_deletable(stale),
+        live.now,
+        delete_pods=_deletable(live.stale),
         create_attempt=attempt,
-        create_ranks=to_create,
-        create_service=bool(to_create),
-        create_pvc=bool(to_create) and job.checkpoint is not None,
-        requeue_after=_min_wait(active_left, startup_left),
+        create_ranks=create,
+        create_service=bool(create),
+        create_pvc=bool(create) and job.checkpoint is not None,
+        requeue_after=_min_wait(live.active_left, live.startup_left),
     )
+
+
+# In order: the first rule that ends the attempt wins; the last always answers.
+_LIVE_RULES: Final = (_rule_judged, _rule_active_deadline, _rule_startup_deadline)
+
+
+def _live(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime) -> Decision:
+    live = _live_attempt(job, old, pods, now)
+    for rule in _LIVE_RULES:
+        decision = rule(live)
+        if decision is not None:
+            return decision
+    return _rule_progress(live)
 
 
 def decide(
-    job: JobSpec, status: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime
+    job: JobSpec,
+    status: Mapping[str, Any],
+    pods: Sequence[PodObservation],
+    now: datetime,
+    refusal: CreateRefusal | None = None,
 ) -> Decision:
-    """The next step for one job. ``pods``: observations of the job's own pods; ``now``: timezone-aware."""
+    """The next step for one job.
+
+    ``pods``: observations of the job's own pods; ``now``: timezone-aware; ``refusal``: a child the
+    apiserver refused for good since the last decision.
+    """
     old: Mapping[str, Any] = status or {}
     ours = _ours(job, pods)
     phase = old.get("phase")
     if phase in names.FINISHED_PHASES:
-        return _finished(job, old, ours, now)
+        return _cleanup(job, old, ours, now)
+    if refusal is not None:
+        return _refused(job, old, refusal, now)
     if job.run_policy.suspend:
         return _suspend(job, old, ours, now)
     attempt = old.get("attempt")
@@ -596,91 +631,56 @@ def failed_status(status: Mapping[str, Any], reason: str, message: str, now: dat
     return result
 
 
-def create_refused(
-    job: JobSpec, status: Mapping[str, Any], attempt: int, reason: str, text: str, now: datetime
-) -> Decision:
-    """The apiserver refused a child for good: fail the job with its message instead of retrying forever.
+@dataclass(frozen=True)
+class CreateRefusal:
+    """The apiserver refused a child for good: a fact the executor saw, decided on by the next ``decide``.
 
-    The pods of the attempt that were created go at the next ``decide`` (a finished job cleans up).
+    Retrying cannot help: the same spec builds the same object. ``forbidden``: a 403 on a rank pod (Pod
+    Security admission, a ResourceQuota); otherwise a 400/422 whose message names the invalid field.
     """
-    failed = failed_status(status, reason, text, now)
-    failed.update(observedGeneration=job.generation, attempt=attempt, worldSize=job.world_size)
+
+    forbidden: bool
+    child: str  # which child, e.g. "rank 0's pod", "the Service"
+    attempt: int
+    message: str
+
+
+def _refused(job: JobSpec, old: Mapping[str, Any], refusal: CreateRefusal, now: datetime) -> Decision:
+    """Failed with the apiserver's message; the attempt's pods that were created go at the next ``decide``."""
+    if refusal.forbidden:
+        reason = REASON_POD_CREATE_FORBIDDEN
+        text = f"creating {refusal.child} of attempt {refusal.attempt} was forbidden: {refusal.message}"
+    else:
+        reason = REASON_INVALID_SPEC
+        text = (
+            f"the apiserver refused {refusal.child} of attempt {refusal.attempt} as invalid: {refusal.message}; "
+            "fix spec.template (or spec.checkpoint) and create the job again"
+        )
+    failed = failed_status(old, reason, text, now)
+    failed.update(observedGeneration=job.generation, attempt=refusal.attempt, worldSize=job.world_size)
     return Decision(
         status=failed,
         status_changed=True,
-        create_attempt=attempt,
+        create_attempt=refusal.attempt,
         event=PhaseEvent(type="Warning", reason=reason, message=text),
         requeue_after=0.0,
     )
 
 
-def pod_create_forbidden(
-    job: JobSpec, status: Mapping[str, Any], rank: int, attempt: int, message: str, now: datetime
-) -> Decision:
-    """403 on a rank pod (Pod Security admission, a ResourceQuota...): Failed, PodCreateForbidden."""
-    text = f"creating rank {rank} of attempt {attempt} was forbidden: {message}"
-    return create_refused(job, status, attempt, REASON_POD_CREATE_FORBIDDEN, text, now)
-
-
-def child_invalid(
-    job: JobSpec, status: Mapping[str, Any], child: str, attempt: int, message: str, now: datetime
-) -> Decision:
-    """400/422 on a child (``child`` says which, e.g. "rank 0's pod"): Failed, InvalidSpec.
-
-    Retrying cannot help: the same spec builds the same object. The apiserver's message names the field.
-    """
-    text = (
-        f"the apiserver refused {child} of attempt {attempt} as invalid: {message}; fix spec.template "
-        "(or spec.checkpoint) and create the job again"
+def decide_invalid_spec(status: Mapping[str, Any], generation: int, message: str, now: datetime) -> Decision:
+    """A manifest the CRD let through but the operator cannot run (e.g. written under an older CRD)."""
+    old: Mapping[str, Any] = status or {}
+    if old.get("phase") == names.PHASE_FAILED:
+        return Decision(status=dict(old), status_changed=False)
+    failed = {
+        **failed_status({}, REASON_INVALID_SPEC, message, now),
+        "conditions": _conditions(
+            old.get("conditions") or [], names.PHASE_FAILED, REASON_INVALID_SPEC, message, format_time(now)
+        ),
+        "observedGeneration": generation,
+    }
+    return Decision(
+        status=failed,
+        status_changed=True,
+        event=PhaseEvent(type="Warning", reason=REASON_INVALID_SPEC, message=message),
     )
-    return create_refused(job, status, attempt, REASON_INVALID_SPEC, text, now)
-
-
-# --- `ddpjob run`: the same rules for local processes ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class RankExit:
-    """How one local rank process ended; ``finish_order`` is its position (or time) among the ranks."""
-
-    rank: int
-    returncode: int
-    finish_order: float
-    oom_killed: bool = False
-
-
-@dataclass(frozen=True)
-class AttemptOutcome:
-    action: Literal["succeed", "retry", "fail"]
-    reason: str
-    message: str
-    restarts: int
-
-
-def judge_local_attempt(
-    job: JobSpec, attempt: int, restarts: int, exits: Sequence[RankExit]
-) -> AttemptOutcome:
-    """Succeed, retry the gang, or fail: the cluster's rules, applied to local rank processes."""
-    failures = [
-        RankFailure(
-            rank=e.rank,
-            finish_key=e.finish_order,
-            exit_code=exit_code_from_returncode(e.returncode),
-            container_reason="OOMKilled" if e.oom_killed else "Error",
-        )
-        for e in exits
-        if e.returncode != 0
-    ]
-    if not failures:
-        return AttemptOutcome(
-            action="succeed",
-            reason=success.REASON_SUCCEEDED,
-            message=success.success_message(len(exits), attempt),
-            restarts=restarts,
-        )
-    verdict = judge_failures(job.restart_policy, job.run_policy.backoff_limit, restarts, failures, attempt)
-    if verdict.retry:
-        return AttemptOutcome(
-            action="retry", reason=verdict.reason, message=verdict.message, restarts=restarts + 1
-        )
-    return AttemptOutcome(action="fail", reason=verdict.reason, message=verdict.message, restarts=restarts)

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from ddp_operator import names
-from ddp_operator.kube_api import is_ours, merge_patch_for
+from ddp_operator.kube_api import merge_patch_for
 from ddp_operator.metrics import PHASES, OperatorMetrics
+from ddp_operator.ownership import is_ours
 from ddp_operator.podcache import PodCache
 
 pytestmark = pytest.mark.unit
@@ -65,7 +66,7 @@ def _hashed(pod: dict[str, Any], spec_hash: str) -> dict[str, Any]:
     ],
 )
 def test_is_ours(existing: dict[str, Any], wanted: dict[str, Any], expected: bool) -> None:
-    assert is_ours(existing, wanted, JOB_UID) is expected
+    assert is_ours(wanted, existing, JOB_UID) is expected
 
 
 @pytest.mark.parametrize(

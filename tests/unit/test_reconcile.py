@@ -9,15 +9,9 @@ from tests.unit.kube_factories import at, job_spec, observe, pod, with_run_polic
 
 from ddp_operator import builders, names
 from ddp_operator.observe import format_time
-from ddp_operator.reconcile import (
-    Decision,
-    RankExit,
-    child_invalid,
-    decide,
-    failed_status,
-    judge_local_attempt,
-    pod_create_forbidden,
-)
+from ddp_operator.policies.attempt import judge_attempt
+from ddp_operator.policies.failure import RankFailure, exit_code_from_returncode
+from ddp_operator.reconcile import CreateRefusal, Decision, decide, decide_invalid_spec, failed_status
 from ddp_operator.spec import JobSpec
 
 pytestmark = pytest.mark.unit
@@ -509,7 +503,8 @@ def test_finished_jobs_do_not_come_back_to_life() -> None:
 
 def test_pod_create_forbidden_fails_the_job_with_the_apiservers_message() -> None:
     message = 'pods "mnist-1-0" is forbidden: violates PodSecurity "restricted:latest"'
-    decision = pod_create_forbidden(job_spec(), live_status("Pending"), 1, 0, message, at(5))
+    refusal = CreateRefusal(forbidden=True, child="rank 1's pod", attempt=0, message=message)
+    decision = decide(job_spec(), live_status("Pending"), observe(pod(0, phase="Pending")), at(5), refusal)
     assert decision.status["phase"] == "Failed"
     failed = condition(decision.status, "Failed")
     assert failed is not None and failed["reason"] == "PodCreateForbidden"
@@ -528,25 +523,30 @@ def test_failed_status_keeps_existing_fields() -> None:
     assert running is not None and running["status"] == "False"
 
 
-# --- the local runner's path -----------------------------------------------------------------------
+# --- the one attempt judge, as the local runner calls it ------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("exits", "restarts", "action", "reason"),
+    ("exits", "restarts", "outcome", "reason"),
     [
-        pytest.param([RankExit(0, 0, 1), RankExit(1, 0, 2)], 0, "succeed", "AllRanksSucceeded", id="success"),
-        pytest.param([RankExit(1, 1, 1), RankExit(0, 170, 2)], 0, "fail", "ExitCode", id="permanent-first"),
-        pytest.param([RankExit(0, -9, 1), RankExit(1, 1, 2)], 0, "retry", "ExitCode", id="killed-first"),
-        pytest.param([RankExit(0, -9, 1, oom_killed=True)], 3, "fail", "OOMKilled", id="oom-backoff-spent"),
-        pytest.param([RankExit(0, 143, 1)], 3, "fail", "BackoffLimitExceeded", id="backoff-spent"),
+        pytest.param([(0, 0, 1), (1, 0, 2)], 0, "succeeded", "AllRanksSucceeded", id="success"),
+        pytest.param([(0, 0, 1)], 0, "running", "", id="a-rank-still-running"),
+        pytest.param([(1, 1, 1), (0, 170, 2)], 0, "failed", "ExitCode", id="permanent-first"),
+        pytest.param([(0, -9, 1), (1, 1, 2)], 0, "retry", "ExitCode", id="killed-first"),
+        pytest.param([(0, 137, 1)], 3, "failed", "BackoffLimitExceeded", id="backoff-spent"),
     ],
 )
 def test_local_attempts_follow_the_cluster_rules(
-    exits: list[RankExit], restarts: int, action: str, reason: str
+    exits: list[tuple[int, int, float]], restarts: int, outcome: str, reason: str
 ) -> None:
-    outcome = judge_local_attempt(job_spec(), attempt=0, restarts=restarts, exits=exits)
-    assert (outcome.action, outcome.reason) == (action, reason)
-    assert outcome.restarts == restarts + (1 if action == "retry" else 0)
+    failures = [
+        RankFailure(rank=rank, finish_key=when, exit_code=exit_code_from_returncode(code))
+        for rank, code, when in exits
+        if code != 0
+    ]
+    succeeded = [rank for rank, code, _ in exits if code == 0]
+    verdict = judge_attempt("ExitCode", 3, restarts, 0, 2, failures, succeeded)
+    assert (verdict.outcome, verdict.reason) == (outcome, reason)
 
 
 def test_a_rank_that_exited_0_is_not_failed_by_a_later_disruption() -> None:
@@ -556,9 +556,20 @@ def test_a_rank_that_exited_0_is_not_failed_by_a_later_disruption() -> None:
 
 def test_a_child_the_apiserver_finds_invalid_fails_the_job_once() -> None:
     message = 'Pod "mnist-0-0" is invalid: metadata.labels: Invalid value: "a b"'
-    decision = child_invalid(job_spec(), live_status("Pending"), "rank 0's pod", 0, message, at(5))
+    refusal = CreateRefusal(forbidden=False, child="rank 0's pod", attempt=0, message=message)
+    decision = decide(job_spec(), live_status("Pending"), [], at(5), refusal)
     failed = decision.status["conditions"][-1]
     assert decision.status["phase"] == "Failed" and failed["reason"] == "InvalidSpec"
     assert "rank 0's pod of attempt 0" in failed["message"] and "metadata.labels" in failed["message"]
     assert decision.event is not None and decision.event.reason == "InvalidSpec"
     assert not decision.create_ranks, "no retry: the same spec builds the same invalid object"
+
+
+def test_a_spec_the_operator_cannot_parse_fails_the_job_once() -> None:
+    decision = decide_invalid_spec(live_status("Pending"), 3, "spec.replicas: must be at least 1", at(7))
+    failed = condition(decision.status, "Failed")
+    assert decision.status["phase"] == "Failed" and decision.status["observedGeneration"] == 3
+    assert failed is not None and failed["reason"] == "InvalidSpec" and "spec.replicas" in failed["message"]
+    assert decision.event is not None and decision.event.type == "Warning"
+    again = decide_invalid_spec(decision.status, 3, "spec.replicas: must be at least 1", at(9))
+    assert not again.status_changed and again.event is None

@@ -69,9 +69,14 @@ class RankFailure:
         return f"rank {self.rank}'s pod failed ({self.container_reason or 'no exit code'})"
 
 
+def exit_code_of_signal(signum: int) -> int:
+    """How a kubelet (and a shell) reports a process ended by signal N: 128 + N."""
+    return FIRST_SIGNAL_CODE + signum
+
+
 def exit_code_from_returncode(returncode: int) -> int:
-    """A local process's return code as a container would report it: killed by signal N is 128 + N."""
-    return FIRST_SIGNAL_CODE - returncode if returncode < 0 else returncode
+    """A local process's return code as a container would report it (Popen says -N for signal N)."""
+    return exit_code_of_signal(-returncode) if returncode < 0 else returncode
 
 
 def looks_permanent(failure: RankFailure) -> bool:

@@ -308,7 +308,9 @@ def baseline_run(
     started = time.monotonic()
     job_obj = admin.request("POST", _jobs_path(namespace), body=job_manifest(name, replicas))
     job = parse_job(job_obj)
-    children = [builders.build_service(job)] + [builders.build_rank_pod(job, r, 0) for r in range(replicas)]
+    children = [builders.build_service(job, 0)] + [
+        builders.build_rank_pod(job, r, 0) for r in range(replicas)
+    ]
     report = asyncio.run(
         client.create_children(children, lambda wanted, found: ownership.is_ours(wanted, found, job.uid))
     )

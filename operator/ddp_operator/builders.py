@@ -72,8 +72,12 @@ def _metadata(job: JobSpec, name: str, labels: dict[str, str]) -> dict[str, Any]
     }
 
 
-def build_service(job: JobSpec) -> dict[str, Any]:
-    """Headless, and publishing not-ready addresses: ranks resolve rank 0 before anyone is Ready."""
+def build_service(job: JobSpec, attempt: int) -> dict[str, Any]:
+    """Headless, and publishing not-ready addresses: ranks resolve rank 0 before anyone is Ready.
+
+    It selects the pods of one attempt of this job object only, and follows the job from attempt to
+    attempt (the executor patches its selector before it creates the next attempt's pods).
+    """
     ports = [
         {"name": names.RENDEZVOUS_PORT_NAME, "port": job.rendezvous_port, "targetPort": job.rendezvous_port}
     ]
@@ -88,7 +92,7 @@ def build_service(job: JobSpec) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": names.job_selector(job.name),
+            "selector": names.attempt_selector(job.name, job.uid, attempt),
             "ports": ports,
         },
     }
@@ -216,7 +220,7 @@ def build_rank_pod(job: JobSpec, rank: int, attempt: int) -> dict[str, Any]:
 
     labels = {
         **(template_meta.get("labels") or {}),
-        **names.rank_labels(job.name, rank, attempt),
+        **names.rank_labels(job.name, rank, attempt, job.uid),
         names.LABEL_SPEC_HASH: spec_hash(job),
     }
     metadata = _metadata(job, names.pod_name(job.name, rank, attempt), labels)

@@ -33,7 +33,14 @@ from ddp_operator.kube_api import (
 )
 from ddp_operator.observe import parse_time
 from ddp_operator.podcache import JobKey, PodCache
-from ddp_operator.reconcile import CreateRefusal, Decision, decide, decide_invalid_spec
+from ddp_operator.reconcile import (
+    DEFAULT_TIMING,
+    CreateRefusal,
+    Decision,
+    TimingRules,
+    decide,
+    decide_invalid_spec,
+)
 from ddp_operator.spec import JobSpec, SpecError, parse_job
 from ddp_operator.status_writes import COUNTER_KEYS, CounterWrites
 from ddp_operator.workqueue import DEFAULT_BATCH_DELAY, JobQueue
@@ -75,12 +82,14 @@ class Controller:
         status_interval: float = 1.0,
         batch_delay: float = DEFAULT_BATCH_DELAY,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        rules: TimingRules = DEFAULT_TIMING,
     ) -> None:
         self.api = api
         self.jobs: dict[JobKey, JsonDict] = {}
-        self.pods = PodCache(api, namespaces, on_change=self.kick)
+        self.pods = PodCache(api, namespaces, on_change=self.kick, clock=clock)
         self.metrics: OperatorMetrics | None = None
         self.clock = clock
+        self.rules = rules
         self.queue = JobQueue(
             self.reconcile,
             ready=self.pods.synced,
@@ -176,7 +185,8 @@ class Controller:
             decision = decide_invalid_spec(status, generation, str(error), self.clock())
             await self._write_status(key, body, status, decision)
             return
-        decision = decide(job, status, self.pods.pods_of(key), self.clock(), self._refusals.get(key))
+        pods = self.pods.pods_of(key)
+        decision = decide(job, status, pods, self.clock(), self._refusals.get(key), self.rules)
         await self.execute(key, body, job, decision)
 
     async def execute(self, key: JobKey, body: JsonDict, job: JobSpec, decision: Decision) -> None:
@@ -292,7 +302,7 @@ class Controller:
 
         children: list[JsonDict] = []
         if decision.create_service:
-            children.append(builders.build_service(job))
+            children.append(builders.build_service(job, decision.create_attempt))
         pvc = builders.build_checkpoint_pvc(job) if decision.create_pvc else None
         if pvc is not None:
             children.append(pvc)
@@ -340,7 +350,7 @@ class Controller:
     async def _follow_spec(
         self, job: JobSpec, existing: Mapping[str, Any], wanted: Sequence[JsonDict]
     ) -> None:
-        """Our Service from an earlier attempt follows the job (ports changed while it was suspended)."""
+        """Our Service from an earlier attempt follows the job: this attempt's pods, the job's ports."""
         if existing.get("kind") != "Service":
             return
         service = next(child for child in wanted if child.get("kind") == "Service")

@@ -28,6 +28,8 @@ LABEL_RANK: Final = "ddp.dev/rank"
 LABEL_ATTEMPT: Final = "ddp.dev/attempt"
 # Which version of the job's spec built a pod: all pods of one attempt must agree (reconcile.py).
 LABEL_SPEC_HASH: Final = "ddp.dev/spec-hash"
+# The UID of the DDPJob object: a job re-created under the same name has other pods.
+LABEL_JOB_UID: Final = "ddp.dev/job-uid"
 
 TRAINER_CONTAINER: Final = "trainer"
 SHM_VOLUME: Final = "dshm"
@@ -116,5 +118,17 @@ def label_selector(job: str | None = None) -> str:
     return ",".join(f"{key}={value}" for key, value in job_selector(job).items())
 
 
-def rank_labels(job: str, rank: int, attempt: int) -> dict[str, str]:
-    return {**job_selector(job), LABEL_RANK: str(rank), LABEL_ATTEMPT: str(attempt)}
+def attempt_selector(job: str, uid: str, attempt: int) -> dict[str, str]:
+    """Labels that select the pods of one attempt of one job object: what its Service publishes.
+
+    Neither a Terminating pod of an earlier attempt nor one of an earlier job of the same name may be
+    resolved or reached by a rank of this attempt.
+    """
+    selector = {**job_selector(job), LABEL_ATTEMPT: str(attempt)}
+    if uid:
+        selector[LABEL_JOB_UID] = uid
+    return selector
+
+
+def rank_labels(job: str, rank: int, attempt: int, uid: str = "") -> dict[str, str]:
+    return {**attempt_selector(job, uid, attempt), LABEL_RANK: str(rank)}

@@ -60,6 +60,28 @@ _STOP_REASONS: Final = frozenset(
 # While waiting for the old attempt's pods to go, look again this often even without pod events.
 RESTART_POLL_SECONDS: Final = 5.0
 
+
+@dataclass(frozen=True)
+class TimingRules:
+    """How long the operator waits for reports that a real cluster delivers late or never.
+
+    ``decision_window_seconds``: after the first failure of an attempt is seen, the attempt is judged
+    once every rank has reported its end or this long has passed, whichever comes first, so a crash
+    reported after its peers' collateral failures still decides (docs/restarts.md). The default covers
+    kubelet status reports delayed by a busy node or apiserver; a gang whose ranks all exit at once
+    (the usual case: the trainer turns a lost peer into exit 170 within seconds) never waits for it.
+
+    ``unconfirmed_deletion_seconds``: a pod of an old attempt still Terminating this long after its
+    grace period ended is on a node that cannot confirm (unreachable, dead); the next attempt starts
+    without it (its name, DNS and Service membership are the old attempt's, never the new one's).
+    """
+
+    decision_window_seconds: float = 10.0
+    unconfirmed_deletion_seconds: float = 30.0
+
+
+DEFAULT_TIMING: Final = TimingRules()
+
 _LIVE_PHASES: Final = frozenset({names.PHASE_PENDING, names.PHASE_STARTING, names.PHASE_RUNNING})
 _WARNING_PHASES: Final = frozenset({names.PHASE_RESTARTING, names.PHASE_FAILED})
 
@@ -292,15 +314,24 @@ def _start_attempt(
     pods: Sequence[PodObservation],
     now: datetime,
     target: int,
+    rules: TimingRules = DEFAULT_TIMING,
 ) -> Decision:
-    """Create attempt ``target`` once no pod of another attempt is alive; delete those pods meanwhile."""
+    """Create attempt ``target`` once no pod of another attempt is alive; delete those pods meanwhile.
+
+    A pod whose deletion no kubelet confirms (a lost node) does not hold the next attempt back.
+    """
     stale = [p for p in pods if p.attempt != target or (p.rank or 0) >= job.replicas]
     current = [p for p in pods if p not in stale]
+    blocking = [
+        p
+        for p in stale
+        if not p.terminal and not p.deletion_unconfirmed(now, rules.unconfirmed_deletion_seconds)
+    ]
     wanted_hash = builders.spec_hash(job)
     # The spec changed while this attempt was being created (before its phase locked the spec): pods
     # built from the old version go, and the attempt waits until their names are free again.
     respec = [p for p in current if p.spec_hash is not None and p.spec_hash != wanted_hash]
-    if respec or any(not p.terminal for p in stale):
+    if respec or blocking:
         # Still tearing down: the status stays as it is (Restarting, Suspended, or nothing yet).
         return Decision(
             status=dict(old),
@@ -393,6 +424,7 @@ class _LiveAttempt:
     restarts: int
     to_create: tuple[int, ...]
     failures: Sequence[RankFailure]
+    rules: TimingRules = DEFAULT_TIMING
 
     @property
     def counts(self) -> _Counts:
@@ -411,6 +443,25 @@ class _LiveAttempt:
         )
 
     @property
+    def decision_window_left(self) -> float | None:
+        """Seconds until a failed attempt is judged; 0: now; None: nothing failed.
+
+        Judged at once when every rank reported its end (or its pod is gone); otherwise once the
+        window has passed since the first failure was seen.
+        """
+        if not self.failures:
+            return None
+        ended = [p for p in self.current if p.ended_badly]
+        if not ended:
+            return 0.0  # only pods that vanished (deleted under the job): nothing is left to report
+        if all(p.reported_end for p in self.current):
+            return 0.0  # every rank that still has a pod has told its story
+        seen = [p.failure_seen_at or p.finished_at or p.deleted_at or self.now for p in ended]
+        first_seen = min(seen)
+        left = self.rules.decision_window_seconds - (self.now - first_seen).total_seconds()
+        return max(left, 0.0)
+
+    @property
     def startup_left(self) -> float | None:
         """Seconds left to start every rank; None once the attempt ran or without a startup deadline."""
         if self.old.get("phase") == names.PHASE_RUNNING or self.all_running:
@@ -422,7 +473,11 @@ class _LiveAttempt:
 
 
 def _live_attempt(
-    job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime
+    job: JobSpec,
+    old: Mapping[str, Any],
+    pods: Sequence[PodObservation],
+    now: datetime,
+    rules: TimingRules = DEFAULT_TIMING,
 ) -> _LiveAttempt:
     attempt = _int(old.get("attempt"), 0)
     stale = [p for p in pods if p.attempt != attempt or (p.rank or 0) >= job.replicas]
@@ -440,6 +495,7 @@ def _live_attempt(
         restarts=_int(old.get("restarts"), 0),
         to_create=to_create,
         failures=[*failures, *missing],
+        rules=rules,
     )
 
 
@@ -492,7 +548,13 @@ def _restart(live: _LiveAttempt, reason: str, message: str) -> Decision:
 
 
 def _rule_judged(live: _LiveAttempt) -> Decision | None:
-    """A failure restarts the gang or fails the job; every rank exited 0: the job succeeded."""
+    """A failure restarts the gang or fails the job; every rank exited 0: the job succeeded.
+
+    A failure is judged only once the decision window closed: the first failure seen is not always
+    the first that happened.
+    """
+    if live.decision_window_left:
+        return None
     verdict = judge_attempt(
         live.job.restart_policy,
         live.job.run_policy.backoff_limit,
@@ -566,16 +628,56 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
         create_ranks=create,
         create_service=bool(create),
         create_pvc=bool(create) and job.checkpoint is not None,
-        requeue_after=_min_wait(live.active_left, live.startup_left),
+        requeue_after=_min_wait(live.active_left, live.startup_left, live.decision_window_left),
     )
+
+
+def _rule_restart_stuck(live: _LiveAttempt) -> Decision | None:
+    """Restarting longer than startupDeadlineSeconds: the next attempt could not even be created."""
+    limit = live.job.run_policy.startup_deadline_seconds
+    since = _condition_time(live.old, names.PHASE_RESTARTING)
+    left = deadline.seconds_left(since, limit, live.now)
+    if limit is None or left is None or left > 0:
+        return None
+    waiting = sorted(p.name for p in live.pods if not p.terminal)
+    message = (
+        f"attempt {live.attempt + 1} could not start within startupDeadlineSeconds ({limit}s): "
+        f"{len(waiting)} pod(s) of earlier attempts still terminating ({', '.join(waiting[:5])})"
+    )
+    return _finish(live, names.PHASE_FAILED, deadline.REASON_STARTUP_TIMEOUT, message)
+
+
+def _restarting(
+    job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime, rules: TimingRules
+) -> Decision:
+    """Between attempts the deadlines still hold; otherwise start the next attempt when it may."""
+    live = _live_attempt(job, old, pods, now, rules)
+    for rule in (_rule_active_deadline, _rule_restart_stuck):
+        decision = rule(live)
+        if decision is not None:
+            return decision
+    started = _start_attempt(job, old, pods, now, live.attempt + 1, rules)
+    since = _condition_time(old, names.PHASE_RESTARTING)
+    stuck_left = deadline.seconds_left(since, job.run_policy.startup_deadline_seconds, now)
+    requeue = _min_wait(started.requeue_after, live.active_left, stuck_left)
+    return replace(started, requeue_after=requeue)
+
+
+def _condition_time(old: Mapping[str, Any], kind: str) -> datetime | None:
+    for condition in old.get("conditions") or []:
+        if condition.get("type") == kind and condition.get("status") == "True":
+            return parse_time(condition.get("lastTransitionTime"))
+    return None
 
 
 # In order: the first rule that ends the attempt wins; the last always answers.
 _LIVE_RULES: Final = (_rule_judged, _rule_active_deadline, _rule_startup_deadline)
 
 
-def _live(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime) -> Decision:
-    live = _live_attempt(job, old, pods, now)
+def _live(
+    job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime, rules: TimingRules
+) -> Decision:
+    live = _live_attempt(job, old, pods, now, rules)
     for rule in _LIVE_RULES:
         decision = rule(live)
         if decision is not None:
@@ -589,11 +691,12 @@ def decide(
     pods: Sequence[PodObservation],
     now: datetime,
     refusal: CreateRefusal | None = None,
+    rules: TimingRules = DEFAULT_TIMING,
 ) -> Decision:
     """The next step for one job.
 
     ``pods``: observations of the job's own pods; ``now``: timezone-aware; ``refusal``: a child the
-    apiserver refused for good since the last decision.
+    apiserver refused for good since the last decision; ``rules``: how long to wait for late reports.
     """
     old: Mapping[str, Any] = status or {}
     ours = _ours(job, pods)
@@ -606,14 +709,15 @@ def decide(
         return _suspend(job, old, ours, now)
     attempt = old.get("attempt")
     if phase == names.PHASE_RESTARTING and isinstance(attempt, int):
-        return _start_attempt(job, old, ours, now, attempt + 1)
+        return _restarting(job, old, ours, now, rules)
     if phase == names.PHASE_SUSPENDED:
-        return _start_attempt(job, old, ours, now, attempt + 1 if isinstance(attempt, int) else 0)
+        target = attempt + 1 if isinstance(attempt, int) else 0
+        return _start_attempt(job, old, ours, now, target, rules)
     if phase in _LIVE_PHASES and isinstance(attempt, int):
-        return _live(job, old, ours, now)
+        return _live(job, old, ours, now, rules)
     # A new job, or one whose first creation was interrupted: finish creating its newest attempt.
     newest = max((p.attempt for p in ours if p.attempt is not None), default=0)
-    return _start_attempt(job, old, ours, now, newest)
+    return _start_attempt(job, old, ours, now, newest, rules)
 
 
 def failed_status(status: Mapping[str, Any], reason: str, message: str, now: datetime) -> dict[str, Any]:

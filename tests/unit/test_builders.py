@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -43,6 +44,7 @@ def test_rank_pod_names_and_dns(rank: int, attempt: int, pod_name: str, hostname
         "ddp.dev/job-name": "mnist",
         "ddp.dev/rank": str(rank),
         "ddp.dev/attempt": str(attempt),
+        "ddp.dev/job-uid": JOB_UID,
         "ddp.dev/spec-hash": builders.spec_hash(job_spec()),
     }
 
@@ -51,7 +53,7 @@ def test_every_child_has_a_controller_owner_reference() -> None:
     job = job_spec(checkpoint=CHECKPOINT)
     pvc = builders.build_checkpoint_pvc(job)
     assert pvc is not None
-    for child in (builders.build_service(job), builders.build_rank_pod(job, 0, 0), pvc):
+    for child in (builders.build_service(job, 0), builders.build_rank_pod(job, 0, 0), pvc):
         (owner,) = child["metadata"]["ownerReferences"]
         assert owner == {
             "apiVersion": "ddp.dev/v1alpha1",
@@ -65,23 +67,30 @@ def test_every_child_has_a_controller_owner_reference() -> None:
 
 
 def test_service_is_headless_and_publishes_not_ready_addresses() -> None:
-    service = builders.build_service(job_spec())
+    service = builders.build_service(job_spec(), 3)
     assert service["metadata"]["name"] == "mnist"
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
     assert service["spec"]["selector"] == {
         "app.kubernetes.io/managed-by": "ddp-operator",
         "ddp.dev/job-name": "mnist",
+        "ddp.dev/job-uid": JOB_UID,
+        "ddp.dev/attempt": "3",
     }
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"rendezvous": 29500, "metrics": 9400}
 
 
-def test_the_service_selects_every_rank_pod() -> None:
+def test_the_service_selects_every_rank_pod_of_its_attempt_and_no_other() -> None:
     job = job_spec()
-    selector = builders.build_service(job)["spec"]["selector"]
+    selector = builders.build_service(job, 2)["spec"]["selector"]
     for rank in range(job.replicas):
         labels = builders.build_rank_pod(job, rank, 2)["metadata"]["labels"]
         assert selector.items() <= labels.items()
+        older = builders.build_rank_pod(job, rank, 1)["metadata"]["labels"]
+        assert not selector.items() <= older.items(), "a pod of an earlier attempt is not published"
+    recreated = dataclasses.replace(job_spec(), uid="uid-of-a-recreated-job")
+    labels = builders.build_rank_pod(recreated, 0, 2)["metadata"]["labels"]
+    assert not selector.items() <= labels.items(), "a pod of another job of the same name is not published"
 
 
 @pytest.mark.parametrize(

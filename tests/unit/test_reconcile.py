@@ -573,3 +573,90 @@ def test_a_spec_the_operator_cannot_parse_fails_the_job_once() -> None:
     assert decision.event is not None and decision.event.type == "Warning"
     again = decide_invalid_spec(decision.status, 3, "spec.replicas: must be at least 1", at(9))
     assert not again.status_changed and again.event is None
+
+
+# --- what happened decides, not the order it is reported in (docs/restarts.md) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("pods", "seen_at", "now", "phase", "in_message"),
+    [
+        pytest.param(
+            # The collateral 170 of rank 0 arrived first; rank 1's crash is not reported yet.
+            [pod(0, exit_code=170, finished=11), pod(1)],
+            10,
+            15,
+            "Running",
+            "",
+            id="waits-inside-the-window-for-the-other-ranks",
+        ),
+        pytest.param(
+            # Rank 1's permanent exit 1 happened first and arrived seconds after the collateral 170.
+            [pod(0, exit_code=170, finished=11), pod(1, exit_code=1, finished=10)],
+            10,
+            15,
+            "Failed",
+            "rank 1 exited with code 1",
+            id="a-late-permanent-report-still-decides",
+        ),
+        pytest.param(
+            # Rank 1 hangs (no report ever): the window closes and what was seen decides.
+            [pod(0, exit_code=170, finished=11), pod(1)],
+            10,
+            21,
+            "Restarting",
+            "rank 0 exited with code 170",
+            id="window-closed-decides-with-what-was-seen",
+        ),
+        pytest.param(
+            # Both ranks reported: judged at once, no window.
+            [pod(0, exit_code=170, finished=11), pod(1, exit_code=137, finished=11)],
+            11,
+            11,
+            "Restarting",
+            "rank 0 exited with code 170",
+            id="all-reported-no-wait",
+        ),
+    ],
+)
+def test_failures_are_judged_by_what_happened_not_by_report_order(
+    pods: list[dict[str, Any]], seen_at: float, now: float, phase: str, in_message: str
+) -> None:
+    decision = decide(job_spec(), live_status(), observe(*pods, seen_at=seen_at), at(now))
+    assert decision.status["phase"] == phase
+    if phase == "Running":
+        assert decision.delete_pods == () and decision.requeue_after == pytest.approx(seen_at + 10 - now)
+    else:
+        kind = condition(decision.status, phase)
+        assert kind is not None and in_message in kind["message"]
+
+
+def test_a_lost_nodes_terminating_pod_does_not_block_the_next_attempt() -> None:
+    restarting = live_status("Restarting", restarts=1)
+    # Rank 1's old pod was deleted at t=10 (30 s grace) and its node never confirms.
+    stuck = [pod(0, exit_code=143, finished=12), pod(1, deleting_at=10)]
+    waiting = run(job_spec(), restarting, stuck, now=50)
+    assert waiting.create_ranks == (), "inside the grace period plus margin, the old pod may still confirm"
+    assert waiting.requeue_after is not None
+    moved_on = run(job_spec(), restarting, stuck, now=71)
+    assert moved_on.create_ranks == (0, 1) and moved_on.create_attempt == 1
+    assert moved_on.status["phase"] == "Pending"
+
+
+@pytest.mark.parametrize(
+    ("policy", "now", "phase", "reason"),
+    [
+        pytest.param({"activeDeadlineSeconds": 60}, 61, "Failed", "DeadlineExceeded", id="active-deadline"),
+        pytest.param({"startupDeadlineSeconds": 20}, 26, "Failed", "StartupTimeout", id="restart-stuck"),
+        pytest.param({"startupDeadlineSeconds": 20}, 24, "Restarting", "ExitCode", id="within-limits"),
+    ],
+)
+def test_deadlines_hold_while_restarting(policy: dict[str, Any], now: float, phase: str, reason: str) -> None:
+    # An old pod on a node that stays up but never finishes terminating (grace 30 s from t=5).
+    restarting = live_status("Restarting", restarts=1)
+    decision = run(job_spec(**with_run_policy(**policy)), restarting, [pod(0, deleting_at=5)], now=now)
+    assert decision.status["phase"] == phase
+    kind = condition(decision.status, phase)
+    assert kind is not None and kind["reason"] == reason
+    if phase == "Restarting":
+        assert decision.requeue_after is not None and decision.requeue_after <= 1.0

@@ -12,10 +12,12 @@ Event only on a phase change; the Service and PVC once per job per process and v
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -50,6 +52,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# How often a waiting replica looks whether it leads now (the elector's own thread decides that).
+LEADERSHIP_POLL_SECONDS: Final = 0.2
 # A child name held by an object that is not ours (an old job of the same name being collected).
 FOREIGN_RETRY_SECONDS: Final = 2.0
 
@@ -107,14 +111,31 @@ class Controller:
         # Children the apiserver refused for good, for the next decision (which fails the job).
         self._refusals: dict[JobKey, CreateRefusal] = {}
         self._instance = socket.gethostname()
+        # Set by leader election: the controller acts only while it is set.
+        self.leadership: threading.Event | None = None
+        self._starting: asyncio.Task[None] | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Start acting once this process leads (at once without leader election).
+
+        Until then DDPJob events are only stored: no pod is watched, no job is reconciled, nothing is
+        written (workers wait for the pod cache, which starts only here).
+        """
+        self._starting = asyncio.get_running_loop().create_task(self._start_when_leading())
+
+    async def _start_when_leading(self) -> None:
+        if self.leadership is not None:
+            # A threading.Event set by the elector's thread: polled, so no thread blocks on it forever.
+            while not self.leadership.is_set():  # noqa: ASYNC110
+                await asyncio.sleep(LEADERSHIP_POLL_SECONDS)
         await self.api.warm_up()
         await self.pods.start()
 
     async def stop(self) -> None:
+        if self._starting is not None:
+            self._starting.cancel()
         self.pods.stop()
         self.queue.stop()
 

@@ -68,6 +68,10 @@ class ForeignObjectExists(ApiError):
     """A child's name is taken by an object that is not this job's (another owner UID or attempt)."""
 
 
+class Conflict(ApiError):
+    """409 on an update: the object changed since it was read (its resourceVersion is older)."""
+
+
 class ResourceVersionGone(ApiError):
     """410: the watch's resourceVersion is too old; the caller lists again."""
 
@@ -117,6 +121,11 @@ def _core_path(namespace: str, kind: str, name: str | None = None) -> str:
 def _job_path(namespace: str, name: str, subresource: str = "") -> str:
     path = f"/apis/{DDP_GROUP}/{DDP_VERSION}/namespaces/{quote(namespace, safe='')}/{DDP_PLURAL}/{quote(name, safe='')}"
     return f"{path}/{subresource}" if subresource else path
+
+
+def _lease_path(namespace: str, name: str | None = None) -> str:
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}/leases"
+    return f"{path}/{quote(name, safe='')}" if name else path
 
 
 def _pods_path(namespace: str | None) -> str:
@@ -266,6 +275,30 @@ class KubeApi:
             raise
         # A pod with a grace period comes back as the pod; one deleted at once comes back as a Status.
         return result if result.get("kind") == kind else None
+
+    def get_lease_blocking(self, namespace: str, name: str) -> JsonDict | None:
+        """The coordination.k8s.io Lease, None when there is none."""
+        try:
+            return self.request("GET", _lease_path(namespace, name))
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def write_lease_blocking(self, lease: Mapping[str, Any], create: bool) -> JsonDict:
+        """Create the Lease, or replace it (its metadata.resourceVersion is the precondition).
+
+        Raises `Conflict` when someone else created or changed it first.
+        """
+        meta = lease["metadata"]
+        try:
+            if create:
+                return self.request("POST", _lease_path(meta["namespace"]), body=dict(lease))
+            return self.request("PUT", _lease_path(meta["namespace"], meta["name"]), body=dict(lease))
+        except ApiError as error:
+            if error.status == 409:
+                raise Conflict(error.status, error.reason, error.message) from None
+            raise
 
     def list_pods_blocking(self, namespace: str | None, label_selector: str) -> tuple[list[JsonDict], str]:
         """All pods matching the selector (paged), and the list's resourceVersion to watch from."""

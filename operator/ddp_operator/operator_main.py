@@ -7,15 +7,19 @@ kopf is configured for scale and for a one-replica Deployment (docs/operator.md 
   is switched off and its level raised above anything it logs per handler;
 - no persistence writes: only event handlers are registered, which keep no progress or diff-base
   annotations; the controller's state is the job's status;
-- peering off unless `--peering`: the chart runs one replica with the Recreate strategy.
+- no kopf peering: at most one operator acts because the controller starts only in the process that
+  holds the leader Lease (leader.py); the others keep kopf running (their probes answer) and wait.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 from typing import Any
+
+from ddp_operator.reconcile import DEFAULT_TIMING, TimingRules
 
 DEFAULT_METRICS_PORT = 9410
 DEFAULT_CONCURRENCY = 32
@@ -58,10 +62,40 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help=f"API requests in flight at once when creating or deleting children (default {DEFAULT_CONCURRENCY})",
     )
     parser.add_argument(
-        "--peering",
+        "--leader-election",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="act only while holding a coordination.k8s.io Lease, so replicas never act together (default on)",
+    )
+    parser.add_argument(
+        "--leader-election-namespace",
         metavar="NAME",
         default=None,
-        help="join this kopf peering (needs kopf's peering CRDs); off by default: run one replica",
+        help="namespace of the Lease (default: $POD_NAMESPACE, the service account's, else the first "
+        "--namespace, else default)",
+    )
+    parser.add_argument(
+        "--leader-election-name",
+        metavar="NAME",
+        default=None,
+        help="name of the Lease (default: ddp-operator, with a digest of the --namespace list when given)",
+    )
+    parser.add_argument("--lease-duration", type=float, default=15.0, help="seconds (default 15)")
+    parser.add_argument("--renew-deadline", type=float, default=10.0, help="seconds (default 10)")
+    parser.add_argument("--retry-period", type=float, default=2.0, help="seconds (default 2)")
+    parser.add_argument(
+        "--decision-window",
+        type=float,
+        default=DEFAULT_TIMING.decision_window_seconds,
+        help="after an attempt's first failure, wait up to this many seconds for every rank's report before "
+        f"judging it (default {DEFAULT_TIMING.decision_window_seconds:g}; docs/restarts.md)",
+    )
+    parser.add_argument(
+        "--unconfirmed-deletion",
+        type=float,
+        default=DEFAULT_TIMING.unconfirmed_deletion_seconds,
+        help="a deleted pod still Terminating this many seconds after its grace period is on a lost node and no "
+        f"longer holds the next attempt back (default {DEFAULT_TIMING.unconfirmed_deletion_seconds:g})",
     )
     parser.add_argument(
         "--status-interval",
@@ -73,16 +107,32 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
-def build_settings(peering: str | None) -> Any:
+def lease_namespace(namespaces: list[str]) -> str:
+    """Where the Lease lives: the operator's own namespace in a pod, else where it works."""
+    from ddp_operator import leader
+
+    if os.environ.get("POD_NAMESPACE") or os.path.exists(leader.SERVICE_ACCOUNT_NAMESPACE_FILE):
+        return leader.default_namespace()
+    return namespaces[0] if namespaces else "default"
+
+
+def lease_name(namespaces: list[str]) -> str:
+    """One Lease per scope: operators watching different namespaces are different deployments."""
+    from ddp_operator import leader
+
+    if not namespaces:
+        return leader.DEFAULT_LEASE_NAME
+    digest = hashlib.sha256(",".join(sorted(set(namespaces))).encode()).hexdigest()[:10]
+    return f"{leader.DEFAULT_LEASE_NAME}-{digest}"
+
+
+def build_settings() -> Any:
     import kopf
 
     settings = kopf.OperatorSettings()
     settings.posting.enabled = False
     settings.posting.level = logging.CRITICAL
-    settings.peering.standalone = peering is None
-    if peering is not None:
-        settings.peering.name = peering
-        settings.peering.mandatory = True
+    settings.peering.standalone = True
     # The controller answers every DDPJob event itself and re-reads nothing per event.
     settings.watching.reconnect_backoff = 1.0
     settings.networking.request_timeout = 60
@@ -94,6 +144,7 @@ def main(args: argparse.Namespace) -> int:
 
     import kopf
 
+    from ddp_operator import leader
     from ddp_operator.controller import Controller
     from ddp_operator.handlers import build_registry
     from ddp_operator.kube_api import KubeApi
@@ -119,7 +170,24 @@ def main(args: argparse.Namespace) -> int:
     except Exception as error:  # the client's ConfigException and file errors alike
         print(f"ddpjob operator: cannot load cluster credentials: {error}")
         return 2
-    controller = Controller(api, namespaces=namespaces or None, status_interval=args.status_interval)
+    timing = leader.Timing(args.lease_duration, args.renew_deadline, args.retry_period)
+    if args.leader_election and timing.problem():
+        print(f"ddpjob operator: {timing.problem()}")
+        return 2
+    rules = TimingRules(args.decision_window, args.unconfirmed_deletion)
+    controller = Controller(
+        api, namespaces=namespaces or None, status_interval=args.status_interval, rules=rules
+    )
+    elector: leader.LeaderElector | None = None
+    if args.leader_election:
+        elector = leader.LeaderElector(
+            api,
+            args.leader_election_namespace or lease_namespace(namespaces),
+            args.leader_election_name or lease_name(namespaces),
+            timing,
+        )
+        controller.leadership = elector.leading
+        elector.start()
     metrics = OperatorMetrics(controller.phase_counts)
     controller.metrics = metrics
     if args.metrics_port:
@@ -130,14 +198,15 @@ def main(args: argparse.Namespace) -> int:
         asyncio.run(
             kopf.operator(
                 registry=registry,
-                settings=build_settings(args.peering),
+                settings=build_settings(),
                 clusterwide=not namespaces,
                 namespaces=namespaces,
-                standalone=args.peering is None,
-                peering_name=args.peering,
+                standalone=True,
                 liveness_endpoint=args.liveness,
             )
         )
     finally:
+        if elector is not None:
+            elector.stop()
         api.close()
     return 0

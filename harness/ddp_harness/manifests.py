@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddp_operator.cluster.kwok_stages import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
+from ddp_harness.kwok_stages import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
+from ddp_harness.processes import LOCALHOST as LOCALHOST
+from ddp_harness.processes import StateLayout
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"
-LOCALHOST = "127.0.0.1"
 
 # What kube-controller-manager runs: what the operator and the tests rely on, nothing that needs a kubelet.
 CONTROLLERS = (
@@ -70,7 +71,7 @@ class Ports:
 
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(StateLayout):
     """Where a cluster's files live, all under one state directory."""
 
     state_dir: Path
@@ -113,15 +114,6 @@ class Layout:
 
     def component_kubeconfig(self, component: str) -> Path:
         return self.state_dir / f"{component}.kubeconfig"
-
-    def log_file(self, component: str) -> Path:
-        return self.log_dir / f"{component}.log"
-
-    def cert(self, name: str) -> Path:
-        return self.pki_dir / f"{name}.crt"
-
-    def key(self, name: str) -> Path:
-        return self.pki_dir / f"{name}.key"
 
 
 # (bin_dir, layout, ports) -> argv

@@ -32,10 +32,6 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-_positive = _int_at_least(1)
-_non_negative = _int_at_least(0)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ddp-harness",
@@ -67,25 +63,16 @@ def _configure_cluster(parser: argparse.ArgumentParser) -> None:
         "up", help="start etcd, apiserver, controller-manager, scheduler, kwok and fake GPU nodes"
     )
     add_state_dir(p_up)
-    p_up.add_argument("--nodes", type=_non_negative, default=4, help="fake GPU nodes [4]")
-    p_up.add_argument(
-        "--gpus-per-node",
-        type=_non_negative,
-        default=shape.gpus,
-        help=f"nvidia.com/gpu per node [{shape.gpus}]",
-    )
-    p_up.add_argument(
-        "--pods-per-node", type=_positive, default=shape.pods, help=f"pod capacity per node [{shape.pods}]"
-    )
-    p_up.add_argument(
-        "--cpus-per-node", type=_positive, default=shape.cpus, help=f"cpu per node [{shape.cpus}]"
-    )
-    p_up.add_argument(
-        "--memory-per-node-gi",
-        type=_positive,
-        default=shape.memory_gi,
-        help=f"memory per node, GiB [{shape.memory_gi}]",
-    )
+    p_up.add_argument("--nodes", type=_int_at_least(0), default=4, help="fake GPU nodes [4]")
+    # The capacity of every fake node: (NodeShape field, flag, what it is, the smallest value).
+    for field_name, flag, what, minimum in (
+        ("gpus", "--gpus-per-node", "nvidia.com/gpu per node", 0),
+        ("pods", "--pods-per-node", "pod capacity per node", 1),
+        ("cpus", "--cpus-per-node", "cpu per node", 1),
+        ("memory_gi", "--memory-per-node-gi", "memory per node, GiB", 1),
+    ):
+        default = getattr(shape, field_name)
+        p_up.add_argument(flag, type=_int_at_least(minimum), default=default, help=f"{what} [{default}]")
     p_up.add_argument(
         "--bin-dir",
         type=Path,

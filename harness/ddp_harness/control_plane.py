@@ -20,26 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddp_harness import manifests
+from ddp_harness import manifests, processes
 from ddp_harness.kwok_stages import kwok_stages
 from ddp_harness.manifests import Layout, NodeShape, Ports
 from ddp_harness.pki import CLIENT_IDENTITIES, generate_pki
-from ddp_harness.processes import (
-    LOCALHOST,
-    POLL_S,
-    ClusterError,
-    ComponentsRecord,
-    ComponentState,
-    Progress,
-    free_ports,
-    http_status,
-    is_running,
-    node_ready,
-    spawn,
-    stop_components,
-    wait_for,
-    write_json,
-)
+from ddp_harness.processes import LOCALHOST, ClusterError, ComponentsRecord, ComponentState, Progress
 
 # Start order.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -105,7 +90,7 @@ class ApiClient:
 
 
 def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
-    return http_status(url, ctx) == 200
+    return processes.http_status(url, ctx) == 200
 
 
 # ---- the handle --------------------------------------------------------------------------------------
@@ -208,13 +193,13 @@ class LocalCluster:
         while self.kubectl_run("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
             if time.monotonic() > deadline:
                 raise ClusterError(f"namespace {name} has no default service account after {timeout_s} s")
-            time.sleep(POLL_S)
+            time.sleep(processes.POLL_S)
 
     def api(self) -> ApiClient:
         return ApiClient(self.apiserver, self.layout)
 
     def running_components(self) -> list[str]:
-        return [c.name for c in self.state.components if is_running(c)]
+        return [c.name for c in self.state.components if processes.is_running(c)]
 
 
 # ---- start / stop ------------------------------------------------------------------------------------
@@ -227,7 +212,7 @@ def read_state(state_dir: Path) -> ClusterState | None:
 def _write_config(layout: Layout, ports: Ports) -> None:
     server = manifests.apiserver_url(ports)
     ca = layout.cert("ca")
-    write_json(
+    processes.write_json(
         layout.kubeconfig,
         manifests.kubeconfig(server, ca, layout.cert("admin"), layout.key("admin"), "ddp-admin"),
     )
@@ -236,9 +221,9 @@ def _write_config(layout: Layout, ports: Ports) -> None:
             config = manifests.kubeconfig(
                 server, ca, layout.cert(identity.name), layout.key(identity.name), identity.user
             )
-            write_json(layout.component_kubeconfig(identity.name), config)
+            processes.write_json(layout.component_kubeconfig(identity.name), config)
     layout.kubeconfig.chmod(0o600)
-    write_json(layout.audit_policy, manifests.audit_policy())
+    processes.write_json(layout.audit_policy, manifests.audit_policy())
     # JSON is YAML: one document per Stage.
     layout.kwok_config.write_text("---\n".join(json.dumps(stage) + "\n" for stage in kwok_stages()))
 
@@ -280,7 +265,7 @@ class _Starter:
 
     def start(self, name: str) -> ComponentState:
         command = _COMMANDS[name](self.bin_dir, self.layout, self.ports)
-        component = spawn(
+        component = processes.spawn(
             name,
             command,
             self.layout.log_file(name),
@@ -304,7 +289,7 @@ def start(
     the handle once all are healthy; on failure, stop what was started (logs stay) and raise."""
     started = time.monotonic()
     layout.log_dir.mkdir(parents=True, exist_ok=True)
-    ports = Ports(*free_ports(6))
+    ports = Ports(*processes.free_ports(6))
     nodes = [manifests.node_name(i) for i in range(node_count)]
     starter = _Starter(layout, bin_dir, ports, nodes)
     starter.save()  # from here on the directory is recognisably ours, for `down` and the next `up`
@@ -317,12 +302,12 @@ def start(
     try:
         etcd = starter.start("etcd")
         etcd_url = f"http://{LOCALHOST}:{ports.etcd_client}/health"
-        wait_for("etcd", lambda: _http_ok(etcd_url), deadline, [etcd])
+        processes.wait_for("etcd", lambda: _http_ok(etcd_url), deadline, [etcd])
         step(f"etcd ready on {LOCALHOST}:{ports.etcd_client}")
 
         apiserver = starter.start("kube-apiserver")
         api = ApiClient(manifests.apiserver_url(ports), layout)
-        wait_for(
+        processes.wait_for(
             "kube-apiserver /readyz",
             lambda: api.request("GET", "/readyz")[0] == 200,
             deadline,
@@ -340,7 +325,7 @@ def start(
         def nodes_ready() -> bool:
             code, body = api.request("GET", "/api/v1/nodes")
             ready = (
-                {n["metadata"]["name"] for n in body.get("items", []) if node_ready(n)}
+                {n["metadata"]["name"] for n in body.get("items", []) if processes.node_ready(n)}
                 if code == 200
                 else set()
             )
@@ -350,7 +335,7 @@ def start(
             return api.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200
 
         every = starter.components
-        wait_for("the fake nodes to turn Ready (kwok)", nodes_ready, deadline, every)
+        processes.wait_for("the fake nodes to turn Ready (kwok)", nodes_ready, deadline, every)
         step("nodes Ready")
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
@@ -358,19 +343,23 @@ def start(
         for c in others:
             if "https" in c.ports:
                 url = f"https://{LOCALHOST}:{c.ports['https']}/healthz"
-                wait_for(f"{c.name} /healthz", functools.partial(_http_ok, url, insecure), deadline, every)
-        wait_for("the default service account (controller-manager)", default_service_account, deadline, every)
+                processes.wait_for(
+                    f"{c.name} /healthz", functools.partial(_http_ok, url, insecure), deadline, every
+                )
+        processes.wait_for(
+            "the default service account (controller-manager)", default_service_account, deadline, every
+        )
         step("controller-manager and scheduler healthy")
     except BaseException:
-        stop_components(starter.components, STOP_WAVES)
+        processes.stop_components(starter.components, STOP_WAVES)
         raise
     return LocalCluster(starter.state())
 
 
 def stop(state: ClusterState, progress: Progress = lambda _: None) -> None:
     """Stop every recorded component; raises ClusterError naming those that would not stop."""
-    for name in stop_components(state.components, STOP_WAVES):
+    for name in processes.stop_components(state.components, STOP_WAVES):
         progress(f"{name} did not stop on SIGTERM and was killed")
-    still = [c.name for c in state.components if is_running(c)]
+    still = [c.name for c in state.components if processes.is_running(c)]
     if still:
         raise ClusterError(f"could not stop {', '.join(still)}; state kept in {state.state_dir}")

@@ -247,15 +247,23 @@ def apiserver_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
     ]
 
 
-def controller_manager_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
-    kubeconfig_path = layout.component_kubeconfig("kube-controller-manager")
+def _control_loop_base(bin_dir: Path, layout: Layout, name: str, secure_port: int) -> list[str]:
+    """The binary and the flags the controller-manager and the scheduler share: their kubeconfig for
+    the API, authentication and authorization, and their HTTPS endpoint on loopback."""
+    kubeconfig_path = layout.component_kubeconfig(name)
     return [
-        str(bin_dir / "kube-controller-manager"),
+        str(bin_dir / name),
         f"--kubeconfig={kubeconfig_path}",
         f"--authentication-kubeconfig={kubeconfig_path}",
         f"--authorization-kubeconfig={kubeconfig_path}",
         f"--bind-address={LOCALHOST}",
-        f"--secure-port={ports.controller_manager}",
+        f"--secure-port={secure_port}",
+    ]
+
+
+def controller_manager_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
+    return [
+        *_control_loop_base(bin_dir, layout, "kube-controller-manager", ports.controller_manager),
         "--leader-elect=false",
         f"--controllers={','.join(CONTROLLERS)}",
         f"--service-account-private-key-file={layout.key('sa')}",
@@ -270,14 +278,8 @@ def controller_manager_command(bin_dir: Path, layout: Layout, ports: Ports) -> l
 
 
 def scheduler_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
-    kubeconfig_path = layout.component_kubeconfig("kube-scheduler")
     return [
-        str(bin_dir / "kube-scheduler"),
-        f"--kubeconfig={kubeconfig_path}",
-        f"--authentication-kubeconfig={kubeconfig_path}",
-        f"--authorization-kubeconfig={kubeconfig_path}",
-        f"--bind-address={LOCALHOST}",
-        f"--secure-port={ports.scheduler}",
+        *_control_loop_base(bin_dir, layout, "kube-scheduler", ports.scheduler),
         "--leader-elect=false",
         "--profiling=false",
     ]

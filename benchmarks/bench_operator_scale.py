@@ -59,7 +59,7 @@ def _openssl(*args: str) -> None:
 
 def identity_kubeconfig(cluster: Any, user: str, directory: Path) -> Path:
     """A client certificate for `user` (system:masters) signed by the local CA, and its kubeconfig."""
-    from ddp_operator.cluster import manifests
+    from ddp_harness import manifests
 
     key, cert = directory / f"{user}.key", directory / f"{user}.crt"
     _openssl(
@@ -74,8 +74,8 @@ def identity_kubeconfig(cluster: Any, user: str, directory: Path) -> Path:
 
 
 def start_cluster(args: argparse.Namespace, state_dir: Path) -> Any:
-    from ddp_operator.cluster import ClusterOptions, attach, up
-    from ddp_operator.cluster.manifests import NodeShape
+    from ddp_harness import ClusterOptions, attach, up
+    from ddp_harness.manifests import NodeShape
 
     if args.attach:
         return attach(Path(args.attach))
@@ -521,7 +521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(table(rows), file=sys.stderr)
     finally:
         if not args.attach:
-            from ddp_operator.cluster import down
+            from ddp_harness import down
 
             down(workdir / "cluster", keep_state=False)
         if args.json:

@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from ddp_harness.binaries import default_bin_dir
 from ddp_operator import __version__
-from ddp_operator.cluster.binaries import default_bin_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ci_may_skip]
 

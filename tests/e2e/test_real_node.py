@@ -1,5 +1,5 @@
 """The e2e tier on real nodes: by default the local control plane plus one real node of this machine
-(`ddpjob cluster up --real-node`: containerd, kubelet, CNI bridge, kube-proxy, CoreDNS), or, with
+(`ddp-harness cluster up --real-node`: containerd, kubelet, CNI bridge, kube-proxy, CoreDNS), or, with
 DDP_E2E_KUBECONFIG=<path>, any cluster with real nodes (kind, ...); our chart and our two images.
 
 What runs here is what a user does: `helm install` the chart (the operator runs in a pod under its
@@ -38,8 +38,7 @@ from typing import Any, Protocol, TypeVar
 import pytest
 import yaml
 
-from ddp_operator import __version__
-from ddp_operator.cluster import (
+from ddp_harness import (
     ClusterError,
     ClusterOptions,
     KubectlError,
@@ -49,7 +48,8 @@ from ddp_operator.cluster import (
     real_node,
     up,
 )
-from ddp_operator.cluster.binaries import pinned_versions, stale_binaries
+from ddp_harness.binaries import pinned_versions, stale_binaries
+from ddp_operator import __version__
 
 pytestmark = pytest.mark.e2e
 
@@ -271,7 +271,7 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
         real_node=node_options,
     )
     started = time.monotonic()
-    cluster = up(options, progress=_progress)  # what `ddpjob cluster up --real-node` runs
+    cluster = up(options, progress=_progress)  # what `ddp-harness cluster up --real-node` runs
     TIMINGS.record("cluster_up_to_ready_node_s", time.monotonic() - started)
     try:
         yield cluster

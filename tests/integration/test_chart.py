@@ -20,8 +20,8 @@ import pytest
 import yaml
 from tests.integration.operator_harness import REPO, Kube, OperatorProcess, wait_for
 
+from ddp_harness.binaries import default_bin_dir
 from ddp_operator import names
-from ddp_operator.cluster.binaries import default_bin_dir
 
 pytestmark = pytest.mark.integration
 
@@ -170,14 +170,14 @@ def test_rendered_args_are_flags_the_operator_accepts(helm: Path) -> None:
     """The chart and `ddpjob operator` agree on every flag (a renamed flag fails here, not in a pod)."""
     import argparse
 
-    from ddp_operator import operator_main
+    from ddp_operator.commands import operator as operator_command
 
     for values in (
         {},
         {"watchNamespaces": "{team-a,team-b}", "peering.enabled": "true", "operator.verbose": "true"},
     ):
         parser = argparse.ArgumentParser()
-        operator_main.configure_parser(parser)
+        operator_command.configure_parser(parser)
         args = parser.parse_args(operator_container(render(helm, values))["args"])
         assert args.liveness.endswith(":8080/healthz")
         assert args.metrics_port == 9410

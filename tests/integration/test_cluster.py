@@ -13,15 +13,15 @@ from typing import Any, TypeVar
 
 import pytest
 
-from ddp_operator.cluster import (
+from ddp_harness import (
     EXIT_CODE_ANNOTATION,
     GPU_RESOURCE,
     NODE_LOST_ANNOTATION,
     REASON_ANNOTATION,
     LocalCluster,
 )
-from ddp_operator.cluster.binaries import pinned_versions
-from ddp_operator.cluster.manifests import NodeShape
+from ddp_harness.binaries import pinned_versions
+from ddp_harness.manifests import NodeShape
 
 pytestmark = pytest.mark.integration
 
@@ -437,13 +437,13 @@ def _pid_alive(pid: int) -> bool:
 
 
 def test_cli_up_status_down_leaves_no_process_behind(local_cluster: LocalCluster, tmp_path: Path) -> None:
-    """A second, one-node cluster through `ddpjob cluster`, in its own state directory."""
+    """A second, one-node cluster through `ddp-harness cluster`, in its own state directory."""
     state_dir = tmp_path / "cli-cluster"
-    ddpjob = [sys.executable, "-m", "ddp_operator", "cluster"]
+    harness = [sys.executable, "-m", "ddp_harness", "cluster"]
     where = ["--state-dir", str(state_dir)]
     up = subprocess.run(
         [
-            *ddpjob,
+            *harness,
             "up",
             *where,
             "--nodes",
@@ -462,7 +462,7 @@ def test_cli_up_status_down_leaves_no_process_behind(local_cluster: LocalCluster
         assert up.returncode == 0, up.stderr
         assert f"kubeconfig: {state_dir / 'kubeconfig'}" in up.stdout
         status = subprocess.run(
-            [*ddpjob, "status", *where, "--json"], capture_output=True, text=True, check=False
+            [*harness, "status", *where, "--json"], capture_output=True, text=True, check=False
         )
         assert status.returncode == 0, status.stdout + status.stderr
         components = json.loads(status.stdout)["components"]
@@ -492,12 +492,12 @@ def test_cli_up_status_down_leaves_no_process_behind(local_cluster: LocalCluster
         assert node["status"]["capacity"][GPU_RESOURCE] == "2"
     finally:
         down = subprocess.run(
-            [*ddpjob, "down", *where], capture_output=True, text=True, timeout=60, check=False
+            [*harness, "down", *where], capture_output=True, text=True, timeout=60, check=False
         )
     assert down.returncode == 0, down.stderr
     assert [pid for pid in pids if _pid_alive(pid)] == []
     assert not state_dir.exists()
-    again = subprocess.run([*ddpjob, "status", *where], capture_output=True, text=True, check=False)
+    again = subprocess.run([*harness, "status", *where], capture_output=True, text=True, check=False)
     assert again.returncode == 1 and "no cluster" in again.stdout
 
 

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from ddp_operator.cluster import manifests
-from ddp_operator.cluster.binaries import BINARY_VERSION_KEYS, parse_versions, stale_binaries
-from ddp_operator.cluster.kwok_stages import (
+from ddp_harness import manifests
+from ddp_harness.binaries import BINARY_VERSION_KEYS, parse_versions, stale_binaries
+from ddp_harness.kwok_stages import (
     EXIT_CODE_ANNOTATION,
     FAKE_NODE_ANNOTATION,
     FAKE_NODE_ANNOTATION_VALUE,
     kwok_stages,
 )
-from ddp_operator.cluster.manifests import Layout, NodeShape, Ports
+from ddp_harness.manifests import Layout, NodeShape, Ports
 
 pytestmark = pytest.mark.unit
 

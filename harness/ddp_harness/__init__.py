@@ -14,12 +14,19 @@ binaries); control_plane and then real_node; cluster (both together); cli."""
 from ddp_harness.binaries import BinariesError, default_bin_dir, ensure_binaries
 from ddp_harness.cluster import ClusterOptions, attach, down, status, up
 from ddp_harness.control_plane import KubectlError, LocalCluster
-from ddp_harness.kwok_stages import EXIT_CODE_ANNOTATION, NODE_LOST_ANNOTATION, REASON_ANNOTATION
+from ddp_harness.kwok_stages import (
+    EXIT_CODE_ANNOTATION,
+    FINISHED_AT_ANNOTATION,
+    NODE_LOST_ANNOTATION,
+    REASON_ANNOTATION,
+    ReportLatency,
+)
 from ddp_harness.manifests import GPU_RESOURCE, NodeShape
 from ddp_harness.processes import ClusterError, default_state_dir
 
 __all__ = [
     "EXIT_CODE_ANNOTATION",
+    "FINISHED_AT_ANNOTATION",
     "GPU_RESOURCE",
     "NODE_LOST_ANNOTATION",
     "REASON_ANNOTATION",
@@ -29,6 +36,7 @@ __all__ = [
     "KubectlError",
     "LocalCluster",
     "NodeShape",
+    "ReportLatency",
     "attach",
     "default_bin_dir",
     "default_state_dir",

@@ -14,6 +14,7 @@ from pathlib import Path
 from ddp_harness import control_plane, real_node
 from ddp_harness.binaries import default_bin_dir, ensure_binaries
 from ddp_harness.control_plane import ClusterState, LocalCluster
+from ddp_harness.kwok_stages import ReportLatency
 from ddp_harness.manifests import Layout, NodeShape
 from ddp_harness.node_manifests import RealNodeOptions
 from ddp_harness.processes import (
@@ -35,6 +36,8 @@ class ClusterOptions:
     build: bool = True  # build missing binaries with hack/build-k8s.sh
     timeout_s: float = 120.0
     real_node: RealNodeOptions | None = None  # one real kubelet node (real_node.py); needs root
+    # Each fake node's kubelet reports late, with jitter (kwok_stages.ReportLatency); None: at once.
+    report_latency: ReportLatency | None = field(default_factory=ReportLatency)
 
 
 def up(options: ClusterOptions, progress: Progress = lambda _: None) -> LocalCluster:
@@ -59,7 +62,9 @@ def up(options: ClusterOptions, progress: Progress = lambda _: None) -> LocalClu
     started = time.monotonic()
     deadline = started + options.timeout_s
     layout = Layout(state_dir)
-    cluster = control_plane.start(layout, bin_dir, options.nodes, options.node_shape, deadline, progress)
+    cluster = control_plane.start(
+        layout, bin_dir, options.nodes, options.node_shape, deadline, progress, options.report_latency
+    )
     if options.real_node is not None:
         try:
             real_node.start(cluster, options.real_node, progress=progress)

@@ -7,6 +7,7 @@ own file. What was started is recorded in the state directory's cluster.json, wh
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -15,13 +16,13 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ddp_harness import manifests, processes
-from ddp_harness.kwok_stages import kwok_stages
+from ddp_harness.kwok_stages import NODE_LOST_ANNOTATION, ReportLatency, kwok_stages
 from ddp_harness.manifests import Layout, NodeShape, Ports
 from ddp_harness.pki import CLIENT_IDENTITIES, generate_pki
 from ddp_harness.processes import LOCALHOST, ClusterError, ComponentsRecord, ComponentState, Progress
@@ -201,6 +202,45 @@ class LocalCluster:
     def running_components(self) -> list[str]:
         return [c.name for c in self.state.components if processes.is_running(c)]
 
+    # ---- faults a real cluster has ----------------------------------------------------------------
+
+    def _mark_lost(self, node: str, lost: bool) -> None:
+        mark = f"{NODE_LOST_ANNOTATION}=true" if lost else f"{NODE_LOST_ANNOTATION}-"
+        self.kubectl_run("annotate", "node", node, "--overwrite", mark)
+        pods = self.get_json("pods", "-A", "--field-selector", f"spec.nodeName={node}")["items"]
+        for pod in pods:
+            meta = pod["metadata"]
+            self.kubectl_run(
+                "annotate", "pod", meta["name"], "-n", meta["namespace"], "--overwrite", mark, check=False
+            )
+
+    def lose_node(self, node: str) -> None:
+        """The node's kubelet goes silent: the node turns Unknown (then tainted, its pods evicted), and
+        nothing on it reports again; a pod deleted there stays Terminating until ``restore_node``."""
+        self._mark_lost(node, True)
+
+    def restore_node(self, node: str) -> None:
+        """The kubelet is back: the node turns Ready and confirms the deletions it missed."""
+        self._mark_lost(node, False)
+
+    def restart_component(self, name: str, timeout_s: float = 60.0) -> ComponentState:
+        """SIGKILL one component and start it again with the same command (an apiserver crash, say)."""
+        old = next(c for c in self.state.components if c.name == name)
+        processes.kill(old)
+        new = processes.spawn(old.name, old.command, Path(old.log), old.ports, self.state_dir)
+        self.state = dataclasses.replace(
+            self.state, components=[new if c.name == name else c for c in self.state.components]
+        )
+        self.state.save(self.layout.state_file)
+        if name == "kube-apiserver":
+            processes.wait_for(
+                "kube-apiserver /readyz after its restart",
+                lambda: self.api().request("GET", "/readyz")[0] == 200,
+                time.monotonic() + timeout_s,
+                [new],
+            )
+        return new
+
 
 # ---- start / stop ------------------------------------------------------------------------------------
 
@@ -209,7 +249,7 @@ def read_state(state_dir: Path) -> ClusterState | None:
     return ClusterState.load(Layout(state_dir).state_file)
 
 
-def _write_config(layout: Layout, ports: Ports) -> None:
+def _write_config(layout: Layout, ports: Ports, nodes: Sequence[str], latency: ReportLatency | None) -> None:
     server = manifests.apiserver_url(ports)
     ca = layout.cert("ca")
     processes.write_json(
@@ -225,7 +265,8 @@ def _write_config(layout: Layout, ports: Ports) -> None:
     layout.kubeconfig.chmod(0o600)
     processes.write_json(layout.audit_policy, manifests.audit_policy())
     # JSON is YAML: one document per Stage.
-    layout.kwok_config.write_text("---\n".join(json.dumps(stage) + "\n" for stage in kwok_stages()))
+    stages = kwok_stages(nodes=nodes, latency=latency)
+    layout.kwok_config.write_text("---\n".join(json.dumps(stage) + "\n" for stage in stages))
 
 
 def _component_ports(name: str, ports: Ports) -> dict[str, int]:
@@ -284,6 +325,7 @@ def start(
     node_shape: NodeShape,
     deadline: float,
     progress: Progress = lambda _: None,
+    latency: ReportLatency | None = None,
 ) -> LocalCluster:
     """Start every component in an empty state directory, with node_count fake GPU nodes, and return
     the handle once all are healthy; on failure, stop what was started (logs stay) and raise."""
@@ -294,7 +336,7 @@ def start(
     starter = _Starter(layout, bin_dir, ports, nodes)
     starter.save()  # from here on the directory is recognisably ours, for `down` and the next `up`
     generate_pki(layout)
-    _write_config(layout, ports)
+    _write_config(layout, ports, nodes, latency)
 
     def step(message: str) -> None:
         progress(f"{message} ({time.monotonic() - started:.1f} s)")

@@ -238,6 +238,11 @@ def _signal_and_wait(components: Sequence[ComponentState], sig: signal.Signals, 
         time.sleep(POLL_S)
 
 
+def kill(component: ComponentState, wait_s: float = STOP_GRACE_S) -> None:
+    """SIGKILL a component's process group, as a crash would end it, and wait until it is gone."""
+    _signal_and_wait([component], signal.SIGKILL, wait_s)
+
+
 def stop_components(
     components: Sequence[ComponentState],
     waves: Sequence[Sequence[str]] = (),

@@ -112,7 +112,8 @@ def operator_container(docs: Docs) -> dict[str, Any]:
 TOGGLES = [
     pytest.param({}, id="defaults"),
     pytest.param({"watchNamespaces": "{team-a,team-b}"}, id="watch-namespaces"),
-    pytest.param({"peering.enabled": "true"}, id="peering"),
+    pytest.param({"leaderElection.enabled": "false"}, id="no-leader-election"),
+    pytest.param({"replicaCount": "2"}, id="standby-replica"),
     pytest.param({"grafanaDashboard.enabled": "true"}, id="grafana-dashboard"),
     pytest.param({"metrics.service.enabled": "false"}, id="no-metrics-service"),
     pytest.param(
@@ -174,15 +175,24 @@ def test_rendered_args_are_flags_the_operator_accepts(helm: Path) -> None:
 
     for values in (
         {},
-        {"watchNamespaces": "{team-a,team-b}", "peering.enabled": "true", "operator.verbose": "true"},
+        {
+            "watchNamespaces": "{team-a,team-b}",
+            "leaderElection.leaseDuration": "20",
+            "operator.verbose": "true",
+        },
     ):
         parser = argparse.ArgumentParser()
         operator_command.configure_parser(parser)
         args = parser.parse_args(operator_container(render(helm, values))["args"])
         assert args.liveness.endswith(":8080/healthz")
         assert args.metrics_port == 9410
+        assert args.leader_election is True
+        assert (args.leader_election_namespace, args.leader_election_name) == (
+            "ddp-system",
+            "rel-ddp-operator",
+        )
     assert args.namespace == ["team-a", "team-b"]
-    assert args.peering == "ddp-operator"
+    assert args.lease_duration == 20
 
 
 @pytest.mark.parametrize(
@@ -201,7 +211,11 @@ def test_rbac_grants_exactly_the_operators_verbs(
     if namespaced_roles:
         kopf_expected.update(KOPF_NAMESPACE_RULES)
     assert rules_of(cluster_roles.pop("rel-ddp-operator-kopf")) == kopf_expected
-    roles = [doc for doc in docs if doc["kind"] == "Role"]
+    roles = [
+        doc
+        for doc in docs
+        if doc["kind"] == "Role" and not doc["metadata"]["name"].endswith("-leader-election")
+    ]
     bindings = [doc for doc in docs if doc["kind"] in ("RoleBinding", "ClusterRoleBinding")]
     if namespaced_roles:
         assert cluster_roles == {}
@@ -220,26 +234,49 @@ def test_rbac_grants_exactly_the_operators_verbs(
 
 
 @pytest.mark.parametrize(
-    ("values", "peering_resource"),
+    ("values", "replicas", "strategy"),
     [
-        pytest.param({"peering.enabled": "true"}, "clusterkopfpeerings", id="cluster-wide"),
-        pytest.param(
-            {"peering.enabled": "true", "watchNamespaces": "{team-a}"}, "kopfpeerings", id="namespaced"
-        ),
+        pytest.param({}, 1, "RollingUpdate", id="default"),
+        pytest.param({"replicaCount": "2"}, 2, "RollingUpdate", id="standby"),
+        pytest.param({"leaderElection.enabled": "false"}, 1, "Recreate", id="no-leader-election"),
     ],
 )
-def test_peering_rolls_over_and_may_use_peering_objects(
-    helm: Path, values: dict[str, str], peering_resource: str
+def test_leader_election_makes_rollover_and_standbys_safe(
+    helm: Path, values: dict[str, str], replicas: int, strategy: str
 ) -> None:
     docs = render(helm, values)
-    assert only(docs, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
-    role = next(
-        doc
-        for doc in docs
-        if doc["kind"] in ("Role", "ClusterRole") and doc["metadata"]["name"] == "rel-ddp-operator"
+    deployment = only(docs, "Deployment")
+    assert (deployment["spec"]["replicas"], deployment["spec"]["strategy"]["type"]) == (replicas, strategy)
+    lease_roles = [
+        doc for doc in docs if doc["kind"] == "Role" and doc["metadata"]["name"].endswith("-leader-election")
+    ]
+    args = operator_container(docs)["args"]
+    if strategy == "Recreate":
+        assert lease_roles == [] and "--no-leader-election" in args
+        return
+    (role,) = lease_roles
+    assert role["metadata"]["namespace"] == "ddp-system"
+    assert rules_of(role) == {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
+
+
+def test_two_acting_operators_are_refused(helm: Path) -> None:
+    result = subprocess.run(
+        [
+            str(helm),
+            "template",
+            "rel",
+            str(CHART),
+            "-n",
+            "ddp-system",
+            "--set",
+            "leaderElection.enabled=false",
+            "--set",
+            "replicaCount=2",
+        ],
+        capture_output=True,
+        text=True,
     )
-    assert rules_of(role)[("kopf.dev", peering_resource)] == {"get", "list", "watch", "patch"}
-    assert "--peering=ddp-operator" in operator_container(docs)["args"]
+    assert result.returncode != 0 and "needs leaderElection.enabled" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -479,7 +516,9 @@ def test_operator_runs_a_job_lifecycle_with_only_the_charts_rbac(
             assert elsewhere.returncode != 0 and "forbidden" in elsewhere.stderr.lower(), elsewhere.stderr
 
         namespaces = [jobs_namespace] if mode == "namespaced" else []
-        operator = OperatorProcess(kubeconfig, namespaces, tmp_path / "operator.log").start()
+        # As the chart runs it: its Lease in the release namespace, the only place the chart lets it write one.
+        lease = ["--leader-election-namespace", release.namespace]
+        operator = OperatorProcess(kubeconfig, namespaces, tmp_path / "operator.log", extra=lease).start()
         try:
             kube.apply(ddpjob("lifecycle"), jobs_namespace)
             first = wait_pods(kube, jobs_namespace, "lifecycle", attempt=0, count=2)

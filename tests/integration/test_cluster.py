@@ -16,7 +16,6 @@ import pytest
 from ddp_harness import (
     EXIT_CODE_ANNOTATION,
     GPU_RESOURCE,
-    NODE_LOST_ANNOTATION,
     REASON_ANNOTATION,
     LocalCluster,
 )
@@ -516,7 +515,7 @@ def test_pod_created_with_an_exit_code_ends_without_running(
     assert done["spec"]["nodeName"] in local_cluster.node_names
 
 
-def test_a_lost_node_is_tainted_and_its_pods_evicted_then_it_recovers(
+def test_a_lost_node_is_tainted_its_pods_stay_terminating_then_it_recovers(
     local_cluster: LocalCluster, namespace: str
 ) -> None:
     node = local_cluster.node_names[-1]
@@ -532,7 +531,7 @@ def test_a_lost_node_is_tainted_and_its_pods_evicted_then_it_recovers(
     ]
     local_cluster.apply_json(victim, "-n", namespace)
     wait_for("pod victim Running", lambda: running_and_ready(local_cluster, namespace, "victim"))
-    local_cluster.kubectl_run("annotate", "node", node, f"{NODE_LOST_ANNOTATION}=true")
+    local_cluster.lose_node(node)
     try:
 
         def tainted() -> list[dict[str, Any]] | None:
@@ -546,13 +545,22 @@ def test_a_lost_node_is_tainted_and_its_pods_evicted_then_it_recovers(
         ready = condition(local_cluster.get_json("node", node), "Ready") or {}
         assert ready.get("status") == "Unknown"
 
-        def evicted() -> bool:
-            result = local_cluster.kubectl_run("get", "pod", "victim", "-n", namespace, check=False)
-            return result.returncode != 0 and "NotFound" in result.stderr
+        def evicted() -> dict[str, Any] | None:
+            pod_now = local_cluster.get_json("pod", "victim", "-n", namespace)
+            return pod_now if pod_now["metadata"].get("deletionTimestamp") else None
 
-        wait_for("pod victim evicted by the taint-eviction controller", evicted)
+        # Evicted by the taint-eviction controller, but its silent kubelet never confirms: Terminating.
+        stuck = wait_for("pod victim evicted by the taint-eviction controller", evicted)
+        disruption = condition(stuck, "DisruptionTarget") or {}
+        assert disruption.get("reason") == "DeletionByTaintManager", stuck["status"]
     finally:
-        local_cluster.kubectl_run("annotate", "node", node, f"{NODE_LOST_ANNOTATION}-")
+        local_cluster.restore_node(node)
+
+    def gone() -> bool:
+        result = local_cluster.kubectl_run("get", "pod", "victim", "-n", namespace, check=False)
+        return result.returncode != 0 and "NotFound" in result.stderr
+
+    wait_for("the node, back, to confirm the deletion", gone)
 
     def recovered() -> bool:
         back = local_cluster.get_json("node", node)

@@ -87,10 +87,4 @@ watches); the same rules go into the ClusterRole (cluster-wide) or each namespac
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-{{- if .Values.peering.enabled }}
-# kopf peering: operators announce themselves in the peering object and the oldest one works.
-- apiGroups: ["kopf.dev"]
-  resources: [{{ if include "ddp-operator.clusterwide" . }}"clusterkopfpeerings"{{ else }}"kopfpeerings"{{ end }}]
-  verbs: ["get", "list", "watch", "patch"]
-{{- end }}
 {{- end }}

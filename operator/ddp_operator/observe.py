@@ -105,6 +105,14 @@ class PodObservation:
         return self.phase == "Running" and not self.deleting
 
     @property
+    def refuses_root_image(self) -> bool:
+        """The kubelet will not start the trainer: runAsNonRoot with an image that runs as root (or as a
+        non-numeric user it cannot check). Waiting cannot help; the pod would wait forever."""
+        return self.waiting_reason == "CreateContainerConfigError" and "runAsNonRoot" in (
+            self.waiting_message or ""
+        )
+
+    @property
     def ended_badly(self) -> bool:
         """The trainer failed, or the pod was disrupted or deleted before its trainer succeeded."""
         if self.trainer_succeeded:
@@ -193,7 +201,16 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
     terminated: Mapping[str, Any] | None = state.get("terminated")
     if terminated is None:
         # A trainer that never started because an init container failed: that container's ending decides.
+        # Not a native sidecar's (an init container with restartPolicy Always): the kubelet restarts it,
+        # and its brief terminated state says nothing about the rank.
+        sidecars = {
+            c.get("name")
+            for c in (pod.get("spec") or {}).get("initContainers") or []
+            if c.get("restartPolicy") == "Always"
+        }
         for init in status.get("initContainerStatuses") or []:
+            if init.get("name") in sidecars:
+                continue
             candidate = (init.get("state") or {}).get("terminated")
             if candidate and candidate.get("exitCode", 0) != 0:
                 terminated = candidate

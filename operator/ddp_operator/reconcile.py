@@ -55,6 +55,7 @@ _STOP_REASONS: Final = frozenset(
         deadline.REASON_IMAGE_PULL,
         deadline.REASON_STARTUP_TIMEOUT,
         REASON_POD_CREATE_FORBIDDEN,
+        REASON_INVALID_SPEC,
     }
 )
 # While waiting for the old attempt's pods to go, look again this often even without pod events.
@@ -592,6 +593,19 @@ def _rule_startup_deadline(live: _LiveAttempt) -> Decision | None:
     return _finish(live, names.PHASE_FAILED, reason, message)
 
 
+def _rule_root_image_refused(live: _LiveAttempt) -> Decision | None:
+    """A rank the kubelet will never start (runAsNonRoot, a root image): fail now, naming the fix."""
+    refused = next((p for p in sorted(live.current, key=lambda p: p.rank or 0) if p.refuses_root_image), None)
+    if refused is None:
+        return None
+    message = (
+        f"rank {refused.rank}'s trainer cannot start: {refused.waiting_message}; rank pods run with "
+        "securityContext.runAsNonRoot (the operator's default): use an image whose USER is a numeric "
+        "non-root id, or set spec.template.spec.securityContext.runAsUser"
+    )
+    return _finish(live, names.PHASE_FAILED, REASON_INVALID_SPEC, message)
+
+
 def _rule_progress(live: _LiveAttempt) -> Decision:
     """Nothing ended the attempt: Pending, Starting or Running, and the ranks still to create."""
     job, attempt, current = live.job, live.attempt, live.current
@@ -671,7 +685,7 @@ def _condition_time(old: Mapping[str, Any], kind: str) -> datetime | None:
 
 
 # In order: the first rule that ends the attempt wins; the last always answers.
-_LIVE_RULES: Final = (_rule_judged, _rule_active_deadline, _rule_startup_deadline)
+_LIVE_RULES: Final = (_rule_judged, _rule_active_deadline, _rule_startup_deadline, _rule_root_image_refused)
 
 
 def _live(

@@ -660,3 +660,46 @@ def test_deadlines_hold_while_restarting(policy: dict[str, Any], now: float, pha
     assert kind is not None and kind["reason"] == reason
     if phase == "Restarting":
         assert decision.requeue_after is not None and decision.requeue_after <= 1.0
+
+
+def test_a_root_image_under_run_as_non_root_fails_the_job_instead_of_waiting_forever() -> None:
+    message = "container has runAsNonRoot and image will run as root (pod: mnist-1-0, container: trainer)"
+    stuck = pod(1, waiting="CreateContainerConfigError")
+    stuck["status"]["containerStatuses"][0]["state"]["waiting"]["message"] = message
+    decision = run(job_spec(), live_status("Pending"), [pod(0), stuck], now=5)
+    failed = condition(decision.status, "Failed")
+    assert decision.status["phase"] == "Failed"
+    assert failed is not None and failed["reason"] == "InvalidSpec"
+    assert "rank 1" in failed["message"] and "runAsUser" in failed["message"] and message in failed["message"]
+    assert decision.delete_pods == ("mnist-0-0", "mnist-1-0"), (
+        "nothing of a job that cannot start keeps running"
+    )
+
+
+def test_a_missing_config_map_is_not_judged_permanent() -> None:
+    waiting = pod(1, waiting="CreateContainerConfigError")
+    waiting["status"]["containerStatuses"][0]["state"]["waiting"]["message"] = 'configmap "cfg" not found'
+    assert run(job_spec(), live_status("Pending"), [pod(0), waiting], now=5).status["phase"] == "Starting"
+
+
+def test_a_native_sidecars_brief_termination_is_not_the_ranks_failure() -> None:
+    restarting = pod(0)
+    restarting["spec"] = {"initContainers": [{"name": "log-shipper", "restartPolicy": "Always"}]}
+    restarting["status"]["containerStatuses"] = [
+        {"name": "trainer", "state": {"waiting": {"reason": "PodInitializing"}}}
+    ]
+    restarting["status"]["initContainerStatuses"] = [
+        {"name": "log-shipper", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}
+    ]
+    (observation,) = observe(restarting)
+    assert not observation.trainer_failed and not observation.terminated
+    plain_init = pod(0)
+    plain_init["spec"] = {"initContainers": [{"name": "fetch-data"}]}
+    plain_init["status"]["initContainerStatuses"] = [
+        {"name": "fetch-data", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}
+    ]
+    plain_init["status"]["containerStatuses"] = [
+        {"name": "trainer", "state": {"waiting": {"reason": "PodInitializing"}}}
+    ]
+    (failed,) = observe(plain_init)
+    assert failed.trainer_failed and failed.exit_code == 1

@@ -46,6 +46,7 @@ CONTRACT_ENV: Final = (
     "DDP_BACKEND",
     "DDP_METRICS_PORT",
     "DDP_CHECKPOINT_DIR",
+    "DDP_STALL_TIMEOUT_SECONDS",
     "POD_IP",
 )
 # Defaults the template may override.
@@ -142,6 +143,9 @@ def contract_env(job: JobSpec, rank: int, attempt: int) -> list[dict[str, Any]]:
     ]
     if job.checkpoint is not None:
         values.append(("DDP_CHECKPOINT_DIR", job.checkpoint.mount_path))
+    if job.run_policy.stall_timeout_seconds is not None:
+        # The ranks dump their stacks before the operator restarts a stalled gang.
+        values.append(("DDP_STALL_TIMEOUT_SECONDS", str(job.run_policy.stall_timeout_seconds)))
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in values]
     env.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     return env
@@ -205,6 +209,7 @@ def spec_hash(job: JobSpec) -> str:
         "template": job.template,
         "rendezvousPort": job.rendezvous_port,
         "metrics": [job.metrics.enabled, job.metrics.port],
+        "stallTimeoutSeconds": job.run_policy.stall_timeout_seconds,
         "checkpoint": None
         if job.checkpoint is None
         else [job.checkpoint.volume_claim_template, job.checkpoint.mount_path],

@@ -33,8 +33,9 @@ from ddp_operator.kube_api import (
     PodCreateForbidden,
     merge_patch_for,
 )
-from ddp_operator.observe import parse_time
+from ddp_operator.observe import PodObservation, parse_time
 from ddp_operator.podcache import JobKey, PodCache
+from ddp_operator.progress_scraper import ProgressScraper, Target
 from ddp_operator.reconcile import (
     DEFAULT_TIMING,
     CreateRefusal,
@@ -72,6 +73,10 @@ def job_key(body: Mapping[str, Any]) -> JobKey:
 
 def _uid(body: Mapping[str, Any]) -> str:
     return str((body.get("metadata") or {}).get("uid", ""))
+
+
+def _host(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip
 
 
 def _digest(objects: Sequence[Mapping[str, Any]]) -> str:
@@ -113,6 +118,8 @@ class Controller:
         self._instance = socket.gethostname()
         # Set by leader election: the controller acts only while it is set.
         self.leadership: threading.Event | None = None
+        # Reads training progress from rank 0's metrics (None: no progress in status, no stall checks).
+        self.scraper: ProgressScraper | None = None
         self._starting: asyncio.Task[None] | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -132,12 +139,16 @@ class Controller:
                 await asyncio.sleep(LEADERSHIP_POLL_SECONDS)
         await self.api.warm_up()
         await self.pods.start()
+        if self.scraper is not None:
+            self.scraper.start()
 
     async def stop(self) -> None:
         if self._starting is not None:
             self._starting.cancel()
         self.pods.stop()
         self.queue.stop()
+        if self.scraper is not None:
+            self.scraper.stop()
 
     def phase_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -176,6 +187,8 @@ class Controller:
         self._waiting_for_foreign.discard(key)
         self._refusals.pop(key, None)
         self.pods.forget_job(key)
+        if self.scraper is not None:
+            self.scraper.untrack(key)
         if body is not None:
             gone = (key[0], key[1], _uid(body))
             self._children_ready = {ready for ready in self._children_ready if ready[:3] != gone}
@@ -207,8 +220,38 @@ class Controller:
             await self._write_status(key, body, status, decision)
             return
         pods = self.pods.pods_of(key)
-        decision = decide(job, status, pods, self.clock(), self._refusals.get(key), self.rules)
+        observed = self.scraper.observation(key) if self.scraper is not None else None
+        decision = decide(job, status, pods, self.clock(), self._refusals.get(key), self.rules, observed)
         await self.execute(key, body, job, decision)
+        self._follow_progress(key, job, decision, pods)
+
+    def _follow_progress(
+        self, key: JobKey, job: JobSpec, decision: Decision, pods: Sequence[PodObservation]
+    ) -> None:
+        """Read the progress of a Running attempt from its rank 0 pod; of nothing else."""
+        if self.scraper is None:
+            return
+        attempt = decision.status.get("attempt")
+        current = {p.rank: p for p in pods if p.attempt == attempt and p.pod_ip and not p.deleting}
+        rank0 = current.get(0)
+        if decision.phase != names.PHASE_RUNNING or not job.metrics.enabled or rank0 is None:
+            self.scraper.untrack(key)
+            return
+        port = job.metrics.port
+        first_ranks = {rank: rank * job.nproc_per_node for rank in current if rank is not None}
+        target = Target(
+            attempt=int(attempt or 0),
+            rank0_url=f"http://{_host(rank0.pod_ip)}:{port}/metrics",
+            pods=job.replicas,
+            world_size=job.world_size,
+            stall_timeout=job.run_policy.stall_timeout_seconds,
+            rank_urls={
+                first_ranks[rank]: f"http://{_host(pod.pod_ip)}:{port}/metrics"
+                for rank, pod in current.items()
+                if rank is not None
+            },
+        )
+        self.scraper.track(key, target)
 
     async def execute(self, key: JobKey, body: JsonDict, job: JobSpec, decision: Decision) -> None:
         """Carry out a Decision in the order reconcile.py fixes (its module docstring)."""

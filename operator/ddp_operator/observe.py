@@ -61,6 +61,8 @@ class PodObservation:
     spec_hash: str | None = None
     phase: str = "Pending"
     uid: str = ""
+    node: str = ""  # spec.nodeName once scheduled
+    pod_ip: str = ""
     owner_uid: str | None = None
     created_at: datetime | None = None
     deleting: bool = False
@@ -231,6 +233,8 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         spec_hash=labels.get(names.LABEL_SPEC_HASH) or None,
         phase=str(status.get("phase") or "Pending"),
         uid=str(metadata.get("uid") or ""),
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        pod_ip=str(status.get("podIP") or ""),
         owner_uid=str(owners[0].get("uid")) if owners else None,
         created_at=parse_time(metadata.get("creationTimestamp")),
         deleting=deletion is not None,

@@ -36,8 +36,11 @@ from ddp_operator.policies import deadline, success, ttl
 from ddp_operator.policies.attempt import judge_attempt
 from ddp_operator.policies.failure import (
     REASON_POD_DELETED,
+    REASON_STALLED,
     RankFailure,
+    judge_failures,
 )
+from ddp_operator.progress import ProgressObservation, straggler_status
 from ddp_operator.spec import JobSpec
 
 REASON_CREATED: Final = "Created"
@@ -47,6 +50,7 @@ REASON_RUNNING: Final = "Running"
 REASON_SUSPENDED: Final = "Suspended"
 REASON_POD_CREATE_FORBIDDEN: Final = "PodCreateForbidden"
 REASON_INVALID_SPEC: Final = "InvalidSpec"
+REASON_STRAGGLER: Final = "Straggler"
 # Reasons that fail a job which must stop consuming resources whatever cleanPodPolicy says.
 _STOP_REASONS: Final = frozenset(
     {
@@ -79,6 +83,8 @@ class TimingRules:
 
     decision_window_seconds: float = 10.0
     unconfirmed_deletion_seconds: float = 30.0
+    # A rank named slowest for this long (above the scraper's threshold) is reported as the straggler.
+    straggler_window_seconds: float = 60.0
 
 
 DEFAULT_TIMING: Final = TimingRules()
@@ -107,6 +113,8 @@ class Decision:
     # True when this decision starts a gang restart (for the operator's restart counter).
     gang_restart: bool = False
     event: PhaseEvent | None = None
+    # Events that are not phase changes (a straggler appeared), posted once each.
+    notices: tuple[PhaseEvent, ...] = ()
     requeue_after: float | None = None
 
     @property
@@ -137,6 +145,9 @@ class _Transition:
     restarts: int = 0
     start_time: str | None = None
     completion_time: str | None = None
+    # What the operator read of the training (status.progress, status.straggler), when shown.
+    progress: Mapping[str, Any] | None = None
+    straggler: Mapping[str, Any] | None = None
 
 
 def _int(value: Any, default: int) -> int:
@@ -199,6 +210,10 @@ def _status(job: JobSpec, old: Mapping[str, Any], change: _Transition, now: date
         status["startTime"] = change.start_time
     if change.completion_time is not None:
         status["completionTime"] = change.completion_time
+    if change.progress:
+        status["progress"] = dict(change.progress)
+    if change.straggler:
+        status["straggler"] = dict(change.straggler)
     return status
 
 
@@ -216,6 +231,8 @@ _STATUS_KEYS: Final = (
     "worldSize",
     "startTime",
     "completionTime",
+    "progress",
+    "straggler",
 )
 
 
@@ -426,6 +443,7 @@ class _LiveAttempt:
     to_create: tuple[int, ...]
     failures: Sequence[RankFailure]
     rules: TimingRules = DEFAULT_TIMING
+    progress: ProgressObservation | None = None  # of this attempt only
 
     @property
     def counts(self) -> _Counts:
@@ -442,6 +460,30 @@ class _LiveAttempt:
         return deadline.seconds_left(
             parse_time(self.old.get("startTime")), self.job.run_policy.active_deadline_seconds, self.now
         )
+
+    @property
+    def shown_progress(self) -> Mapping[str, Any] | None:
+        """status.progress: the newest read of this attempt, else what status already shows of it."""
+        if self.progress is not None and self.progress.status:
+            return self.progress.status
+        old = self.old.get("progress")
+        return old if isinstance(old, Mapping) and self.old.get("attempt") == self.attempt else None
+
+    @property
+    def straggler_left(self) -> float | None:
+        """Seconds until the slowest rank has been slow for the straggler window; 0: it has."""
+        sighting = self.progress.straggler if self.progress is not None else None
+        if sighting is None:
+            return None
+        return max(0.0, self.rules.straggler_window_seconds - (self.now - sighting.since).total_seconds())
+
+    @property
+    def stall_left(self) -> float | None:
+        """Seconds until no new synchronized step for stallTimeoutSeconds is a stall; None: not watched."""
+        limit = self.job.run_policy.stall_timeout_seconds
+        if limit is None or self.progress is None or self.progress.step <= 0:
+            return None  # a stall needs training to have started
+        return limit - (self.now - self.progress.step_changed_at).total_seconds()
 
     @property
     def decision_window_left(self) -> float | None:
@@ -479,6 +521,7 @@ def _live_attempt(
     pods: Sequence[PodObservation],
     now: datetime,
     rules: TimingRules = DEFAULT_TIMING,
+    observed: ProgressObservation | None = None,
 ) -> _LiveAttempt:
     attempt = _int(old.get("attempt"), 0)
     stale = [p for p in pods if p.attempt != attempt or (p.rank or 0) >= job.replicas]
@@ -497,6 +540,7 @@ def _live_attempt(
         to_create=to_create,
         failures=[*failures, *missing],
         rules=rules,
+        progress=observed if observed is not None and observed.attempt == attempt else None,
     )
 
 
@@ -512,6 +556,8 @@ def _finish(live: _LiveAttempt, phase: str, reason: str, message: str) -> Decisi
         restarts=live.restarts,
         start_time=live.old.get("startTime") or format_time(live.now),
         completion_time=format_time(live.now),
+        # The last progress read stays: how far the job got.
+        progress=live.shown_progress,
     )
     cleanup = _cleanup(live.job, _status(live.job, live.old, change, live.now), live.pods, live.now)
     return _decision(
@@ -593,6 +639,53 @@ def _rule_startup_deadline(live: _LiveAttempt) -> Decision | None:
     return _finish(live, names.PHASE_FAILED, reason, message)
 
 
+def _rule_stalled(live: _LiveAttempt) -> Decision | None:
+    """No synchronized step for stallTimeoutSeconds: the gang is hung; retried like a lost peer."""
+    left = live.stall_left
+    if left is None or left > 0 or live.progress is None:
+        return None
+    limit = live.job.run_policy.stall_timeout_seconds
+    steps = live.progress.rank_steps
+    nodes = {p.rank: p.node for p in live.current}
+    behind = sorted(steps, key=lambda rank: (steps[rank], rank))[:3] if steps else []
+    where = ", ".join(f"rank {r} (step {steps[r]}) on node {nodes.get(r) or 'unknown'}" for r in behind)
+    stalled = RankFailure(
+        rank=behind[0] if behind else 0, finish_key=live.now.timestamp(), disruption=REASON_STALLED
+    )
+    verdict = judge_failures(
+        live.job.restart_policy, live.job.run_policy.backoff_limit, live.restarts, [stalled], live.attempt
+    )
+    detail = f"no synchronized step for {limit}s after step {live.progress.step}"
+    if where:
+        detail += f"; furthest behind: {where}"
+    message = f"{detail}; {verdict.message}"
+    if verdict.retry:
+        return _restart(live, REASON_STALLED, message)
+    return _finish(live, names.PHASE_FAILED, verdict.reason, message)
+
+
+def _shown_straggler(live: _LiveAttempt) -> tuple[dict[str, Any] | None, tuple[PhaseEvent, ...]]:
+    """status.straggler once a rank has been slowest for the window, and an Event when it is new."""
+    sighting = live.progress.straggler if live.progress is not None else None
+    if sighting is None or live.straggler_left:
+        return None, ()
+    pod = next((p for p in live.current if p.rank == sighting.rank), None)
+    shown = straggler_status(sighting, pod.name if pod else "", pod.node if pod else "")
+    previous = live.old.get("straggler")
+    if isinstance(previous, Mapping) and previous.get("rank") == sighting.rank:
+        return shown, ()
+    notice = PhaseEvent(
+        type="Warning",
+        reason=REASON_STRAGGLER,
+        message=(
+            f"rank {sighting.rank} ({shown['pod']} on node {shown['node'] or 'unknown'}) has been "
+            f"{sighting.slowdown:.2f}x slower than the median rank for "
+            f"{live.rules.straggler_window_seconds:.0f}s"
+        ),
+    )
+    return shown, (notice,)
+
+
 def _rule_root_image_refused(live: _LiveAttempt) -> Decision | None:
     """A rank the kubelet will never start (runAsNonRoot, a root image): fail now, naming the fix."""
     refused = next((p for p in sorted(live.current, key=lambda p: p.rank or 0) if p.refuses_root_image), None)
@@ -622,6 +715,7 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
     if phase == live.old.get("phase"):
         # Same phase: keep the message of the transition, so conditions do not churn per pod event.
         message = _condition_message(live.old, phase) or message
+    straggler, notices = _shown_straggler(live)
     change = _Transition(
         phase=phase,
         reason=reason,
@@ -630,6 +724,8 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
         attempt=attempt,
         restarts=live.restarts,
         start_time=live.old.get("startTime") or format_time(live.now),
+        progress=live.shown_progress,
+        straggler=straggler,
     )
     create = live.to_create
     return _decision(
@@ -642,7 +738,14 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
         create_ranks=create,
         create_service=bool(create),
         create_pvc=bool(create) and job.checkpoint is not None,
-        requeue_after=_min_wait(live.active_left, live.startup_left, live.decision_window_left),
+        notices=notices,
+        requeue_after=_min_wait(
+            live.active_left,
+            live.startup_left,
+            live.decision_window_left,
+            live.stall_left,
+            live.straggler_left,
+        ),
     )
 
 
@@ -685,13 +788,24 @@ def _condition_time(old: Mapping[str, Any], kind: str) -> datetime | None:
 
 
 # In order: the first rule that ends the attempt wins; the last always answers.
-_LIVE_RULES: Final = (_rule_judged, _rule_active_deadline, _rule_startup_deadline, _rule_root_image_refused)
+_LIVE_RULES: Final = (
+    _rule_judged,
+    _rule_active_deadline,
+    _rule_startup_deadline,
+    _rule_root_image_refused,
+    _rule_stalled,
+)
 
 
 def _live(
-    job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime, rules: TimingRules
+    job: JobSpec,
+    old: Mapping[str, Any],
+    pods: Sequence[PodObservation],
+    now: datetime,
+    rules: TimingRules,
+    observed: ProgressObservation | None,
 ) -> Decision:
-    live = _live_attempt(job, old, pods, now, rules)
+    live = _live_attempt(job, old, pods, now, rules, observed)
     for rule in _LIVE_RULES:
         decision = rule(live)
         if decision is not None:
@@ -706,11 +820,13 @@ def decide(
     now: datetime,
     refusal: CreateRefusal | None = None,
     rules: TimingRules = DEFAULT_TIMING,
+    observed: ProgressObservation | None = None,
 ) -> Decision:
     """The next step for one job.
 
     ``pods``: observations of the job's own pods; ``now``: timezone-aware; ``refusal``: a child the
-    apiserver refused for good since the last decision; ``rules``: how long to wait for late reports.
+    apiserver refused for good since the last decision; ``rules``: how long to wait for late reports;
+    ``observed``: what the operator read of the training from rank 0's metrics.
     """
     old: Mapping[str, Any] = status or {}
     ours = _ours(job, pods)
@@ -728,7 +844,7 @@ def decide(
         target = attempt + 1 if isinstance(attempt, int) else 0
         return _start_attempt(job, old, ours, now, target, rules)
     if phase in _LIVE_PHASES and isinstance(attempt, int):
-        return _live(job, old, ours, now, rules)
+        return _live(job, old, ours, now, rules, observed)
     # A new job, or one whose first creation was interrupted: finish creating its newest attempt.
     newest = max((p.attempt for p in ours if p.attempt is not None), default=0)
     return _start_attempt(job, old, ours, now, newest, rules)

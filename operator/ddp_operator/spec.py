@@ -67,6 +67,7 @@ DECLARED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
             "backoffLimit",
             "activeDeadlineSeconds",
             "startupDeadlineSeconds",
+            "stallTimeoutSeconds",
             "ttlSecondsAfterFinished",
             "cleanPodPolicy",
             "suspend",
@@ -101,11 +102,17 @@ def unknown_fields(manifest: Mapping[str, Any]) -> list[SpecError]:
     return errors
 
 
+# A stall is judged from scrapes; shorter than a few scrape intervals would read a slow step as a hang.
+MIN_STALL_TIMEOUT_SECONDS: Final = 10
+
+
 @dataclass(frozen=True)
 class RunPolicy:
     backoff_limit: int = DEFAULT_BACKOFF_LIMIT
     active_deadline_seconds: int | None = None
     startup_deadline_seconds: int | None = None
+    # No synchronized step for this long, once training started: Stalled (retried like a lost peer).
+    stall_timeout_seconds: int | None = None
     ttl_seconds_after_finished: int | None = None
     clean_pod_policy: CleanPodPolicy = DEFAULT_CLEAN_POD_POLICY
     suspend: bool = False
@@ -258,6 +265,7 @@ def _parse_run_policy(raw: Mapping[str, Any]) -> RunPolicy:
         ),
         active_deadline_seconds=_int(raw, "activeDeadlineSeconds", path, None, minimum=1),
         startup_deadline_seconds=_int(raw, "startupDeadlineSeconds", path, None, minimum=1),
+        stall_timeout_seconds=_int(raw, "stallTimeoutSeconds", path, None, minimum=MIN_STALL_TIMEOUT_SECONDS),
         ttl_seconds_after_finished=_int(raw, "ttlSecondsAfterFinished", path, None, minimum=0),
         clean_pod_policy=cast(
             CleanPodPolicy, _enum(raw, "cleanPodPolicy", path, CLEAN_POD_POLICIES, DEFAULT_CLEAN_POD_POLICY)

@@ -19,6 +19,8 @@ import logging
 import os
 from typing import Any
 
+from ddp_operator.progress_scraper import DEFAULT_CONCURRENCY as DEFAULT_SCRAPE_CONCURRENCY
+from ddp_operator.progress_scraper import DEFAULT_INTERVAL_SECONDS, ProgressScraper
 from ddp_operator.reconcile import DEFAULT_TIMING, TimingRules
 
 DEFAULT_METRICS_PORT = 9410
@@ -89,6 +91,32 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_TIMING.decision_window_seconds,
         help="after an attempt's first failure, wait up to this many seconds for every rank's report before "
         f"judging it (default {DEFAULT_TIMING.decision_window_seconds:g}; docs/restarts.md)",
+    )
+    parser.add_argument(
+        "--progress-interval",
+        type=float,
+        default=DEFAULT_INTERVAL_SECONDS,
+        help="read each Running job's progress from its rank 0 metrics endpoint this often, in seconds; 0: "
+        f"never (no status.progress, no stall detection) (default {DEFAULT_INTERVAL_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--progress-concurrency",
+        type=int,
+        default=DEFAULT_SCRAPE_CONCURRENCY,
+        help=f"progress reads in flight at once, across all jobs (default {DEFAULT_SCRAPE_CONCURRENCY})",
+    )
+    parser.add_argument(
+        "--straggler-threshold",
+        type=float,
+        default=1.5,
+        help="a rank whose compute time per step is this many times the median's is slow (default 1.5)",
+    )
+    parser.add_argument(
+        "--straggler-window",
+        type=float,
+        default=DEFAULT_TIMING.straggler_window_seconds,
+        help="seconds a rank must stay slow before status.straggler names it and an Event is posted "
+        f"(default {DEFAULT_TIMING.straggler_window_seconds:g})",
     )
     parser.add_argument(
         "--unconfirmed-deletion",
@@ -174,10 +202,17 @@ def main(args: argparse.Namespace) -> int:
     if args.leader_election and timing.problem():
         print(f"ddpjob operator: {timing.problem()}")
         return 2
-    rules = TimingRules(args.decision_window, args.unconfirmed_deletion)
+    rules = TimingRules(args.decision_window, args.unconfirmed_deletion, args.straggler_window)
     controller = Controller(
         api, namespaces=namespaces or None, status_interval=args.status_interval, rules=rules
     )
+    if args.progress_interval > 0:
+        controller.scraper = ProgressScraper(
+            controller.kick,
+            interval=args.progress_interval,
+            concurrency=max(1, args.progress_concurrency),
+            straggler_threshold=args.straggler_threshold,
+        )
     elector: leader.LeaderElector | None = None
     if args.leader_election:
         elector = leader.LeaderElector(

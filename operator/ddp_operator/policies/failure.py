@@ -27,6 +27,8 @@ REASON_EVICTED: Final = "Evicted"
 REASON_PREEMPTED: Final = "Preempted"
 REASON_POD_DELETED: Final = "PodDeleted"
 REASON_POD_FAILED: Final = "PodFailed"
+# No synchronized step for stallTimeoutSeconds: a hung collective, retried like a lost peer.
+REASON_STALLED: Final = "Stalled"
 
 FIRST_SIGNAL_CODE: Final = 128
 
@@ -61,6 +63,8 @@ class RankFailure:
     def describe(self) -> str:
         if self.disruption == REASON_POD_DELETED:
             return f"rank {self.rank}'s pod was deleted"
+        if self.disruption == REASON_STALLED:
+            return f"the gang stalled (rank {self.rank} furthest behind)"
         if self.disruption:
             return f"rank {self.rank}'s pod was {self.disruption.lower()}"
         if self.exit_code is not None:

@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from prometheus_client import CollectorRegistry
 from torch import nn
 from torch._C._distributed_c10d import TCPStore
 from torch.nn.parallel import DistributedDataParallel
@@ -27,10 +26,10 @@ from ddp_trainer.checkpoint import load_newest_checkpoint, save_checkpoint
 from ddp_trainer.config import ConfigError, DistEnv, TrainConfig, resolve_backend
 from ddp_trainer.control import StopFlag, Watchdog
 from ddp_trainer.exitcodes import EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED
-from ddp_trainer.metrics import create_rank_metrics, multiprocess_dir, serve_registry
+from ddp_trainer.library import Instrumentation, instrument
+from ddp_trainer.metrics import MetricsEndpoint, open_endpoint
 from ddp_trainer.progress import FinalResult, Progress, format_status_line
-from ddp_trainer.sync import SyncRecorder
-from ddp_trainer.teardown import import_group_defaults_early, leave_process_group
+from ddp_trainer.teardown import process_group_session
 from ddp_trainer.workloads import Workload, build_workload
 
 
@@ -66,7 +65,6 @@ def setup(env: DistEnv, config: TrainConfig) -> DistContext:
     else:
         device = torch.device("cpu")
     endpoint = f"{env.master_addr}:{env.master_port}"
-    import_group_defaults_early()
     try:
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             # Started by our launcher: torch's elastic agent hosts the store, env:// finds it.
@@ -165,8 +163,7 @@ class Trainer:
         env: DistEnv,
         context: DistContext,
         stop: StopFlag,
-        registry: CollectorRegistry | None,
-        metrics_server: Any = None,
+        endpoint: MetricsEndpoint,
     ) -> None:
         self.config = config
         self.env = env
@@ -175,28 +172,20 @@ class Trainer:
         self.is_rank0 = context.rank == 0
         self.watchdog = Watchdog(config.watchdog_timeout, context.rank)
         self.checkpoint_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
-        self.registry = registry
-        self.metrics_server = metrics_server
+        self.endpoint = endpoint
 
     # --- building ------------------------------------------------------------------------------------
     def _collective(self, what: str) -> Any:
         return self.watchdog.guard(what)
 
-    def _recorder(self) -> SyncRecorder:
-        config, ctx = self.config, self.ctx
-        metrics = create_rank_metrics(
-            ctx.rank,
-            ctx.backend,
-            config.comm_hook,
-            torch.__version__,
-            self.registry,
-            per_allreduce=config.sync_metrics == "detailed",
-        )
-        return SyncRecorder(
-            metrics,
-            world_size=ctx.world_size,
+    def _instrument(self, ddp: DistributedDataParallel) -> Instrumentation:
+        """The library's metrics on our own model, exported on the endpoint opened before the rendezvous."""
+        config = self.config
+        return instrument(
+            ddp,
             comm_hook=config.comm_hook,
             mode=config.sync_metrics,
+            endpoint=self.endpoint,
             logger_sample_every=config.logger_sample_every,
             powersgd_rank=config.powersgd_rank,
         )
@@ -237,8 +226,7 @@ class Trainer:
             device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
             bucket_cap_mb=config.bucket_cap_mb,
         )
-        recorder = self._recorder()
-        recorder.install(ddp)
+        metrics = self._instrument(ddp)
 
         features, labels = workload.train.tensors
         sampler: DistributedSampler[Any] = DistributedSampler(
@@ -271,18 +259,20 @@ class Trainer:
                         loss = loss_fn(ddp(inputs), targets)
                         loss.backward()
                         optimizer.step()
+                    seconds = time.perf_counter() - started
                     step += 1
                     position = batch_index + 1
-                    recorder.after_step(len(indices), time.perf_counter() - started)
                     window_steps += 1
                     last = step >= total_steps
-                    if step % config.progress_every == 0 or last:
+                    logged = step % config.progress_every == 0 or last
+                    if logged:
                         loss_value = float(loss.item())
-                        recorder.metrics.loss.set(loss_value)
-                        averages = recorder.refresh_from_logger()
+                    metrics.step(len(indices), seconds, loss=loss_value if logged else None)
+                    if logged:
+                        averages = metrics.sample_logger()
                         if self.is_rank0:
                             elapsed = max(time.perf_counter() - window_start, 1e-9)
-                            p50 = recorder.allreduce_p50_seconds()
+                            p50 = metrics.allreduce_p50_seconds()
                             print(
                                 Progress(
                                     step=step,
@@ -293,7 +283,7 @@ class Trainer:
                                     * ctx.world_size
                                     / elapsed,
                                     allreduce_p50_ms=None if p50 is None else p50 * 1000.0,
-                                    overlap=averages.get("ratio"),
+                                    overlap=None if averages is None else averages.ratio,
                                 ).line(),
                                 flush=True,
                             )
@@ -308,8 +298,7 @@ class Trainer:
                         time.sleep(config.throttle_ms / 1000.0)
                 else:
                     epoch, position = epoch + 1, 0
-            recorder.resolve_ready_events(wait=True)
-            recorder.refresh_from_logger()
+            metrics.flush()
             if stop_requested:
                 path = self._checkpoint(ddp, optimizer, step, epoch, position)
                 if self.is_rank0:
@@ -328,7 +317,7 @@ class Trainer:
             )
             return EXIT_PEER_LOST
         finally:
-            recorder.detach()
+            metrics.close()  # lets go of the model; the endpoint stays up for the linger
         self._linger()
         return EXIT_OK
 
@@ -390,7 +379,7 @@ class Trainer:
         print(FinalResult(accuracy=accuracy, loss=loss_value, steps=steps).line(), flush=True)
 
     def _linger(self) -> None:
-        if self.metrics_server is not None and self.config.metrics_linger > 0:
+        if self.endpoint.server is not None and self.config.metrics_linger > 0:
             print(
                 f"ddp_trainer: serving /metrics for {self.config.metrics_linger:g} s more (SIGTERM ends it)",
                 flush=True,
@@ -398,27 +387,16 @@ class Trainer:
             self.stop.event.wait(self.config.metrics_linger)
 
 
-def open_metrics_endpoint(config: TrainConfig, env: DistEnv) -> tuple[CollectorRegistry | None, Any]:
+def open_metrics_endpoint(config: TrainConfig, env: DistEnv) -> MetricsEndpoint:
     """This rank's registry and server; under a launcher the shared files are the registry."""
-    if multiprocess_dir():
-        return None, None
-    registry = CollectorRegistry(auto_describe=True)
-    if not env.metrics_port:
-        return registry, None
     try:
-        return registry, serve_registry(registry, config.metrics_host, env.metrics_port)
+        return open_endpoint(config.metrics_host, env.metrics_port)
     except OSError as error:
         raise ConfigError(
             "DDP_METRICS_PORT",
             f"cannot serve /metrics on {config.metrics_host}:{env.metrics_port} ({error.strerror or error})",
             "choose a free port (or 0 for no endpoint)",
         ) from None
-
-
-def close_server(server: Any) -> None:
-    if server is not None:
-        server.shutdown()
-        server.server_close()
 
 
 def run_worker(config: TrainConfig, env: DistEnv) -> int:
@@ -433,15 +411,17 @@ def run_worker(config: TrainConfig, env: DistEnv) -> int:
     # by the default action (reported as 143), instead of after the pod's whole grace period.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_DFL)
-    registry, server = open_metrics_endpoint(config, env)
+    endpoint = open_metrics_endpoint(config, env)
     try:
-        context = setup(env, config)
-        stop.install()
-        return Trainer(config, env, context, stop, registry, server).train()
-    except PeerLostError as error:
-        log(str(error))
-        return EXIT_PEER_LOST
+        # The session ends the group on the way out; by then the Trainer and its DDP model are gone,
+        # so the group's threads can be joined while the interpreter is alive.
+        with process_group_session():
+            try:
+                context = setup(env, config)
+                stop.install()
+                return Trainer(config, env, context, stop, endpoint).train()
+            except PeerLostError as error:
+                log(str(error))
+                return EXIT_PEER_LOST
     finally:
-        close_server(server)
-        # Here the Trainer and its DDP model are gone, so the group's threads can be joined now.
-        leave_process_group()
+        endpoint.close()

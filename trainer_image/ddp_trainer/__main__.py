@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from ddp_trainer.config import ConfigError, parse_args, parse_env
-from ddp_trainer.exitcodes import EXIT_BAD_CONFIG
+from ddp_trainer.exitcodes import EXIT_BAD_CONFIG, EXIT_OWN_ERROR
 
 
 def _whole_lines(*streams: object) -> None:
@@ -37,7 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         code = run_worker(config, env)
         write_exit_record(env.rank, code)
-        if collective_threads():
+        # After its own error a rank leaves its group to the exit on purpose (ddp_trainer.trainer).
+        if code != EXIT_OWN_ERROR and collective_threads():
             # Something still holds the process group: a gloo thread releasing a work while the
             # interpreter finalizes would abort this finished rank (see ddp_trainer.teardown).
             print(f"ddp_trainer: {THREADS_OUTLIVED_GROUP}", file=sys.stderr, flush=True)

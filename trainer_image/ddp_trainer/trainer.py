@@ -10,6 +10,8 @@ import signal
 import socket
 import sys
 import time
+import traceback
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -25,16 +27,12 @@ from torch.utils.data import DistributedSampler
 from ddp_trainer.checkpoint import load_newest_checkpoint, save_checkpoint
 from ddp_trainer.config import ConfigError, DistEnv, TrainConfig, resolve_backend
 from ddp_trainer.control import StopFlag, Watchdog
-from ddp_trainer.exitcodes import EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED
+from ddp_trainer.exitcodes import EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED, PeerLostError, exit_code_for
 from ddp_trainer.library import Instrumentation, instrument
 from ddp_trainer.metrics import MetricsEndpoint, open_endpoint
 from ddp_trainer.progress import FinalResult, Progress, format_status_line
 from ddp_trainer.teardown import process_group_session
 from ddp_trainer.workloads import Workload, build_workload
-
-
-class PeerLostError(Exception):
-    """The process group could not be formed or a collective failed: exit EXIT_PEER_LOST."""
 
 
 class InjectedExitError(Exception):
@@ -54,6 +52,19 @@ class DistContext:
 
 def log(message: str) -> None:
     print(f"ddp_trainer: {message}", file=sys.stderr, flush=True)
+
+
+def maybe_inject_fault(config: TrainConfig, rank: int, point: str, step: int | None = None) -> None:
+    """Testing aid (--inject-fault): fail here if this rank was told to. "bad-shape" is the loop's."""
+    fault = config.inject_fault
+    if fault is None or not fault.at(rank, point, step) or fault.action == "bad-shape":
+        return
+    log(f"rank {rank}: injected fault: {fault.describe()}")
+    if fault.action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)  # vanish like a lost node: no cleanup, no exit record
+    if fault.action == "exit" and fault.code is not None:
+        os._exit(fault.code)  # like a crash in native code: no exit record
+    raise ValueError(f"injected fault on rank {rank}: {fault.describe()}")
 
 
 def setup(env: DistEnv, config: TrainConfig) -> DistContext:
@@ -93,6 +104,7 @@ def setup(env: DistEnv, config: TrainConfig) -> DistContext:
                 world_size=env.world_size,
                 timeout=timedelta(seconds=config.init_timeout),
             )
+        maybe_inject_fault(config, env.rank, "rendezvous")
         # Forming the group is what the init timeout bounds: every rank checks in here.
         dist.barrier()
     except Exception as error:
@@ -141,6 +153,12 @@ def _set_collective_timeout(seconds: float) -> None:
         set_timeout(timedelta(seconds=seconds))
 
 
+def _peer_lost_message(rank: int, error: Exception) -> str:
+    if isinstance(error, PeerLostError):
+        return str(error)
+    return f"rank {rank}: a collective failed, a peer is gone: {type(error).__name__}: {_first_line(error)}"
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else ""
@@ -175,7 +193,7 @@ class Trainer:
         self.endpoint = endpoint
 
     # --- building ------------------------------------------------------------------------------------
-    def _collective(self, what: str) -> Any:
+    def _collective(self, what: str) -> AbstractContextManager[None]:
         return self.watchdog.guard(what)
 
     def _instrument(self, ddp: DistributedDataParallel) -> Instrumentation:
@@ -198,6 +216,7 @@ class Trainer:
             if found is not None:
                 holder[0] = found[0]
                 log(f"rank 0 resumes from {found[1]}")
+        maybe_inject_fault(self.config, self.ctx.rank, "resume")
         with self._collective("the checkpoint broadcast"):
             dist.broadcast_object_list(
                 holder, src=0, device=self.ctx.device if self.ctx.backend == "nccl" else None
@@ -221,11 +240,14 @@ class Trainer:
                 log("the checkpoint was written with another world size: the data order will differ")
             if self.is_rank0:
                 print(format_status_line("resumed", {"step": step, "epoch": epoch}), flush=True)
-        ddp = DistributedDataParallel(
-            model,
-            device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-            bucket_cap_mb=config.bucket_cap_mb,
-        )
+        maybe_inject_fault(config, ctx.rank, "ddp")
+        # DDP's constructor checks the parameter shapes across ranks and broadcasts rank 0's parameters.
+        with self._collective("DDP construction"):
+            ddp = DistributedDataParallel(
+                model,
+                device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                bucket_cap_mb=config.bucket_cap_mb,
+            )
         metrics = self._instrument(ddp)
 
         features, labels = workload.train.tensors
@@ -248,11 +270,14 @@ class Trainer:
                     if step >= total_steps:
                         break
                     self._maybe_inject_exit(step)
+                    maybe_inject_fault(config, ctx.rank, "step", step)
                     indices = torch.tensor(
                         order[batch_index * config.batch_size : (batch_index + 1) * config.batch_size]
                     )
                     inputs = features[indices].to(ctx.device, non_blocking=True)
                     targets = labels[indices].to(ctx.device, non_blocking=True)
+                    if self._bad_shape_at(step):
+                        inputs = inputs[..., :-1]  # one feature short: the model's own shape error
                     started = time.perf_counter()
                     with self._collective("a training step"):
                         optimizer.zero_grad(set_to_none=True)
@@ -307,15 +332,11 @@ class Trainer:
                         flush=True,
                     )
                 return EXIT_STOPPED
-            path = self._checkpoint(ddp, optimizer, step, epoch, position)
+            self._checkpoint(ddp, optimizer, step, epoch, position, final=True)
             self._report(ddp, workload, loss_value, step)
         except InjectedExitError as injected:
             return injected.code
-        except RuntimeError as error:  # gloo and NCCL report a vanished peer as RuntimeError subclasses
-            log(
-                f"rank {ctx.rank}: a collective failed, a peer is gone: {type(error).__name__}: {_first_line(error)}"
-            )
-            return EXIT_PEER_LOST
+        # Any other error goes up to run_worker, which tells a lost peer from this rank's own error.
         finally:
             metrics.close()  # lets go of the model; the endpoint stays up for the linger
         self._linger()
@@ -326,6 +347,13 @@ class Trainer:
         if injected is not None and injected.rank == self.ctx.rank and injected.step == step:
             log(f"rank {self.ctx.rank}: injected exit {injected.code} at step {step}")
             raise InjectedExitError(injected.code)
+
+    def _bad_shape_at(self, step: int) -> bool:
+        fault = self.config.inject_fault
+        bad = fault is not None and fault.action == "bad-shape" and fault.at(self.ctx.rank, "step", step)
+        if bad:
+            log(f"rank {self.ctx.rank}: injected fault: a batch of the wrong shape at step {step}")
+        return bad
 
     def _agree_to_stop(self) -> bool:
         flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.ctx.device)
@@ -340,12 +368,17 @@ class Trainer:
         step: int,
         epoch: int,
         position: int,
+        final: bool = False,
     ) -> str | None:
-        """Rank 0 writes; every rank waits at a barrier until it has, so a stop never races the write."""
-        if self.checkpoint_dir is None:
+        """Rank 0 writes; every rank waits at a barrier until it has, so a stop never races the write.
+
+        The ``final`` barrier is held even without a checkpoint directory: the ranks leave together, so
+        a rank that exits 0 knows that every peer finished its steps (and one lost here is a lost peer).
+        """
+        if self.checkpoint_dir is None and not final:
             return None
         path: str | None = None
-        if self.is_rank0:
+        if self.is_rank0 and self.checkpoint_dir is not None:
             state = {
                 "step": step,
                 "epoch": epoch,
@@ -357,7 +390,9 @@ class Trainer:
                 "workload": self.config.workload,
             }
             path = str(save_checkpoint(self.checkpoint_dir, step, state, self.config.keep_checkpoints))
-        with self._collective("the checkpoint barrier"):
+        if final:
+            maybe_inject_fault(self.config, self.ctx.rank, "final-barrier")
+        with self._collective("the final barrier" if final else "the checkpoint barrier"):
             dist.barrier()
         return path
 
@@ -400,10 +435,11 @@ def open_metrics_endpoint(config: TrainConfig, env: DistEnv) -> MetricsEndpoint:
 
 
 def run_worker(config: TrainConfig, env: DistEnv) -> int:
-    """Everything one rank does: setup, train, and always ``destroy_process_group()``.
+    """Everything one rank does: setup, train, end the group; returns the exit code.
 
     The metrics endpoint opens first, so a port conflict is a configuration error (exit 2) found
-    before this rank makes its peers wait for it.
+    before this rank makes its peers wait for it. An error is either a lost peer (170, retried) or
+    this rank's own (1, permanent), wherever it happens: see :func:`ddp_trainer.exitcodes.exit_code_for`.
     """
     stop = StopFlag()
     # Until the group is formed there is nothing to checkpoint, and the rank may sit in a rendezvous
@@ -415,13 +451,23 @@ def run_worker(config: TrainConfig, env: DistEnv) -> int:
     try:
         # The session ends the group on the way out; by then the Trainer and its DDP model are gone,
         # so the group's threads can be joined while the interpreter is alive.
-        with process_group_session():
+        with process_group_session() as session:
             try:
                 context = setup(env, config)
                 stop.install()
                 return Trainer(config, env, context, stop, endpoint).train()
-            except PeerLostError as error:
-                log(str(error))
-                return EXIT_PEER_LOST
+            except Exception as error:
+                code = exit_code_for(error)
+                if code == EXIT_PEER_LOST:
+                    log(_peer_lost_message(env.rank, error))
+                    return code
+                log(
+                    f"rank {env.rank}: an error of this rank's own code (exit {code}, permanent):\n"
+                    + "".join(traceback.format_exception(error)).rstrip()
+                )
+                # Exit before the peers can notice: ending the group would close its connections, and
+                # they could report their collateral 170 before this rank has recorded its own code.
+                session.abandon()
+                return code
     finally:
         endpoint.close()

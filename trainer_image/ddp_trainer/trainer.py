@@ -31,7 +31,7 @@ from ddp_trainer.exitcodes import EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED, PeerLos
 from ddp_trainer.library import Instrumentation, instrument
 from ddp_trainer.metrics import MetricsEndpoint, open_endpoint
 from ddp_trainer.progress import FinalResult, Progress, format_status_line
-from ddp_trainer.teardown import process_group_session
+from ddp_trainer.teardown import THREADS_OUTLIVED_GROUP, GroupSession, process_group_session
 from ddp_trainer.workloads import Workload, build_workload
 
 
@@ -334,9 +334,7 @@ class Trainer:
                 return EXIT_STOPPED
             self._checkpoint(ddp, optimizer, step, epoch, position, final=True)
             self._report(ddp, workload, loss_value, step)
-        except InjectedExitError as injected:
-            return injected.code
-        # Any other error goes up to run_worker, which tells a lost peer from this rank's own error.
+        # An error goes up to run_worker, which tells a lost peer from this rank's own error.
         finally:
             metrics.close()  # lets go of the model; the endpoint stays up for the linger
         self._linger()
@@ -452,22 +450,37 @@ def run_worker(config: TrainConfig, env: DistEnv) -> int:
         # The session ends the group on the way out; by then the Trainer and its DDP model are gone,
         # so the group's threads can be joined while the interpreter is alive.
         with process_group_session() as session:
-            try:
-                context = setup(env, config)
-                stop.install()
-                return Trainer(config, env, context, stop, endpoint).train()
-            except Exception as error:
-                code = exit_code_for(error)
-                if code == EXIT_PEER_LOST:
-                    log(_peer_lost_message(env.rank, error))
-                    return code
-                log(
-                    f"rank {env.rank}: an error of this rank's own code (exit {code}, permanent):\n"
-                    + "".join(traceback.format_exception(error)).rstrip()
-                )
-                # Exit before the peers can notice: ending the group would close its connections, and
-                # they could report their collateral 170 before this rank has recorded its own code.
-                session.abandon()
-                return code
+            code = _train_in_group(config, env, stop, endpoint, session)
     finally:
         endpoint.close()
+    if session.left is False:
+        # Something still holds the group: a gloo thread releasing a work while the interpreter
+        # finalizes would abort this finished rank, so the caller must exit without finalizing.
+        log(THREADS_OUTLIVED_GROUP)
+    return code
+
+
+def _train_in_group(
+    config: TrainConfig, env: DistEnv, stop: StopFlag, endpoint: MetricsEndpoint, session: GroupSession
+) -> int:
+    try:
+        context = setup(env, config)
+        stop.install()
+        return Trainer(config, env, context, stop, endpoint).train()
+    except InjectedExitError as injected:
+        # The testing aid stands for this rank's own failure with that code: it exits first, as below.
+        session.abandon()
+        return injected.code
+    except Exception as error:
+        code = exit_code_for(error)
+        if code == EXIT_PEER_LOST:
+            log(_peer_lost_message(env.rank, error))
+            return code
+        log(
+            f"rank {env.rank}: an error of this rank's own code (exit {code}, permanent):\n"
+            + "".join(traceback.format_exception(error)).rstrip()
+        )
+        # Exit before the peers can notice: ending the group would close its connections, and they
+        # could record their collateral 170 before this rank has recorded its own code.
+        session.abandon()
+        return code

@@ -203,6 +203,35 @@ class InjectedExit:
     code: int
 
 
+# Where a rank can be made to fail on purpose (testing): before the check-in barrier of the rendezvous,
+# before the checkpoint broadcast, before DDP's constructor (which broadcasts the parameters), at a
+# training step, before the final barrier.
+FAULT_POINTS: Final = ("rendezvous", "resume", "ddp", "step", "final-barrier")
+# How: vanish (SIGKILL, like a lost node), exit with a code without writing an exit record (a crash
+# in native code), raise a ValueError (a bug in the rank's own code), or feed the model a batch of the
+# wrong shape (a RuntimeError from torch that is not about a peer; steps only).
+FAULT_ACTIONS: Final = ("kill", "exit", "value-error", "bad-shape")
+
+
+@dataclass(frozen=True)
+class InjectedFault:
+    """Testing aid: global rank ``rank`` fails by ``action`` at ``point`` (at ``step`` for "step")."""
+
+    rank: int
+    point: str
+    action: str
+    step: int | None = None
+    code: int | None = None  # for "exit"
+
+    def at(self, rank: int, point: str, step: int | None = None) -> bool:
+        return self.rank == rank and self.point == point and self.step == step
+
+    def describe(self) -> str:
+        where = f"step {self.step}" if self.point == "step" else self.point
+        what = f"exit {self.code}" if self.action == "exit" else self.action
+        return f"{what} at {where}"
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The command line of ``python -m ddp_trainer``."""
@@ -235,6 +264,7 @@ class TrainConfig:
     powersgd_rank: int
     throttle_ms: float
     inject_exit: InjectedExit | None
+    inject_fault: InjectedFault | None
 
 
 def _positive_int(text: str) -> int:
@@ -273,6 +303,38 @@ def _injected_exit(text: str) -> InjectedExit:
     return InjectedExit(rank=rank, step=step, code=code)
 
 
+def parse_injected_fault(text: str) -> InjectedFault:
+    """``RANK:POINT:ACTION``, POINT one of FAULT_POINTS (``step=N`` for a step), ACTION one of
+    FAULT_ACTIONS (``exit=CODE`` for an exit)."""
+    usage = (
+        f"expected RANK:POINT:ACTION with POINT in {', '.join(FAULT_POINTS)} (step=N) and ACTION in "
+        f"{', '.join(FAULT_ACTIONS)} (exit=CODE), got {text!r}"
+    )
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(usage)
+    rank_text, point_text, action_text = parts
+    point, _, step_text = point_text.partition("=")
+    action, _, code_text = action_text.partition("=")
+    try:
+        rank = int(rank_text)
+        step = int(step_text) if step_text else None
+        code = int(code_text) if code_text else None
+    except ValueError:
+        raise argparse.ArgumentTypeError(usage) from None
+    valid = (
+        rank >= 0
+        and point in FAULT_POINTS
+        and action in FAULT_ACTIONS
+        and (step is not None) == (point == "step")
+        and (code is not None) == (action == "exit")
+        and (action != "bad-shape" or point == "step")
+    )
+    if not valid:
+        raise argparse.ArgumentTypeError(usage)
+    return InjectedFault(rank=rank, point=point, action=action, step=step, code=code)
+
+
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     env = os.environ if env is None else env
     parser = argparse.ArgumentParser(
@@ -281,7 +343,8 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
             "DDP trainer of ddp-operator: joins the process group from the env contract (WORLD_SIZE, RANK, "
             "MASTER_ADDR, ...; see docs/trainer.md), trains a workload with DistributedDataParallel and "
             "exports gradient-sync metrics on DDP_METRICS_PORT. Exit codes: 0 done, 2 bad configuration, "
-            "143 stopped by SIGTERM after the checkpoint, 170 a peer was lost (retryable)."
+            "143 stopped by SIGTERM after the checkpoint, 170 a peer was lost or a collective stalled "
+            "(retryable), 1 an error of the trainer's own code (permanent)."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -396,6 +459,15 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         default=None,
         metavar="RANK:STEP:CODE",
         help="testing: global rank RANK exits with CODE when it reaches step STEP",
+    )
+    add(
+        "--inject-fault",
+        type=parse_injected_fault,
+        default=None,
+        metavar="RANK:POINT:ACTION",
+        help="testing: global rank RANK fails at POINT (rendezvous, resume, ddp, step=N, final-barrier) "
+        "by ACTION (kill: SIGKILL itself; exit=CODE: exit without an exit record; value-error: raise "
+        "ValueError; bad-shape: a batch of the wrong shape, at a step)",
     )
     return parser
 

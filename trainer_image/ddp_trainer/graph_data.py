@@ -17,6 +17,7 @@ Only numpy and the standard library: what is loaded or generated here is plain a
 from __future__ import annotations
 
 import gzip
+import warnings
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +80,9 @@ def _read_csv(path: Path, dtype: type[np.generic], columns: int | None = None) -
         raise ConfigError(str(path), "missing", OGB_FIX)
     kind = "integers" if np.issubdtype(dtype, np.integer) else "numbers"
     try:
-        with gzip.open(path, "rt", encoding="ascii", newline="") as text:
+        with gzip.open(path, "rt", encoding="ascii", newline="") as text, warnings.catch_warnings():
+            # An empty file is reported below, as one line, instead of numpy's warning.
+            warnings.filterwarnings("ignore", message="loadtxt: input contained no data")
             array: np.ndarray[Any, Any] = np.loadtxt(text, delimiter=",", dtype=dtype, ndmin=2)
     except (OSError, EOFError, zlib.error) as error:
         # gzip raises BadGzipFile (an OSError) for a file that is not gzip, EOFError for a truncated one.

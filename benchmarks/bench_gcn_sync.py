@@ -7,7 +7,7 @@ interleaved rounds (every round runs every set-up, in a rotating order); the tab
 over the rounds.
 
   mlp          --workload synthetic: the 8 x 1024 MLP of bench_sync_overhead.py, batch 64 per rank
-  gcn cap=...  --workload gcn on the example's generated graph (20,000 nodes, ~186,000 edges), 2 layers,
+  gcn cap=...  --workload gcn on the example's generated graph (20,000 nodes, ~192,000 edges), 2 layers,
                hidden 128, each rank's 800 training nodes per step, at several --bucket-cap-mb
 
     python benchmarks/bench_gcn_sync.py [--rounds 5 --steps 40 --warmup 10]

@@ -186,14 +186,16 @@ def main() -> None:
     )
     print()
     print(
-        "| set-up | buckets | step (ms) | allreduces/step | KiB/step | service/allreduce (ms) | "
+        "| set-up | buckets | step (ms) | step, runs' range (ms) | allreduces/step | KiB/step | service/allreduce (ms) | "
         "backward compute (ms) | backward comm (ms) | overlap (ms) | overlap ratio | comm / step |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, samples in results.items():
         step, comm = median(samples, "step_ms"), median(samples, "comm_ms")
         print(
-            f"| {name} | {median(samples, 'buckets'):.0f} | {step:.1f} | {median(samples, 'allreduce_calls'):.0f} "
+            f"| {name} | {median(samples, 'buckets'):.0f} | {step:.1f} "
+            f"| {min(x.step_ms for x in samples):.0f}-{max(x.step_ms for x in samples):.0f} "
+            f"| {median(samples, 'allreduce_calls'):.0f} "
             f"| {median(samples, 'allreduce_kib'):.1f} | {median(samples, 'allreduce_service_ms'):.2f} "
             f"| {median(samples, 'compute_ms'):.1f} | {comm:.2f} | {median(samples, 'overlap_ms'):.2f} "
             f"| {median(samples, 'overlap_ratio'):.2f} | {comm / step:.1%} |"

@@ -158,7 +158,7 @@ def run_once(args: Sequence[str], steps: int, warmup: int, workdir: Path) -> Sam
 
 
 def median(samples: list[Sample], field: str) -> float:
-    return statistics.median(getattr(sample, field) for sample in samples)
+    return float(statistics.median(getattr(sample, field) for sample in samples))
 
 
 def main() -> None:

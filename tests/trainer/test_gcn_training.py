@@ -86,9 +86,9 @@ def test_gcn_sync_metrics_count_its_gradients(gangs: Gangs, bucket_cap_mb: str, 
         metrics_ranks=(0, 1),
     )
     texts = {}
-    for rank, process in enumerate(gang):
+    for index, process in enumerate(gang):
         process.wait_for_stdout(LINGERING)
-        texts[str(rank)] = process.scrape()
+        texts[str(index)] = process.scrape()
         process.signal(signal.SIGTERM)
     assert wait_all(gang) == [0, 0], describe(gang)
     digests = {**gang[0].digests(), **gang[1].digests()}

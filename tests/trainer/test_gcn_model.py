@@ -1,4 +1,5 @@
-"""The GCN of the gcn workload against the textbook formulas, computed densely on small graphs."""
+"""The GCN of the gcn workload against the textbook formulas, computed densely on small graphs (in the
+trainer tier because it needs torch; no process group)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ddp_trainer.gcn import (
 )
 from ddp_trainer.graph_data import NodeGraph
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.trainer
 
 NUM_NODES = 5
 # A path 0-1-2-3 and a node 4 joined only to 0.

@@ -16,7 +16,8 @@ Backend = Literal["auto", "nccl", "gloo"]
 BACKENDS: Final = ("auto", "nccl", "gloo")
 COMM_HOOKS: Final = ("allreduce", "fp16", "bf16", "powersgd")
 SYNC_METRICS_MODES: Final = ("detailed", "light")
-WORKLOADS: Final = ("digits", "mnist", "synthetic")
+WORKLOADS: Final = ("digits", "mnist", "synthetic", "gcn")
+GRAPH_DATA: Final = ("generated", "ogbn-products")
 DEFAULT_MASTER_PORT: Final = 29500
 DEFAULT_MNIST_URL: Final = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 # Set by the trainer on the local workers it launches when NPROC_PER_NODE > 1.
@@ -261,6 +262,10 @@ class TrainConfig:
     synthetic_width: int
     synthetic_depth: int
     synthetic_samples: int
+    graph_data: str
+    graph_nodes: int
+    gcn_hidden: int
+    gcn_layers: int
     powersgd_rank: int
     throttle_ms: float
     inject_exit: InjectedExit | None
@@ -354,7 +359,8 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         choices=WORKLOADS,
         default="digits",
         help="digits: scikit-learn's 8x8 digits (offline); mnist: MNIST from --data-dir, downloaded from "
-        "--mnist-url when missing; synthetic: an MLP on random data, sized by --synthetic-width/-depth",
+        "--mnist-url when missing; synthetic: an MLP on random data, sized by --synthetic-width/-depth; "
+        "gcn: a graph convolutional network on --graph-data, each rank on its shard of the training nodes",
     )
     add(
         "--max-steps",
@@ -436,7 +442,8 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     add(
         "--data-dir",
         default=env.get("DDP_DATA_DIR") or "/tmp/ddp-data",
-        help="where the mnist workload finds (or downloads) its IDX files",
+        help="where the mnist workload finds (or downloads) its IDX files, and gcn with --graph-data "
+        "ogbn-products the dataset (raw/ and split/ as OGB publishes it)",
     )
     add(
         "--mnist-url",
@@ -446,6 +453,15 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     add("--synthetic-width", type=_positive_int, default=1024, help="hidden width of the synthetic MLP")
     add("--synthetic-depth", type=_positive_int, default=8, help="linear layers of the synthetic MLP")
     add("--synthetic-samples", type=_positive_int, default=4096, help="samples in the synthetic training set")
+    add(
+        "--graph-data",
+        choices=GRAPH_DATA,
+        default="generated",
+        help="gcn: a generated products-like graph of --graph-nodes nodes, or ogbn-products from --data-dir",
+    )
+    add("--graph-nodes", type=_positive_int, default=20000, help="gcn: nodes of the generated graph")
+    add("--gcn-hidden", type=_positive_int, default=128, help="gcn: width of the hidden layers")
+    add("--gcn-layers", type=_positive_int, default=2, help="gcn: graph convolution layers")
     add("--powersgd-rank", type=_positive_int, default=2, help="matrix approximation rank of PowerSGD")
     add(
         "--throttle-ms",

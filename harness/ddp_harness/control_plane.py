@@ -206,13 +206,18 @@ class LocalCluster:
 
     def _mark_lost(self, node: str, lost: bool) -> None:
         mark = f"{NODE_LOST_ANNOTATION}=true" if lost else f"{NODE_LOST_ANNOTATION}-"
-        self.kubectl_run("annotate", "node", node, "--overwrite", mark)
+        if not lost:
+            self.kubectl_run("annotate", "node", node, "--overwrite", mark)
+        # Pods before the node when losing it: the kubelet goes silent before its node is noticed, so
+        # no eviction can reach a pod that kwok would still confirm.
         pods = self.get_json("pods", "-A", "--field-selector", f"spec.nodeName={node}")["items"]
         for pod in pods:
             meta = pod["metadata"]
             self.kubectl_run(
                 "annotate", "pod", meta["name"], "-n", meta["namespace"], "--overwrite", mark, check=False
             )
+        if lost:
+            self.kubectl_run("annotate", "node", node, "--overwrite", mark)
 
     def lose_node(self, node: str) -> None:
         """The node's kubelet goes silent: the node turns Unknown (then tainted, its pods evicted), and

@@ -141,13 +141,18 @@ def test_defaults_run_one_hardened_cluster_wide_operator(helm: Path) -> None:
             "ClusterRoleBinding",
             "ClusterRoleBinding",
             "Deployment",
+            "Role",
+            "RoleBinding",
             "Service",
             "ServiceAccount",
         ]
     )
     deployment = only(docs, "Deployment")
     assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -462,7 +467,13 @@ def test_install_creates_crd_rbac_and_deployment(
             f"{kind}/{name} missing"
         )
     deployment = kube.json("get", "deployment", release.service_account, "-n", release.namespace)
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate", "leader election makes rollover safe"
+    assert (
+        kube.run(
+            "get", "role", f"{release.service_account}-leader-election", "-n", release.namespace, check=False
+        ).returncode
+        == 0
+    )
 
 
 def test_install_refuses_bad_values(local_cluster: Any, kube: Kube) -> None:

@@ -178,8 +178,8 @@ def test_a_retryable_first_failure_restarts_even_when_a_later_exit_1_is_reported
     running_ranks(kube, namespace, "coll", 2, attempt=1)
     status = wait_phase(kube, namespace, "coll", "Running")
     assert status["restarts"] == 1
-    restarting = condition(status, "Restarting")
-    assert restarting is not None and "rank 0 exited with code 137" in restarting["message"]
+    restarts = [e["message"] for e in kube.events_for(namespace, "coll") if e["reason"] == "ExitCode"]
+    assert restarts and "rank 0 exited with code 137" in restarts[0], restarts
 
 
 def test_spent_backoff_limit_fails_the_job(kube: Kube, namespace: str, operator: OperatorProcess) -> None:

@@ -59,7 +59,8 @@ rm -rf "${mod_dir}" && mkdir -p "${mod_dir}"
 cd "${mod_dir}"
 run_go go mod init ddp-operator.local/build-kube-network-policies
 run_go go mod edit -go="$(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1.0/')"
-run_go go get "sigs.k8s.io/kube-network-policies@${KUBE_NETWORK_POLICIES_VERSION}"
+# `go get` of the main package (not the module root, which has none) records every module it imports.
+run_go go get "${MAIN_PACKAGE}@${KUBE_NETWORK_POLICIES_VERSION}"
 run_go go build -ldflags "-s -w" -o "${BINARY}" "${MAIN_PACKAGE}"
 echo "${KUBE_NETWORK_POLICIES_VERSION}" >"${BIN_DIR}/.version"
 log "kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION}: done in $((SECONDS - t0)) s: ${BINARY}"

@@ -6,8 +6,9 @@ reads the caches, asks ``decide()`` (every decision is made there, refusals and 
 and executes the Decision through kube_api: deletes, creates, the status write (status_writes.py says
 when one is worth it), the Event, the TTL delete. Nothing here LISTs: the only LIST is the pod cache's.
 
-Writes per job lifecycle stay near the floor the benchmark measures (R pods + 1 Service + a few): an
-Event only on a phase change; the Service and PVC once per job per process and version of them.
+Writes per job lifecycle stay near the floor the benchmark measures (R pods + the Service and the
+NetworkPolicy + a few): an Event only on a phase change; the Service, NetworkPolicy and PVC once per
+job per process and version of them.
 """
 
 from __future__ import annotations

@@ -855,8 +855,10 @@ def test_the_jobs_network_policy_fences_its_ranks(
     outsider = f"outsider-{uuid.uuid4().hex[:6]}"
     cluster.create_namespace(outsider)
     created_monitoring = (
-        cluster.kubectl_run("create", "namespace", PROMETHEUS_NAMESPACE, check=False).returncode == 0
+        cluster.kubectl_run("get", "namespace", PROMETHEUS_NAMESPACE, check=False).returncode != 0
     )
+    if created_monitoring:
+        cluster.create_namespace(PROMETHEUS_NAMESPACE)  # waits for its default ServiceAccount
     try:
         cluster.apply_json(
             digits_job(job, "--throttle-ms", "80", storage_class=checkpoint_storage), "-n", namespace

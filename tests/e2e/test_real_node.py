@@ -12,7 +12,9 @@ here, as with kind).
 Prerequisites (each missing one skips the module, naming it): root (the node adds a bridge, iptables
 rules and mounts), Docker with both images built by hack/build-images.sh, the control plane's and the
 node's binaries (hack/build-k8s.sh, hack/build-node-binaries.sh; built here when Go is available) and
-Debian's containerd, runc and CNI plugins. Set DDP_E2E_TIMINGS=<file> to record the figures of
+Debian's containerd, runc and CNI plugins. NetworkPolicy enforcement (kube-network-policies, built
+by hack/build-kube-network-policies.sh) additionally needs a kernel with nf_tables' queue expression;
+without one only the enforcement test skips, naming it (docs/security.md). Set DDP_E2E_TIMINGS=<file> to record the figures of
 docs/real-node.md (the test never asserts on them).
 
 Against another cluster (DDP_E2E_KUBECONFIG) only kubectl and helm are needed here; the cluster must be

@@ -5,7 +5,7 @@ For each R (ranks) and each scenario (an empty namespace; the same with N unrela
   create a DDPJob of R ranks, and measure seconds from the create to all R pods created and to all R
   Running; end every pod with exit code 0 (kwok), wait for Succeeded, then count the operator's write
   requests in the audit log and read its peak RSS and CPU seconds from /proc;
-- lower bound: create the same Service and R pods (the builders' objects, owned by an idle DDPJob)
+- lower bound: create the same Service, NetworkPolicy and R pods (the builders' objects, owned by an idle DDPJob)
   directly with the same client (kube_api) and the same concurrency, and time them the same way.
 Medians over the runs, and the operator/lower-bound ratios, are printed as a table.
 
@@ -333,7 +333,8 @@ def baseline_run(
     started = time.monotonic()
     job_obj = admin.request("POST", _jobs_path(namespace), body=job_manifest(name, replicas))
     job = parse_job(job_obj)
-    children = [builders.build_service(job, 0)] + [
+    policy = builders.build_network_policy(job, builders.DEFAULT_METRICS_ALLOW_FROM)
+    children = [builders.build_service(job, 0), *([policy] if policy else [])] + [
         builders.build_rank_pod(job, r, 0) for r in range(replicas)
     ]
     report = asyncio.run(
@@ -423,14 +424,14 @@ def _median(values: Sequence[float | None]) -> float:
 def table(rows: list[dict[str, Any]]) -> str:
     header = (
         "| scenario | R | created s (op) | created s (bound) | ratio | Running s (op) | Running s (bound) | ratio "
-        "| writes (R+1) | peak RSS MB | CPU s |"
+        "| writes (R+2) | peak RSS MB | CPU s |"
     )
     lines = [header, "|" + "---|" * 11]
     for row in rows:
         lines.append(
             f"| {row['scenario']} | {row['ranks']} | {row['op_created']:.2f} | {row['bound_created']:.2f} "
             f"| {row['op_created'] / row['bound_created']:.2f} | {row['op_running']:.2f} | {row['bound_running']:.2f} "
-            f"| {row['op_running'] / row['bound_running']:.2f} | {row['writes']:.0f} ({row['ranks'] + 1}) "
+            f"| {row['op_running'] / row['bound_running']:.2f} | {row['writes']:.0f} ({row['ranks'] + 2}) "
             f"| {row['rss']:.0f} | {row['cpu']:.1f} |"
         )
     return "\n".join(lines)

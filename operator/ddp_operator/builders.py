@@ -1,4 +1,4 @@
-"""Manifests of a DDPJob's children: the headless Service, the rank pods and the checkpoint PVC.
+"""Manifests of a DDPJob's children: the headless Service, the NetworkPolicy, the rank pods and the PVC.
 
 Pure functions of a JobSpec. The pod template is the user's; this module adds the env contract and
 the pod defaults of DESIGN.md wherever the template does not already say otherwise. A few fields are
@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -24,6 +24,14 @@ DEFAULT_TERMINATION_GRACE_SECONDS: Final = 120
 # A lost node is noticed in seconds instead of the apiserver's default 300.
 NODE_LOSS_TOLERATION_SECONDS: Final = 30
 NODE_LOSS_TAINTS: Final = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+# Where Prometheus runs unless the operator is told otherwise (--metrics-allow-from; the chart's
+# rankMetrics.allowFrom has the same default): pods of the namespace `monitoring`. A namespace's
+# kubernetes.io/metadata.name label is set by the apiserver, so only that namespace matches; a pod label
+# alone would match any pod anyone labels so.
+DEFAULT_METRICS_ALLOW_FROM: Final = (
+    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+)
 
 # Variables the trainer needs to join its group: the operator's values replace any the template sets.
 CONTRACT_ENV: Final = (
@@ -95,6 +103,41 @@ def build_service(job: JobSpec, attempt: int) -> dict[str, Any]:
             "publishNotReadyAddresses": True,
             "selector": names.attempt_selector(job.name, job.uid, attempt),
             "ports": ports,
+        },
+    }
+
+
+def build_network_policy(
+    job: JobSpec, metrics_allow_from: Sequence[Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    """The job's NetworkPolicy: its rank pods admit their own job's pods, Prometheus on /metrics, no one else.
+
+    Rank ports are unauthenticated (rank 0's TCPStore takes any writer; gloo, NCCL and the elastic
+    agent's store listen on ports of their choosing), so every port is open to the job's own pods of
+    any attempt and to nobody else. ``metrics_allow_from`` (NetworkPolicyPeers, the operator's
+    --metrics-allow-from) may reach the metrics port; an empty list keeps it closed too. Only Ingress
+    is listed: egress (data, checkpoints, DNS, the image registry) stays as the namespace has it.
+    None when the job turned the policy off.
+    """
+    if not job.network_policy.enabled:
+        return None
+    own_pods = names.job_object_selector(job.name, job.uid)
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": {"matchLabels": dict(own_pods)}}]}]
+    if job.metrics.enabled and metrics_allow_from:
+        ingress.append(
+            {
+                "from": [copy.deepcopy(dict(peer)) for peer in metrics_allow_from],
+                "ports": [{"protocol": "TCP", "port": job.metrics.port}],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, names.network_policy_name(job.name), names.job_selector(job.name)),
+        "spec": {
+            "podSelector": {"matchLabels": dict(own_pods)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
         },
     }
 

@@ -6,8 +6,9 @@ reads the caches, asks ``decide()`` (every decision is made there, refusals and 
 and executes the Decision through kube_api: deletes, creates, the status write (status_writes.py says
 when one is worth it), the Event, the TTL delete. Nothing here LISTs: the only LIST is the pod cache's.
 
-Writes per job lifecycle stay near the floor the benchmark measures (R pods + 1 Service + a few): an
-Event only on a phase change; the Service and PVC once per job per process and version of them.
+Writes per job lifecycle stay near the floor the benchmark measures (R pods + the Service and the
+NetworkPolicy + a few): an Event only on a phase change; the Service, NetworkPolicy and PVC once per
+job per process and version of them.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ def _resource_version(obj: Mapping[str, Any]) -> int | None:
         return None
 
 
+# How a refused job-level child is named in the job's failure message.
+_CHILD_NAMES: Final = {"Service": "the Service", "NetworkPolicy": "the NetworkPolicy"}
+
+
 def job_key(body: Mapping[str, Any]) -> JobKey:
     meta = body.get("metadata") or {}
     return str(meta.get("namespace", "")), str(meta.get("name", ""))
@@ -92,8 +97,11 @@ class Controller:
         batch_delay: float = DEFAULT_BATCH_DELAY,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         rules: TimingRules = DEFAULT_TIMING,
+        metrics_allow_from: Sequence[Mapping[str, Any]] = builders.DEFAULT_METRICS_ALLOW_FROM,
     ) -> None:
         self.api = api
+        # NetworkPolicyPeers that may reach the rank pods' metrics port (where Prometheus runs).
+        self.metrics_allow_from = tuple(metrics_allow_from)
         self.jobs: dict[JobKey, JsonDict] = {}
         self.pods = PodCache(api, namespaces, on_change=self.kick, clock=clock)
         self.metrics: OperatorMetrics | None = None
@@ -358,7 +366,7 @@ class Controller:
     # ---- creating an attempt -----------------------------------------------------------------
 
     async def _create_attempt(self, key: JobKey, job: JobSpec, decision: Decision) -> CreateRefusal | None:
-        """The Service, PVC and missing rank pods; a refusal when the apiserver refused one for good."""
+        """The Service, NetworkPolicy, PVC and missing rank pods; a refusal when one was refused for good."""
         self._waiting_for_foreign.discard(key)
 
         def accept(wanted: Mapping[str, Any], existing: Mapping[str, Any]) -> bool:
@@ -367,6 +375,13 @@ class Controller:
         children: list[JsonDict] = []
         if decision.create_service:
             children.append(builders.build_service(job, decision.create_attempt))
+        policy = (
+            builders.build_network_policy(job, self.metrics_allow_from)
+            if decision.create_network_policy
+            else None
+        )
+        if policy is not None:
+            children.append(policy)
         pvc = builders.build_checkpoint_pvc(job) if decision.create_pvc else None
         if pvc is not None:
             children.append(pvc)
@@ -378,7 +393,7 @@ class Controller:
                 return None
             if isinstance(report.error, ChildInvalid):
                 kind = (report.failed or {}).get("kind")
-                child = "the Service" if kind == "Service" else "the checkpoint PVC"
+                child = _CHILD_NAMES.get(str(kind), "the checkpoint PVC")
                 return CreateRefusal(
                     False, child, decision.create_attempt, report.error.message or report.error.reason
                 )
@@ -414,13 +429,20 @@ class Controller:
     async def _follow_spec(
         self, job: JobSpec, existing: Mapping[str, Any], wanted: Sequence[JsonDict]
     ) -> None:
-        """Our Service from an earlier attempt follows the job: this attempt's pods, the job's ports."""
-        if existing.get("kind") != "Service":
+        """Our Service from an earlier attempt follows the job: this attempt's pods, the job's ports.
+
+        Our NetworkPolicy follows the job's metrics port and the operator's --metrics-allow-from.
+        """
+        kind = existing.get("kind")
+        if kind not in ("Service", "NetworkPolicy"):
             return
-        service = next(child for child in wanted if child.get("kind") == "Service")
-        patch = ownership.service_patch(service, existing)
+        child = next(child for child in wanted if child.get("kind") == kind)
+        if kind == "Service":
+            patch = ownership.service_patch(child, existing)
+        else:
+            patch = ownership.network_policy_patch(child, existing)
         if patch is not None:
-            await self.api.patch_child(job.namespace, "Service", names.service_name(job.name), patch)
+            await self.api.patch_child(job.namespace, str(kind), str(child["metadata"]["name"]), patch)
 
     def _foreign(self, key: JobKey, job: JobSpec, error: ForeignObjectExists) -> None:
         logger.info("job=%s/%s waiting: %s", job.namespace, job.name, error.message)

@@ -43,6 +43,10 @@ _CORE_PLURALS: dict[str, str] = {
     "PersistentVolumeClaim": "persistentvolumeclaims",
     "Event": "events",
 }
+# kind -> (group/version, REST plural) for the children of named API groups.
+_GROUP_PLURALS: dict[str, tuple[str, str]] = {
+    "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
+}
 
 
 class ApiError(Exception):
@@ -112,9 +116,14 @@ def merge_patch_for(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonDict:
     return patch
 
 
-def _core_path(namespace: str, kind: str, name: str | None = None) -> str:
-    plural = _CORE_PLURALS[kind]
-    path = f"/api/v1/namespaces/{quote(namespace, safe='')}/{plural}"
+def _child_path(namespace: str, kind: str, name: str | None = None) -> str:
+    """The REST path of a namespaced child kind: /api/v1/... for core kinds, /apis/<group>/... otherwise."""
+    if kind in _GROUP_PLURALS:
+        group_version, plural = _GROUP_PLURALS[kind]
+        prefix = f"/apis/{group_version}"
+    else:
+        prefix, plural = "/api/v1", _CORE_PLURALS[kind]
+    path = f"{prefix}/namespaces/{quote(namespace, safe='')}/{plural}"
     return f"{path}/{quote(name, safe='')}" if name else path
 
 
@@ -237,7 +246,7 @@ class KubeApi:
         meta = obj["metadata"]
         namespace, name, kind = meta["namespace"], meta["name"], obj["kind"]
         try:
-            return self.request("POST", _core_path(namespace, kind), body=obj), True
+            return self.request("POST", _child_path(namespace, kind), body=obj), True
         except ApiError as error:
             if error.status == 403 and kind == "Pod":
                 raise PodCreateForbidden(error.status, error.reason, error.message) from None
@@ -245,7 +254,7 @@ class KubeApi:
                 raise ChildInvalid(error.status, error.reason, error.message) from None
             if error.status != 409:
                 raise
-        existing = self.request("GET", _core_path(namespace, kind, name))
+        existing = self.request("GET", _child_path(namespace, kind, name))
         if not accept_existing(obj, existing):
             raise ForeignObjectExists(
                 409, "AlreadyExists", f"{kind} {namespace}/{name} exists and does not belong to this job"
@@ -258,7 +267,7 @@ class KubeApi:
         """Merge-patch one child."""
         return self.request(
             "PATCH",
-            _core_path(namespace, kind, name),
+            _child_path(namespace, kind, name),
             body=dict(patch),
             content_type="application/merge-patch+json",
         )
@@ -267,7 +276,7 @@ class KubeApi:
         """Delete one child; the object as the apiserver left it (deletionTimestamp set), None when gone."""
         try:
             result = self.request(
-                "DELETE", _core_path(namespace, kind, name), body={"propagationPolicy": "Background"}
+                "DELETE", _child_path(namespace, kind, name), body={"propagationPolicy": "Background"}
             )
         except ApiError as error:
             if error.status == 404:
@@ -447,7 +456,7 @@ class KubeApi:
     async def create_event(self, event: Mapping[str, Any]) -> None:
         """Post a core/v1 Event (builders.build_event makes one)."""
         namespace = str((event.get("metadata") or {}).get("namespace", "default"))
-        await self._run(lambda: self.request("POST", _core_path(namespace, "Event"), body=dict(event)))
+        await self._run(lambda: self.request("POST", _child_path(namespace, "Event"), body=dict(event)))
 
     async def list_pods(self, namespace: str | None, label_selector: str) -> tuple[list[JsonDict], str]:
         result: tuple[list[JsonDict], str] = await self._run(

@@ -1,7 +1,8 @@
 """Names, labels and DNS of a DDPJob and its children: the contract every other module builds on.
 
 A job `<job>` owns a headless Service `<job>`, one pod per rank and attempt `<job>-<rank>-<attempt>`
-whose hostname is `<job>-<rank>` under the subdomain `<job>`, and optionally a PVC `<job>-checkpoint`.
+whose hostname is `<job>-<rank>` under the subdomain `<job>`, a NetworkPolicy `<job>` (unless
+`spec.networkPolicy.enabled` is false), and optionally a PVC `<job>-checkpoint`.
 The hostname must be a DNS label (63 characters), which is why a job name is limited to
 ``MAX_JOB_NAME_LENGTH``: `<job>-` plus a rank of up to four digits still fits. Pod names carry the
 attempt and are DNS subdomains (253 characters), which they always are for any attempt number.
@@ -98,6 +99,10 @@ def service_name(job: str) -> str:
     return job
 
 
+def network_policy_name(job: str) -> str:
+    return job
+
+
 def pvc_name(job: str) -> str:
     return f"{job}-checkpoint"
 
@@ -116,6 +121,17 @@ def label_selector(job: str | None = None) -> str:
     if job is None:
         return f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE},{LABEL_JOB_NAME}"
     return ",".join(f"{key}={value}" for key, value in job_selector(job).items())
+
+
+def job_object_selector(job: str, uid: str) -> dict[str, str]:
+    """Labels that select every rank pod of one job object, whatever the attempt: its NetworkPolicy's.
+
+    Without the UID, a later job of the same name would share an earlier one's policy.
+    """
+    selector = job_selector(job)
+    if uid:
+        selector[LABEL_JOB_UID] = uid
+    return selector
 
 
 def attempt_selector(job: str, uid: str, attempt: int) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 Pure functions of objects as the apiserver returns them. The executor passes ``is_ours`` to kube_api's
 create as the rule for a 409 ("already exists" of our own object is success), and patches a Service
-whose ports no longer match the job (a job resumed with other ports).
+whose ports no longer match the job (a job resumed with other ports) and a NetworkPolicy that drifted.
 """
 
 from __future__ import annotations
@@ -54,4 +54,16 @@ def service_patch(wanted: Mapping[str, Any], existing: Mapping[str, Any]) -> dic
         patch["ports"] = wanted_spec.get("ports")
     if wanted_spec.get("selector") != existing_spec.get("selector"):
         patch["selector"] = wanted_spec.get("selector")
+    return {"spec": patch} if patch else None
+
+
+def network_policy_patch(wanted: Mapping[str, Any], existing: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch that brings our existing NetworkPolicy to the wanted one, or None when it matches.
+
+    A job resumed with another metrics port, or an operator restarted with another --metrics-allow-from,
+    changes the policy. Lists are replaced whole by a merge patch, which is what is wanted here.
+    """
+    wanted_spec: Mapping[str, Any] = wanted.get("spec") or {}
+    existing_spec: Mapping[str, Any] = existing.get("spec") or {}
+    patch = {key: value for key, value in wanted_spec.items() if existing_spec.get(key) != value}
     return {"spec": patch} if patch else None

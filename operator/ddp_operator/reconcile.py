@@ -7,7 +7,8 @@ success:
 - patch ``status`` when ``status_changed`` (before or after the creates: both orders are safe, see
   below), and post ``event`` when there is one (one per phase change, nothing else);
 - delete ``delete_pods``;
-- create the Service if ``create_service`` and the checkpoint PVC if ``create_pvc``, then the pods of
+- create the Service if ``create_service``, the NetworkPolicy if ``create_network_policy`` and the
+  checkpoint PVC if ``create_pvc``, then the pods of
   ``create_ranks`` (attempt ``create_attempt``) concurrently; a child the apiserver refuses for good
   (403 on a pod, 400/422 on any child) is not retried: the executor hands it to the next ``decide`` as
   a ``CreateRefusal``, which fails the job;
@@ -109,6 +110,7 @@ class Decision:
     delete_pods: tuple[str, ...] = ()
     create_service: bool = False
     create_pvc: bool = False
+    create_network_policy: bool = False
     delete_job: bool = False
     # True when this decision starts a gang restart (for the operator's restart counter).
     gang_restart: bool = False
@@ -382,6 +384,7 @@ def _start_attempt(
         delete_pods=_deletable(stale),
         create_service=bool(create),
         create_pvc=bool(create) and job.checkpoint is not None,
+        create_network_policy=bool(create) and job.network_policy.enabled,
     )
 
 
@@ -738,6 +741,7 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
         create_ranks=create,
         create_service=bool(create),
         create_pvc=bool(create) and job.checkpoint is not None,
+        create_network_policy=bool(create) and job.network_policy.enabled,
         notices=notices,
         requeue_after=_min_wait(
             live.active_left,

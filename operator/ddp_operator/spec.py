@@ -60,6 +60,7 @@ DECLARED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
             "checkpoint",
             "rendezvousPort",
             "metrics",
+            "networkPolicy",
         }
     ),
     "spec.runPolicy": frozenset(
@@ -76,6 +77,7 @@ DECLARED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "spec.template": frozenset({"metadata", "spec"}),
     "spec.checkpoint": frozenset({"volumeClaimTemplate", "mountPath"}),
     "spec.metrics": frozenset({"enabled", "port"}),
+    "spec.networkPolicy": frozenset({"enabled"}),
 }
 
 
@@ -131,6 +133,13 @@ class MetricsSpec:
 
 
 @dataclass(frozen=True)
+class NetworkPolicySpec:
+    """Whether the operator creates the job's NetworkPolicy (builders.build_network_policy)."""
+
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
 class JobSpec:
     name: str
     namespace: str
@@ -146,6 +155,7 @@ class JobSpec:
     checkpoint: CheckpointSpec | None = None
     rendezvous_port: int = DEFAULT_RENDEZVOUS_PORT
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
+    network_policy: NetworkPolicySpec = field(default_factory=NetworkPolicySpec)
 
 
 def _mapping(value: Any, path: str, *, required: bool = False) -> Mapping[str, Any]:
@@ -330,6 +340,11 @@ def parse_job(obj: Mapping[str, Any]) -> JobSpec:
     if metrics.enabled and metrics.port == rendezvous_port:
         raise SpecError("spec.metrics.port", f"must differ from spec.rendezvousPort ({rendezvous_port})")
 
+    raw_network_policy = _mapping(spec.get("networkPolicy"), "spec.networkPolicy")
+    network_policy = NetworkPolicySpec(
+        enabled=_bool(raw_network_policy, "enabled", "spec.networkPolicy", True)
+    )
+
     generation = metadata.get("generation", 1)
     return JobSpec(
         name=name,
@@ -346,4 +361,95 @@ def parse_job(obj: Mapping[str, Any]) -> JobSpec:
         checkpoint=checkpoint,
         rendezvous_port=rendezvous_port,
         metrics=metrics,
+        network_policy=network_policy,
     )
+
+
+# NetworkPolicyPeer fields (networking.k8s.io/v1), for the operator's --metrics-allow-from.
+_PEER_FIELDS: Final = frozenset({"podSelector", "namespaceSelector", "ipBlock"})
+_SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def _parse_label_selector(raw: Any, path: str) -> dict[str, Any]:
+    selector = _mapping(raw, path, required=True)
+    unknown = set(selector) - {"matchLabels", "matchExpressions"}
+    if unknown:
+        raise SpecError(
+            f"{path}.{sorted(unknown)[0]}", "unknown field; a selector has matchLabels and matchExpressions"
+        )
+    labels = _mapping(selector.get("matchLabels"), f"{path}.matchLabels")
+    for key, value in labels.items():
+        if not isinstance(key, str) or not key or not isinstance(value, str):
+            raise SpecError(f"{path}.matchLabels", f"must map label names to strings, got {key!r}: {value!r}")
+    expressions = selector.get("matchExpressions") or []
+    if not isinstance(expressions, list):
+        raise SpecError(f"{path}.matchExpressions", "must be a list")
+    for index, expression in enumerate(expressions):
+        where = f"{path}.matchExpressions[{index}]"
+        expression = _mapping(expression, where, required=True)
+        if not isinstance(expression.get("key"), str) or not expression["key"]:
+            raise SpecError(f"{where}.key", "is required")
+        operator = expression.get("operator")
+        if operator not in _SELECTOR_OPERATORS:
+            raise SpecError(
+                f"{where}.operator", f"must be one of {', '.join(_SELECTOR_OPERATORS)}, got {operator!r}"
+            )
+        values = expression.get("values") or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise SpecError(f"{where}.values", "must be a list of strings")
+        if (operator in ("In", "NotIn")) != bool(values):
+            raise SpecError(
+                f"{where}.values",
+                f"must be {'non-empty' if operator in ('In', 'NotIn') else 'empty'} for {operator}",
+            )
+    return copy.deepcopy(dict(selector))
+
+
+def _parse_ip_block(raw: Any, path: str) -> dict[str, Any]:
+    import ipaddress
+
+    block = _mapping(raw, path, required=True)
+    unknown = set(block) - {"cidr", "except"}
+    if unknown:
+        raise SpecError(f"{path}.{sorted(unknown)[0]}", "unknown field; an ipBlock has cidr and except")
+    cidrs = [("cidr", block.get("cidr"))] + [
+        (f"except[{i}]", value) for i, value in enumerate(block.get("except") or [])
+    ]
+    for key, value in cidrs:
+        try:
+            ipaddress.ip_network(str(value), strict=False)
+        except ValueError:
+            raise SpecError(f"{path}.{key}", f"must be a CIDR such as 10.0.0.0/8, got {value!r}") from None
+    return copy.deepcopy(dict(block))
+
+
+def parse_network_peers(raw: Any, path: str) -> tuple[dict[str, Any], ...]:
+    """A list of NetworkPolicyPeer objects, checked as the apiserver would check them.
+
+    The operator reads where Prometheus runs from its --metrics-allow-from flag (a JSON list of peers):
+    a mistake there must stop the operator at start, not fail every job's NetworkPolicy create.
+    """
+    if not isinstance(raw, list):
+        raise SpecError(path, f"must be a list of NetworkPolicyPeer objects, got {type(raw).__name__}")
+    peers = []
+    for index, peer in enumerate(raw):
+        where = f"{path}[{index}]"
+        peer = _mapping(peer, where, required=True)
+        unknown = set(peer) - _PEER_FIELDS
+        if unknown:
+            raise SpecError(
+                f"{where}.{sorted(unknown)[0]}",
+                "unknown field; a peer has podSelector, namespaceSelector or ipBlock",
+            )
+        if not peer:
+            raise SpecError(where, "needs podSelector, namespaceSelector or ipBlock")
+        if "ipBlock" in peer and len(peer) > 1:
+            raise SpecError(f"{where}.ipBlock", "cannot be combined with a selector in one peer")
+        parsed: dict[str, Any] = {}
+        for key in ("namespaceSelector", "podSelector"):
+            if key in peer:
+                parsed[key] = _parse_label_selector(peer[key], f"{where}.{key}")
+        if "ipBlock" in peer:
+            parsed["ipBlock"] = _parse_ip_block(peer["ipBlock"], f"{where}.ipBlock")
+        peers.append(parsed)
+    return tuple(peers)

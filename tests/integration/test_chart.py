@@ -21,7 +21,7 @@ import yaml
 from tests.integration.operator_harness import REPO, Kube, OperatorProcess, wait_for
 
 from ddp_harness.binaries import default_bin_dir
-from ddp_operator import names
+from ddp_operator import builders, names
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +40,8 @@ OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
     ("", "services"): {"create", "get", "patch"},
     ("", "persistentvolumeclaims"): {"create", "get"},
     ("", "events"): {"create"},
+    # The job's NetworkPolicy (builders.build_network_policy), followed like the Service.
+    ("networking.k8s.io", "networkpolicies"): {"create", "get", "patch"},
 }
 KOPF_CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
@@ -196,8 +198,42 @@ def test_rendered_args_are_flags_the_operator_accepts(helm: Path) -> None:
             "ddp-system",
             "rel-ddp-operator",
         )
+        # The chart's default is the operator's own.
+        assert args.metrics_allow_from == builders.DEFAULT_METRICS_ALLOW_FROM
     assert args.namespace == ["team-a", "team-b"]
     assert args.lease_duration == 20
+
+
+@pytest.mark.parametrize(
+    "allow_from",
+    [
+        pytest.param([], id="closed"),
+        pytest.param(
+            [
+                {
+                    "namespaceSelector": {},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                }
+            ],
+            id="prometheus-pods-anywhere",
+        ),
+    ],
+)
+def test_rank_metrics_allow_from_reaches_the_operator(helm: Path, allow_from: list[dict[str, Any]]) -> None:
+    """rankMetrics.allowFrom becomes --metrics-allow-from, which the operator parses into the same peers."""
+    import argparse
+
+    from ddp_operator.commands import operator as operator_command
+
+    result = run_helm(
+        helm, "template", "rel", str(CHART), "--namespace", "ddp-system",
+        "--set-json", f"rankMetrics.allowFrom={json.dumps(allow_from)}",
+    )  # fmt: skip
+    docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    parser = argparse.ArgumentParser()
+    operator_command.configure_parser(parser)
+    args = parser.parse_args(operator_container(docs)["args"])
+    assert args.metrics_allow_from == tuple(allow_from)
 
 
 @pytest.mark.parametrize(
@@ -338,6 +374,11 @@ BAD_VALUES = [
     pytest.param({"podSecurityContext.runAsNonRoot": "false"}, "podSecurityContext.runAsNonRoot", id="root"),
     pytest.param({"metrics.podMonitor.interval": "soon"}, "metrics.podMonitor.interval", id="bad-duration"),
     pytest.param({"image.pullPolicy": "Sometimes"}, "image.pullPolicy", id="bad-pull-policy"),
+    pytest.param(
+        {"rankMetrics.allowFrom[0].podSelektor.matchLabels.app": "prom"},
+        "rankMetrics.allowFrom.0",
+        id="metrics-peer-typo",
+    ),
 ]
 
 
@@ -533,6 +574,9 @@ def test_operator_runs_a_job_lifecycle_with_only_the_charts_rbac(
         try:
             kube.apply(ddpjob("lifecycle"), jobs_namespace)
             first = wait_pods(kube, jobs_namespace, "lifecycle", attempt=0, count=2)
+            # The job's NetworkPolicy, created (and read back) under the chart's token.
+            policy = kube.json("get", "networkpolicy", "lifecycle", "-n", jobs_namespace)
+            assert policy["metadata"]["ownerReferences"][0]["name"] == "lifecycle"
             # A retryable failure of one rank restarts the whole gang as attempt 1.
             kube.end_pod(jobs_namespace, first[0]["metadata"]["name"], 143)
             second = wait_pods(kube, jobs_namespace, "lifecycle", attempt=1, count=2)

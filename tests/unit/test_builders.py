@@ -366,7 +366,107 @@ def test_hostnames_are_dns_labels(job: str, rank: int) -> None:
         ),
         pytest.param({"runPolicy": {"backoffLimit": 9}}, False, id="run-policy-is-not-the-pods"),
         pytest.param({"restartPolicy": "Never"}, False, id="restart-policy-is-not-the-pods"),
+        pytest.param({"networkPolicy": {"enabled": False}}, False, id="network-policy-is-not-the-pods"),
     ],
 )
 def test_spec_hash_follows_what_shapes_the_pods(change: dict[str, Any], changes_the_hash: bool) -> None:
     assert (builders.spec_hash(job_spec(**change)) != builders.spec_hash(job_spec())) is changes_the_hash
+
+
+# ---- the NetworkPolicy --------------------------------------------------------------------------
+
+PROMETHEUS = ({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},)
+OWN_PODS = {
+    "app.kubernetes.io/managed-by": "ddp-operator",
+    "ddp.dev/job-name": "mnist",
+    "ddp.dev/job-uid": JOB_UID,
+}
+
+
+@pytest.mark.parametrize(
+    ("spec", "allow_from", "ingress"),
+    [
+        pytest.param(
+            {},
+            PROMETHEUS,
+            [
+                {"from": [{"podSelector": {"matchLabels": OWN_PODS}}]},
+                {"from": list(PROMETHEUS), "ports": [{"protocol": "TCP", "port": 9400}]},
+            ],
+            id="defaults",
+        ),
+        pytest.param(
+            {"metrics": {"port": 9500}, "rendezvousPort": 23456},
+            PROMETHEUS,
+            [
+                {"from": [{"podSelector": {"matchLabels": OWN_PODS}}]},
+                {"from": list(PROMETHEUS), "ports": [{"protocol": "TCP", "port": 9500}]},
+            ],
+            id="metrics-port-follows-the-job",
+        ),
+        pytest.param(
+            {"metrics": {"enabled": False}},
+            PROMETHEUS,
+            [{"from": [{"podSelector": {"matchLabels": OWN_PODS}}]}],
+            id="metrics-disabled-nothing-but-the-job",
+        ),
+        pytest.param({}, (), [{"from": [{"podSelector": {"matchLabels": OWN_PODS}}]}], id="no-prometheus"),
+        pytest.param(
+            {},
+            ({"ipBlock": {"cidr": "10.9.0.0/16"}}, {"podSelector": {"matchLabels": {"app": "prom"}}}),
+            [
+                {"from": [{"podSelector": {"matchLabels": OWN_PODS}}]},
+                {
+                    "from": [
+                        {"ipBlock": {"cidr": "10.9.0.0/16"}},
+                        {"podSelector": {"matchLabels": {"app": "prom"}}},
+                    ],
+                    "ports": [{"protocol": "TCP", "port": 9400}],
+                },
+            ],
+            id="several-peers",
+        ),
+    ],
+)
+def test_network_policy_admits_the_job_and_prometheus_only(
+    spec: dict[str, Any], allow_from: tuple[dict[str, Any], ...], ingress: list[dict[str, Any]]
+) -> None:
+    policy = builders.build_network_policy(job_spec(**spec), allow_from)
+    assert policy is not None
+    assert policy["apiVersion"] == "networking.k8s.io/v1" and policy["kind"] == "NetworkPolicy"
+    assert policy["metadata"]["name"] == "mnist" and policy["metadata"]["namespace"] == "team-a"
+    assert policy["metadata"]["labels"] == names.job_selector("mnist")
+    (owner,) = policy["metadata"]["ownerReferences"]
+    assert owner["uid"] == JOB_UID and owner["controller"] is True
+    # Every rank pod of this job object, whatever the attempt: ingress only (egress is not restricted).
+    assert policy["spec"]["podSelector"] == {"matchLabels": OWN_PODS}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == ingress
+
+
+def test_network_policy_selects_every_rank_pod_of_the_job_object_and_no_other() -> None:
+    job = job_spec()
+    policy = builders.build_network_policy(job, PROMETHEUS)
+    assert policy is not None
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    for rank, attempt in ((0, 0), (1, 0), (1, 5)):
+        labels = builders.build_rank_pod(job, rank, attempt)["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+    other = dataclasses.replace(job, uid="uid-of-a-later-job")
+    assert not selector.items() <= builders.build_rank_pod(other, 0, 0)["metadata"]["labels"].items()
+
+
+def test_network_policy_off_builds_nothing() -> None:
+    assert builders.build_network_policy(job_spec(networkPolicy={"enabled": False}), PROMETHEUS) is None
+
+
+def test_network_policy_does_not_share_the_callers_peers() -> None:
+    peers = ({"podSelector": {"matchLabels": {"app": "prom"}}},)
+    policy = builders.build_network_policy(job_spec(), peers)
+    assert policy is not None
+    policy["spec"]["ingress"][1]["from"][0]["podSelector"]["matchLabels"]["app"] = "changed"
+    assert peers[0]["podSelector"]["matchLabels"]["app"] == "prom"
+
+
+def test_default_metrics_allow_from_is_the_monitoring_namespace() -> None:
+    assert builders.DEFAULT_METRICS_ALLOW_FROM == PROMETHEUS

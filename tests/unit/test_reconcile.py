@@ -74,6 +74,19 @@ def test_checkpoint_pvc_is_created_with_the_first_attempt() -> None:
     assert run(job_spec(checkpoint=CHECKPOINT), {}, [], now=0).create_pvc is True
 
 
+@pytest.mark.parametrize(
+    ("spec", "wanted"),
+    [
+        pytest.param({}, True, id="default-on"),
+        pytest.param({"networkPolicy": {"enabled": False}}, False, id="turned-off"),
+    ],
+)
+def test_network_policy_is_created_with_each_attempt_unless_turned_off(
+    spec: dict[str, Any], wanted: bool
+) -> None:
+    assert run(job_spec(**spec), {}, [], now=0).create_network_policy is wanted
+
+
 def test_interrupted_first_creation_creates_only_the_missing_ranks() -> None:
     decision = run(job_spec(replicas=3), {}, [pod(0), pod(2)], now=1)
     assert decision.create_ranks == (1,)

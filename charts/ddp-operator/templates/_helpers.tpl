@@ -83,6 +83,11 @@ watches); the same rules go into the ClusterRole (cluster-wide) or each namespac
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["create", "get"]
+# One NetworkPolicy per job (its rank pods admit their own job and Prometheus): created once, get checks
+# an existing one is ours, patched when the metrics port or --metrics-allow-from changed.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create", "get", "patch"]
 # One Event per phase change.
 - apiGroups: [""]
   resources: ["events"]

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import logging
 import os
 from typing import Any
 
+from ddp_operator.builders import DEFAULT_METRICS_ALLOW_FROM
 from ddp_operator.progress_scraper import DEFAULT_CONCURRENCY as DEFAULT_SCRAPE_CONCURRENCY
 from ddp_operator.progress_scraper import DEFAULT_INTERVAL_SECONDS, ProgressScraper
 from ddp_operator.reconcile import DEFAULT_TIMING, TimingRules
@@ -132,7 +134,28 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="counter-only status changes (readyReplicas...) are written once the counts stood still this many "
         "seconds, or after 10 times as long; at most 2 per phase (default 1)",
     )
+    parser.add_argument(
+        "--metrics-allow-from",
+        type=metrics_allow_from,
+        default=None,
+        metavar="JSON",
+        help="who may reach the rank pods' metrics port through each job's NetworkPolicy: a JSON list of "
+        "NetworkPolicyPeer objects (namespaceSelector, podSelector, ipBlock); [] closes it to all but the "
+        "job's own pods (default: the namespace 'monitoring', "
+        f"{json.dumps(list(DEFAULT_METRICS_ALLOW_FROM), separators=(',', ':'))})",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def metrics_allow_from(text: str) -> tuple[dict[str, Any], ...]:
+    """--metrics-allow-from: a JSON list of NetworkPolicyPeers, checked now rather than at each job's create."""
+    from ddp_operator.spec import SpecError, parse_network_peers
+
+    try:
+        return parse_network_peers(json.loads(text), "--metrics-allow-from")
+    except ValueError as error:  # json's JSONDecodeError and SpecError alike
+        message = str(error) if isinstance(error, SpecError) else f"--metrics-allow-from: not JSON: {error}"
+        raise argparse.ArgumentTypeError(message) from None
 
 
 def lease_namespace(namespaces: list[str]) -> str:
@@ -203,8 +226,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"ddpjob operator: {timing.problem()}")
         return 2
     rules = TimingRules(args.decision_window, args.unconfirmed_deletion, args.straggler_window)
+    allow_from = DEFAULT_METRICS_ALLOW_FROM if args.metrics_allow_from is None else args.metrics_allow_from
     controller = Controller(
-        api, namespaces=namespaces or None, status_interval=args.status_interval, rules=rules
+        api,
+        namespaces=namespaces or None,
+        status_interval=args.status_interval,
+        rules=rules,
+        metrics_allow_from=allow_from,
     )
     if args.progress_interval > 0:
         controller.scraper = ProgressScraper(

@@ -198,8 +198,8 @@ def test_rendered_args_are_flags_the_operator_accepts(helm: Path) -> None:
             "ddp-system",
             "rel-ddp-operator",
         )
-        # The chart's default is the operator's own.
-        assert args.metrics_allow_from == builders.DEFAULT_METRICS_ALLOW_FROM
+        # The chart's default is the operator's own, plus the operator pods (they read progress).
+        assert args.metrics_allow_from == (*builders.DEFAULT_METRICS_ALLOW_FROM, OPERATOR_PEER)
     assert args.namespace == ["team-a", "team-b"]
     assert args.lease_duration == 20
 
@@ -219,6 +219,19 @@ def test_rendered_args_are_flags_the_operator_accepts(helm: Path) -> None:
         ),
     ],
 )
+# The operator's own pods, always allowed to the rank metrics port: they read status.progress there.
+OPERATOR_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ddp-system"}},
+    "podSelector": {
+        "matchLabels": {
+            "app.kubernetes.io/component": "operator",
+            "app.kubernetes.io/instance": "rel",
+            "app.kubernetes.io/name": "ddp-operator",
+        }
+    },
+}
+
+
 def test_rank_metrics_allow_from_reaches_the_operator(helm: Path, allow_from: list[dict[str, Any]]) -> None:
     """rankMetrics.allowFrom becomes --metrics-allow-from, which the operator parses into the same peers."""
     import argparse
@@ -233,7 +246,7 @@ def test_rank_metrics_allow_from_reaches_the_operator(helm: Path, allow_from: li
     parser = argparse.ArgumentParser()
     operator_command.configure_parser(parser)
     args = parser.parse_args(operator_container(docs)["args"])
-    assert args.metrics_allow_from == tuple(allow_from)
+    assert args.metrics_allow_from == (*allow_from, OPERATOR_PEER)
 
 
 @pytest.mark.parametrize(

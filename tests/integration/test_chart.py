@@ -204,6 +204,19 @@ def test_rendered_args_are_flags_the_operator_accepts(helm: Path) -> None:
     assert args.lease_duration == 20
 
 
+# The operator's own pods, always allowed to the rank metrics port: they read status.progress there.
+OPERATOR_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ddp-system"}},
+    "podSelector": {
+        "matchLabels": {
+            "app.kubernetes.io/component": "operator",
+            "app.kubernetes.io/instance": "rel",
+            "app.kubernetes.io/name": "ddp-operator",
+        }
+    },
+}
+
+
 @pytest.mark.parametrize(
     "allow_from",
     [
@@ -219,19 +232,6 @@ def test_rendered_args_are_flags_the_operator_accepts(helm: Path) -> None:
         ),
     ],
 )
-# The operator's own pods, always allowed to the rank metrics port: they read status.progress there.
-OPERATOR_PEER = {
-    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ddp-system"}},
-    "podSelector": {
-        "matchLabels": {
-            "app.kubernetes.io/component": "operator",
-            "app.kubernetes.io/instance": "rel",
-            "app.kubernetes.io/name": "ddp-operator",
-        }
-    },
-}
-
-
 def test_rank_metrics_allow_from_reaches_the_operator(helm: Path, allow_from: list[dict[str, Any]]) -> None:
     """rankMetrics.allowFrom becomes --metrics-allow-from, which the operator parses into the same peers."""
     import argparse

@@ -40,6 +40,9 @@ OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
     ("", "services"): {"create", "get", "patch"},
     ("", "persistentvolumeclaims"): {"create", "get"},
     ("", "events"): {"create"},
+    # The in-tree gang (gang.py): a Workload and a PodGroup per attempt, when the API is served.
+    ("scheduling.k8s.io", "workloads"): {"create", "get", "list", "delete"},
+    ("scheduling.k8s.io", "podgroups"): {"create", "get", "list", "delete"},
 }
 KOPF_CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},

@@ -29,6 +29,8 @@ def test_defaults_fill_every_optional_field() -> None:
     assert job.checkpoint is None
     assert (job.rendezvous_port, job.metrics.enabled, job.metrics.port) == (29500, True, 9400)
     assert (job.namespace, job.uid, job.generation) == ("team-a", "uid-1234", 1)
+    assert job.scheduling.gang == "Auto"
+    assert job.kueue is None
 
 
 def test_world_size_is_replicas_times_processes() -> None:
@@ -114,6 +116,9 @@ INVALID = [
     pytest.param({"rendezvousPort": 0}, "spec.rendezvousPort", id="rendezvous-port-zero"),
     pytest.param({"metrics": {"port": 70000}}, "spec.metrics.port", id="metrics-port-too-big"),
     pytest.param({"metrics": {"port": 29500}}, "spec.metrics.port", id="metrics-port-clashes"),
+    pytest.param({"scheduling": {"gang": "Always"}}, "spec.scheduling.gang", id="gang-unknown"),
+    pytest.param({"scheduling": {"gang": "auto"}}, "spec.scheduling.gang", id="gang-is-case-sensitive"),
+    pytest.param({"scheduling": "Workload"}, "spec.scheduling", id="scheduling-not-an-object"),
     pytest.param({"template": None}, "spec.template", id="template-missing"),
     pytest.param(_containers(), "spec.template.spec.containers", id="no-containers"),
     pytest.param(
@@ -220,6 +225,6 @@ def test_declared_fields_match_the_crd_schema() -> None:
     expected = {"": set(schema["properties"]) | {"metadata"}}
     spec = schema["properties"]["spec"]
     expected["spec"] = set(spec["properties"])
-    for name in ("runPolicy", "template", "checkpoint", "metrics"):
+    for name in ("runPolicy", "template", "checkpoint", "metrics", "scheduling"):
         expected[f"spec.{name}"] = set(spec["properties"][name]["properties"])
     assert {path: set(fields) for path, fields in DECLARED_FIELDS.items()} == expected

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build Kueue's manager (sigs.k8s.io/kueue/cmd/kueue) from the Go module proxy, in a throwaway module,
 # into ~/.cache/ddp-operator/kueue-<version>/bin/kueue, and copy the CRDs it needs from the module
-# (config/components/crd/bases/*.yaml in the Go module cache) into ~/.cache/ddp-operator/kueue-<version>/crds.
+# (config/components/crd/bases/*.yaml in the Go module cache) into ~/.cache/ddp-operator/kueue-<version>/crds,
+# and its webhook configurations (config/components/webhook/manifests.yaml) into .../webhooks.yaml; the
+# integration harness (tests/integration/kueue_harness.py) rewrites them to reach a local kueue process.
 # Nothing of Kueue is committed to this repository: the CRDs come from the module, at build time.
 # Idempotent: a binary whose stamp matches the pinned version is not rebuilt.
 # Version: KUEUE_VERSION in hack/k8s-versions.env (overridable from the environment).
@@ -36,8 +38,10 @@ export GOFLAGS="-buildvcs=false -trimpath"
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 
 v="${KUEUE_VERSION}"
-if [[ -x "${BIN_DIR}/kueue" && -f "${BIN_DIR}/.kueue.version" && "$(cat "${BIN_DIR}/.kueue.version")" == "${v}" ]] &&
-  compgen -G "${CRD_DIR}/*.yaml" >/dev/null; then
+ASSETS_STAMP="${PREFIX}/.assets.version"
+binary_ok() { [[ -x "${BIN_DIR}/kueue" && -f "${BIN_DIR}/.kueue.version" && "$(cat "${BIN_DIR}/.kueue.version")" == "${v}" ]]; }
+assets_ok() { [[ -f "${ASSETS_STAMP}" && "$(cat "${ASSETS_STAMP}")" == "${v}" ]]; }
+if binary_ok && assets_ok; then
   log "kueue ${v}: up to date in ${PREFIX}"
   exit 0
 fi
@@ -65,23 +69,32 @@ run_go() { # quiet; output to go.log, the tail shown on failure
 }
 
 t0=${SECONDS}
-log "kueue ${v}: building with $(go env GOVERSION) (10+ min on 2 busy cores when cold)"
 mod_dir="${WORK_DIR}/module"
-rm -rf "${mod_dir}" && mkdir -p "${mod_dir}"
+if ! binary_ok || [[ ! -f "${mod_dir}/go.mod" ]]; then
+  rm -rf "${mod_dir}" && mkdir -p "${mod_dir}"
+  (cd "${mod_dir}" &&
+    run_go go mod init ddp-operator.local/build-kueue &&
+    run_go go mod edit -go="$(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1.0/')" &&
+    run_go go get "sigs.k8s.io/kueue/cmd/kueue@${v}")
+fi
 cd "${mod_dir}"
-run_go go mod init ddp-operator.local/build-kueue
-run_go go mod edit -go="$(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1.0/')"
-run_go go get "sigs.k8s.io/kueue/cmd/kueue@${v}"
 
-# The CRDs: from the module's own source tree in the module cache (read-only there; copied here).
+# What the harness needs besides the binary, from the module's source tree in the module cache
+# (read-only there): the CRDs, and the webhook configurations it rewrites to reach a local process.
 mod_src="$(go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
 [[ -d "${mod_src}/config/components/crd/bases" ]] || die "no config/components/crd/bases in ${mod_src}"
+[[ -f "${mod_src}/config/components/webhook/manifests.yaml" ]] || die "no config/components/webhook/manifests.yaml in ${mod_src}"
 rm -rf "${CRD_DIR}" && mkdir -p "${CRD_DIR}"
 cp "${mod_src}"/config/components/crd/bases/*.yaml "${CRD_DIR}/"
-chmod u+w "${CRD_DIR}"/*.yaml
-log "kueue ${v}: copied $(find "${CRD_DIR}" -name '*.yaml' | wc -l) CRDs into ${CRD_DIR}"
+cp "${mod_src}/config/components/webhook/manifests.yaml" "${PREFIX}/webhooks.yaml"
+chmod u+w "${CRD_DIR}"/*.yaml "${PREFIX}/webhooks.yaml"
+echo "${v}" >"${ASSETS_STAMP}"
+log "kueue ${v}: copied $(find "${CRD_DIR}" -name '*.yaml' | wc -l) CRDs and the webhook configurations into ${PREFIX}"
 
-ld="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=${v} -X sigs.k8s.io/kueue/pkg/version.GitCommit=module-proxy"
-run_go go build -ldflags "${ld}" -o "${BIN_DIR}/kueue" sigs.k8s.io/kueue/cmd/kueue
-echo "${v}" >"${BIN_DIR}/.kueue.version"
-log "kueue ${v}: done in $((SECONDS - t0)) s: ${BIN_DIR}/kueue"
+if ! binary_ok; then
+  log "kueue ${v}: building with $(go env GOVERSION) (10+ min on 2 busy cores when cold)"
+  ld="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=${v} -X sigs.k8s.io/kueue/pkg/version.GitCommit=module-proxy"
+  run_go go build -ldflags "${ld}" -o "${BIN_DIR}/kueue" sigs.k8s.io/kueue/cmd/kueue
+  echo "${v}" >"${BIN_DIR}/.kueue.version"
+fi
+log "kueue ${v}: ready in ${PREFIX} ($((SECONDS - t0)) s)"

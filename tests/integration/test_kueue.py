@@ -118,7 +118,27 @@ def queue(kueue: KueueProcess) -> Iterator[tuple[str, str]]:
         ),
     )
     yield namespace, local_queue
-    kubectl(kueue, "delete", "namespace", namespace, "--timeout=120s")
+    deleted = kueue.kubectl("delete", "namespace", namespace, "--timeout=90s", check=False)
+    if deleted.returncode != 0:
+        stuck = get_json(kueue, "pods,workloads.kueue.x-k8s.io", "-n", namespace)["items"]
+        for obj in stuck:
+            kind = "pod" if obj["kind"] == "Pod" else "workloads.kueue.x-k8s.io"
+            patch = json.dumps({"metadata": {"finalizers": None}})
+            kueue.kubectl(
+                "patch",
+                kind,
+                obj["metadata"]["name"],
+                "-n",
+                namespace,
+                "--type=merge",
+                "-p",
+                patch,
+                check=False,
+            )
+        pytest.fail(
+            f"namespace {namespace} was not deleted while Kueue ran (stuck: "
+            f"{[o['metadata']['name'] for o in stuck]}); finalizers stripped\n{deleted.stderr}"
+        )
     kubectl(kueue, "delete", "clusterqueue", cluster_queue, "--timeout=60s")
 
 

@@ -213,19 +213,22 @@ def _openssl(*args: str) -> None:
 
 
 _EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "3650"]
+_RSA = ["-newkey", "rsa:2048", "-nodes", "-days", "3650"]
 
 
 def make_certificates(pki: Path, cluster_ca: tuple[Path, Path]) -> None:
     """Kueue's webhook CA and serving certificate, and a client certificate (CN kueue, system:masters)
     signed by the cluster's CA, under ``pki``."""
     pki.mkdir(parents=True, exist_ok=True)
+    # The rotator parses the CA key from the Secret as PKCS#1 RSA ("RSA PRIVATE KEY") and nothing else.
     _openssl(
-        "req", "-x509", *_EC, "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"),
+        "req", "-x509", *_RSA, "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"),
         "-subj", f"/O=kueue/CN={CA_NAME}",
         "-addext", "basicConstraints=critical,CA:TRUE",
         "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
         "-addext", f"subjectAltName=DNS:{CA_NAME}",
     )  # fmt: skip
+    _openssl("rsa", "-in", str(pki / "ca.key"), "-out", str(pki / "ca.key"), "-traditional")
     _openssl(
         "req", "-x509", *_EC, "-keyout", str(pki / "tls.key"), "-out", str(pki / "tls.crt"),
         "-subj", f"/CN={WEBHOOK_SERVICE}.{NAMESPACE}.svc",

@@ -118,7 +118,12 @@ def queue(kueue: KueueProcess) -> Iterator[tuple[str, str]]:
         ),
     )
     yield namespace, local_queue
-    deleted = kueue.kubectl("delete", "namespace", namespace, "--timeout=90s", check=False)
+    # A group's pods keep Kueue's finalizer until the group finishes or its Workload is deleted (pods
+    # deleted by a namespace, or by garbage collection, do not finish it): delete the Workloads first.
+    kueue.kubectl(
+        "delete", "workloads.kueue.x-k8s.io", "--all", "-n", namespace, "--timeout=50s", check=False
+    )
+    deleted = kueue.kubectl("delete", "namespace", namespace, "--timeout=50s", check=False)
     if deleted.returncode != 0:
         stuck = get_json(kueue, "pods,workloads.kueue.x-k8s.io", "-n", namespace)["items"]
         for obj in stuck:

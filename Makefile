@@ -8,7 +8,7 @@ STAMP     := $(VENV)/.installed-$(shell (cat pyproject.toml harness/pyproject.to
 PYTEST    := $(PY) -m pytest
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-e2e k8s-binaries node-binaries images chart-crds bench clean-venv
+.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-e2e k8s-binaries kueue-binary node-binaries images chart-crds bench clean-venv
 
 all: test
 
@@ -53,7 +53,11 @@ test-trainer: venv
 k8s-binaries:
 	hack/build-k8s.sh
 
-test-integration: venv k8s-binaries
+## Kueue's manager, CRDs and webhook configurations (docs/scheduling.md), for the integration tier.
+kueue-binary:
+	hack/build-kueue.sh
+
+test-integration: venv k8s-binaries kueue-binary
 	$(PYTEST) tests/integration -q
 
 ## Both images, on a local debootstrap base (no registry needed); tagged by version.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,8 @@ class ClusterOptions:
     real_node: RealNodeOptions | None = None  # one real kubelet node (real_node.py); needs root
     # Each fake node's kubelet reports late, with jitter (kwok_stages.ReportLatency); None: at once.
     report_latency: ReportLatency | None = field(default_factory=ReportLatency)
+    # Flags appended to a component's command line, e.g. feature gates: {"kube-apiserver": [...]}.
+    extra_flags: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
 
 def up(options: ClusterOptions, progress: Progress = lambda _: None) -> LocalCluster:
@@ -63,7 +66,14 @@ def up(options: ClusterOptions, progress: Progress = lambda _: None) -> LocalClu
     deadline = started + options.timeout_s
     layout = Layout(state_dir)
     cluster = control_plane.start(
-        layout, bin_dir, options.nodes, options.node_shape, deadline, progress, options.report_latency
+        layout,
+        bin_dir,
+        options.nodes,
+        options.node_shape,
+        deadline,
+        progress,
+        options.report_latency,
+        options.extra_flags,
     )
     if options.real_node is not None:
         try:

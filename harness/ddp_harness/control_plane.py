@@ -16,7 +16,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -288,7 +288,15 @@ class _Starter:
     """Starts components one by one, recording each in the state file as soon as it runs, so a failed
     `up` can still be cleaned by `down`."""
 
-    def __init__(self, layout: Layout, bin_dir: Path, ports: Ports, nodes: list[str]) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        bin_dir: Path,
+        ports: Ports,
+        nodes: list[str],
+        extra_flags: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        self.extra_flags = dict(extra_flags or {})
         self.layout = layout
         self.bin_dir = bin_dir
         self.ports = ports
@@ -310,7 +318,7 @@ class _Starter:
         self.state().save(self.layout.state_file)
 
     def start(self, name: str) -> ComponentState:
-        command = _COMMANDS[name](self.bin_dir, self.layout, self.ports)
+        command = [*_COMMANDS[name](self.bin_dir, self.layout, self.ports), *self.extra_flags.get(name, ())]
         component = processes.spawn(
             name,
             command,
@@ -331,6 +339,7 @@ def start(
     deadline: float,
     progress: Progress = lambda _: None,
     latency: ReportLatency | None = None,
+    extra_flags: Mapping[str, Sequence[str]] | None = None,
 ) -> LocalCluster:
     """Start every component in an empty state directory, with node_count fake GPU nodes, and return
     the handle once all are healthy; on failure, stop what was started (logs stay) and raise."""
@@ -338,7 +347,7 @@ def start(
     layout.log_dir.mkdir(parents=True, exist_ok=True)
     ports = Ports(*processes.free_ports(6))
     nodes = [manifests.node_name(i) for i in range(node_count)]
-    starter = _Starter(layout, bin_dir, ports, nodes)
+    starter = _Starter(layout, bin_dir, ports, nodes, extra_flags)
     starter.save()  # from here on the directory is recognisably ours, for `down` and the next `up`
     generate_pki(layout)
     _write_config(layout, ports, nodes, latency)

@@ -245,7 +245,7 @@ def spec_hash(job: JobSpec) -> str:
     Pods of one attempt built from different versions of the spec would disagree on the world size or
     the template; the label lets the operator find and replace them before the attempt starts.
     """
-    shaping = {
+    shaping: dict[str, Any] = {
         "replicas": job.replicas,
         "nprocPerNode": job.nproc_per_node,
         "backend": job.backend,
@@ -257,23 +257,50 @@ def spec_hash(job: JobSpec) -> str:
         if job.checkpoint is None
         else [job.checkpoint.volume_claim_template, job.checkpoint.mount_path],
     }
+    # Only when set, so the digest of a job that uses neither stays what it was before these existed.
+    if job.scheduling.gang != "Auto":
+        shaping["gang"] = job.scheduling.gang
+    if job.kueue is not None:
+        shaping["kueue"] = [job.kueue.queue_name, job.kueue.priority_class]
     encoded = json.dumps(shaping, sort_keys=True, separators=(",", ":"), default=str).encode()
     return hashlib.sha256(encoded).hexdigest()[:16]
 
 
-def build_rank_pod(job: JobSpec, rank: int, attempt: int) -> dict[str, Any]:
+def kueue_pod_metadata(job: JobSpec) -> tuple[dict[str, str], dict[str, str]]:
+    """Labels and annotations that make the rank pods one Kueue plain-pod group (empty without a
+    queue): every pod of every attempt carries the same queue, group name and total count, so the pods
+    of a new attempt replace the old ones in the group that holds the quota (docs/scheduling.md)."""
+    if job.kueue is None:
+        return {}, {}
+    labels = {
+        names.KUEUE_QUEUE_LABEL: job.kueue.queue_name,
+        names.KUEUE_POD_GROUP_LABEL: names.kueue_pod_group_name(job.name, job.uid),
+    }
+    if job.kueue.priority_class is not None:
+        labels[names.KUEUE_PRIORITY_CLASS_LABEL] = job.kueue.priority_class
+    return labels, {names.KUEUE_POD_GROUP_TOTAL_COUNT_ANNOTATION: str(job.replicas)}
+
+
+def build_rank_pod(
+    job: JobSpec, rank: int, attempt: int, *, pod_spec_patch: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """One rank pod of one attempt. ``pod_spec_patch`` (gang.py's, when the gang is scheduled through
+    the in-tree Workload API) is merged into the pod spec last: its fields are the operator's."""
     template = copy.deepcopy(dict(job.template))
     template_meta: dict[str, Any] = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template.get("spec") or {}
 
+    kueue_labels, kueue_annotations = kueue_pod_metadata(job)
     labels = {
         **(template_meta.get("labels") or {}),
+        **kueue_labels,
         **names.rank_labels(job.name, rank, attempt, job.uid),
         names.LABEL_SPEC_HASH: spec_hash(job),
     }
     metadata = _metadata(job, names.pod_name(job.name, rank, attempt), labels)
-    if template_meta.get("annotations"):
-        metadata["annotations"] = dict(template_meta["annotations"])
+    annotations = {**(template_meta.get("annotations") or {}), **kueue_annotations}
+    if annotations:
+        metadata["annotations"] = annotations
 
     # The operator's own fields.
     pod_spec["restartPolicy"] = "Never"
@@ -313,6 +340,8 @@ def build_rank_pod(job: JobSpec, rank: int, attempt: int) -> dict[str, Any]:
     _add_port(trainer, names.RENDEZVOUS_PORT_NAME, job.rendezvous_port)
     if job.metrics.enabled:
         _add_port(trainer, names.METRICS_PORT_NAME, job.metrics.port)
+    for key, value in (pod_spec_patch or {}).items():
+        pod_spec[key] = copy.deepcopy(value)
 
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 

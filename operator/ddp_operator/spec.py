@@ -18,10 +18,13 @@ from ddp_operator import names
 Backend = Literal["nccl", "gloo"]
 RestartPolicy = Literal["Never", "OnFailure", "ExitCode"]
 CleanPodPolicy = Literal["Running", "All", "None"]
+GangMode = Literal["Auto", "Workload", "None"]
 
 BACKENDS: Final = ("auto", "nccl", "gloo")
 RESTART_POLICIES: Final = ("Never", "OnFailure", "ExitCode")
 CLEAN_POD_POLICIES: Final = ("Running", "All", "None")
+GANG_MODES: Final = ("Auto", "Workload", "None")
+DEFAULT_GANG_MODE: Final[GangMode] = "Auto"
 
 DEFAULT_REPLICAS: Final = 1
 DEFAULT_NPROC_PER_NODE: Final = 1
@@ -61,6 +64,7 @@ DECLARED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
             "rendezvousPort",
             "metrics",
             "networkPolicy",
+            "scheduling",
         }
     ),
     "spec.runPolicy": frozenset(
@@ -78,6 +82,7 @@ DECLARED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "spec.checkpoint": frozenset({"volumeClaimTemplate", "mountPath"}),
     "spec.metrics": frozenset({"enabled", "port"}),
     "spec.networkPolicy": frozenset({"enabled"}),
+    "spec.scheduling": frozenset({"gang"}),
 }
 
 
@@ -140,6 +145,25 @@ class NetworkPolicySpec:
 
 
 @dataclass(frozen=True)
+class SchedulingSpec:
+    """How the gang is scheduled (docs/scheduling.md). ``gang``: ``Workload`` asks the scheduler for
+    the whole gang through the in-tree Workload/PodGroup API, ``Auto`` does so when the cluster serves
+    that API, ``None`` never does."""
+
+    gang: GangMode = DEFAULT_GANG_MODE
+
+
+@dataclass(frozen=True)
+class KueueSpec:
+    """Kueue admission, asked for with the DDPJob label ``kueue.x-k8s.io/queue-name`` (or, failing
+    that, the same label on the pod template); ``priority_class`` is Kueue's WorkloadPriorityClass
+    label, copied to the pods when set."""
+
+    queue_name: str
+    priority_class: str | None = None
+
+
+@dataclass(frozen=True)
 class JobSpec:
     name: str
     namespace: str
@@ -156,6 +180,8 @@ class JobSpec:
     rendezvous_port: int = DEFAULT_RENDEZVOUS_PORT
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
     network_policy: NetworkPolicySpec = field(default_factory=NetworkPolicySpec)
+    scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
+    kueue: KueueSpec | None = None
 
 
 def _mapping(value: Any, path: str, *, required: bool = False) -> Mapping[str, Any]:
@@ -302,6 +328,40 @@ def _parse_checkpoint(raw: Any) -> CheckpointSpec | None:
     return CheckpointSpec(volume_claim_template=copy.deepcopy(dict(claim)), mount_path=mount_path)
 
 
+def _parse_scheduling(raw: Any) -> SchedulingSpec:
+    scheduling = _mapping(raw, "spec.scheduling")
+    return SchedulingSpec(
+        gang=cast(GangMode, _enum(scheduling, "gang", "spec.scheduling", GANG_MODES, DEFAULT_GANG_MODE))
+    )
+
+
+def _label(labels: Mapping[str, Any], key: str, path: str) -> str | None:
+    value = labels.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise SpecError(f"{path}['{key}']", f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _parse_kueue(metadata: Mapping[str, Any], template: Mapping[str, Any]) -> KueueSpec | None:
+    """The job's labels win over the template's; a queue named only on the template still makes the
+    whole gang one Kueue group (a lone pod label would make every rank a workload of its own)."""
+    job_labels = _mapping(metadata.get("labels"), "metadata.labels")
+    template_meta = _mapping(template.get("metadata"), "spec.template.metadata")
+    template_labels = _mapping(template_meta.get("labels"), "spec.template.metadata.labels")
+
+    def pick(key: str) -> str | None:
+        return _label(job_labels, key, "metadata.labels") or _label(
+            template_labels, key, "spec.template.metadata.labels"
+        )
+
+    queue = pick(names.KUEUE_QUEUE_LABEL)
+    if queue is None:
+        return None
+    return KueueSpec(queue_name=queue, priority_class=pick(names.KUEUE_PRIORITY_CLASS_LABEL))
+
+
 def parse_job(obj: Mapping[str, Any]) -> JobSpec:
     """A defaulted JobSpec from a DDPJob object (as the apiserver returns it, or as a user wrote it)."""
     metadata = _mapping(obj.get("metadata"), "metadata", required=True)
@@ -344,6 +404,8 @@ def parse_job(obj: Mapping[str, Any]) -> JobSpec:
     network_policy = NetworkPolicySpec(
         enabled=_bool(raw_network_policy, "enabled", "spec.networkPolicy", True)
     )
+    scheduling = _parse_scheduling(spec.get("scheduling"))
+    kueue = _parse_kueue(metadata, template)
 
     generation = metadata.get("generation", 1)
     return JobSpec(
@@ -362,6 +424,8 @@ def parse_job(obj: Mapping[str, Any]) -> JobSpec:
         rendezvous_port=rendezvous_port,
         metrics=metrics,
         network_policy=network_policy,
+        scheduling=scheduling,
+        kueue=kueue,
     )
 
 

@@ -42,6 +42,9 @@ OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
     ("", "events"): {"create"},
     # The job's NetworkPolicy (builders.build_network_policy), followed like the Service.
     ("networking.k8s.io", "networkpolicies"): {"create", "get", "patch"},
+    # The in-tree gang (gang.py): a Workload and a PodGroup per attempt, when the API is served.
+    ("scheduling.k8s.io", "workloads"): {"create", "get", "list", "delete"},
+    ("scheduling.k8s.io", "podgroups"): {"create", "get", "list", "delete"},
 }
 KOPF_CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},

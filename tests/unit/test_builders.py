@@ -364,6 +364,8 @@ def test_hostnames_are_dns_labels(job: str, rank: int) -> None:
             True,
             id="template",
         ),
+        pytest.param({"scheduling": {"gang": "Workload"}}, True, id="gang-mode"),
+        pytest.param({"scheduling": {"gang": "Auto"}}, False, id="gang-default-keeps-the-old-digest"),
         pytest.param({"runPolicy": {"backoffLimit": 9}}, False, id="run-policy-is-not-the-pods"),
         pytest.param({"restartPolicy": "Never"}, False, id="restart-policy-is-not-the-pods"),
         pytest.param({"networkPolicy": {"enabled": False}}, False, id="network-policy-is-not-the-pods"),

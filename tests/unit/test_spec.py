@@ -30,6 +30,8 @@ def test_defaults_fill_every_optional_field() -> None:
     assert (job.rendezvous_port, job.metrics.enabled, job.metrics.port) == (29500, True, 9400)
     assert job.network_policy.enabled is True
     assert (job.namespace, job.uid, job.generation) == ("team-a", "uid-1234", 1)
+    assert job.scheduling.gang == "Auto"
+    assert job.kueue is None
 
 
 def test_world_size_is_replicas_times_processes() -> None:
@@ -117,6 +119,9 @@ INVALID = [
     pytest.param({"metrics": {"port": 29500}}, "spec.metrics.port", id="metrics-port-clashes"),
     pytest.param({"networkPolicy": {"enabled": "no"}}, "spec.networkPolicy.enabled", id="netpol-not-bool"),
     pytest.param({"networkPolicy": []}, "spec.networkPolicy", id="netpol-not-object"),
+    pytest.param({"scheduling": {"gang": "Always"}}, "spec.scheduling.gang", id="gang-unknown"),
+    pytest.param({"scheduling": {"gang": "auto"}}, "spec.scheduling.gang", id="gang-is-case-sensitive"),
+    pytest.param({"scheduling": "Workload"}, "spec.scheduling", id="scheduling-not-an-object"),
     pytest.param({"template": None}, "spec.template", id="template-missing"),
     pytest.param(_containers(), "spec.template.spec.containers", id="no-containers"),
     pytest.param(
@@ -229,7 +234,7 @@ def test_declared_fields_match_the_crd_schema() -> None:
     expected = {"": set(schema["properties"]) | {"metadata"}}
     spec = schema["properties"]["spec"]
     expected["spec"] = set(spec["properties"])
-    for name in ("runPolicy", "template", "checkpoint", "metrics", "networkPolicy"):
+    for name in ("runPolicy", "template", "checkpoint", "metrics", "networkPolicy", "scheduling"):
         expected[f"spec.{name}"] = set(spec["properties"][name]["properties"])
     assert {path: set(fields) for path, fields in DECLARED_FIELDS.items()} == expected
 

@@ -88,6 +88,11 @@ watches); the same rules go into the ClusterRole (cluster-wide) or each namespac
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["create", "get", "patch"]
+# The in-tree gang (scheduling.k8s.io, Kubernetes 1.36+, when served): one Workload and one PodGroup per
+# attempt, created before its pods, read back after a 409, deleted with the attempt.
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["workloads", "podgroups"]
+  verbs: ["create", "get", "list", "delete"]
 # One Event per phase change.
 - apiGroups: [""]
   resources: ["events"]

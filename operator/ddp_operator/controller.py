@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from ddp_operator import builders, names, ownership
+from ddp_operator import builders, gang, names, ownership
 from ddp_operator.kube_api import (
     ApiError,
     ChildInvalid,
@@ -39,6 +39,7 @@ from ddp_operator.podcache import JobKey, PodCache
 from ddp_operator.progress_scraper import ProgressScraper, Target
 from ddp_operator.reconcile import (
     DEFAULT_TIMING,
+    REASON_INVALID_SPEC,
     CreateRefusal,
     Decision,
     TimingRules,
@@ -128,6 +129,8 @@ class Controller:
         self.leadership: threading.Event | None = None
         # Reads training progress from rank 0's metrics (None: no progress in status, no stall checks).
         self.scraper: ProgressScraper | None = None
+        # The scheduling.k8s.io version of the in-tree gang API the cluster serves (discovery at start).
+        self.gang_version: str | None = None
         self._starting: asyncio.Task[None] | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -146,9 +149,22 @@ class Controller:
             while not self.leadership.is_set():  # noqa: ASYNC110
                 await asyncio.sleep(LEADERSHIP_POLL_SECONDS)
         await self.api.warm_up()
+        await self._discover()
         await self.pods.start()
         if self.scraper is not None:
             self.scraper.start()
+
+    async def _discover(self) -> None:
+        """Which in-tree gang API the cluster serves (none: pods are scheduled one by one)."""
+        try:
+            self.gang_version = gang.served_version(await self.api.group_versions())
+        except ApiError as error:
+            logger.warning(
+                "API discovery failed (%s): gang scheduling through the Workload API is off", error
+            )
+        logger.info(
+            "gang scheduling: %s", f"{gang.GROUP}/{self.gang_version}" if self.gang_version else "not served"
+        )
 
     async def stop(self) -> None:
         if self._starting is not None:
@@ -408,7 +424,23 @@ class Controller:
             if created and self.metrics is not None:
                 self.metrics.pods_created.inc()
 
-        pods = [builders.build_rank_pod(job, rank, decision.create_attempt) for rank in decision.create_ranks]
+        attempt = decision.create_attempt
+        unavailable = gang.unavailable_reason(job, self.gang_version)
+        if unavailable is not None:
+            return CreateRefusal(False, "the gang", attempt, unavailable, reason=REASON_INVALID_SPEC)
+        objects = gang.gang_objects(job, attempt, self.gang_version)
+        patch = None
+        if objects is not None:
+            # The gang first: a pod naming a PodGroup that does not exist yet waits for it anyway, but
+            # the scheduler must see the whole minimum before it places any rank.
+            report = await self.api.create_children([objects.workload, objects.pod_group], accept)
+            if report.error is not None:
+                raise report.error
+            patch = objects.pod_spec_patch
+        pods = [
+            builders.build_rank_pod(job, rank, attempt, pod_spec_patch=patch)
+            for rank in decision.create_ranks
+        ]
         report = await self.api.create_children(pods, accept, on_result=on_result)
         if isinstance(report.error, PodCreateForbidden | ChildInvalid):
             labels = ((report.failed or {}).get("metadata") or {}).get("labels") or {}

@@ -46,6 +46,9 @@ _CORE_PLURALS: dict[str, str] = {
 # kind -> (group/version, REST plural) for the children of named API groups.
 _GROUP_PLURALS: dict[str, tuple[str, str]] = {
     "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
+    # The in-tree gang (gang.py writes the one version it supports).
+    "Workload": ("scheduling.k8s.io/v1alpha2", "workloads"),
+    "PodGroup": ("scheduling.k8s.io/v1alpha2", "podgroups"),
 }
 
 
@@ -355,6 +358,15 @@ class KubeApi:
             response.response.release_conn()
 
     # ---- asyncio wrappers ----------------------------------------------------------------------
+
+    async def group_versions(self) -> list[str]:
+        """Every API group version the apiserver serves (discovery), e.g. "scheduling.k8s.io/v1alpha2"."""
+        answer: JsonDict = await self._run(lambda: self.request("GET", "/apis"))
+        return [
+            str(version.get("groupVersion"))
+            for group in answer.get("groups") or []
+            for version in group.get("versions") or []
+        ]
 
     async def warm_up(self) -> None:
         """Start every worker thread and open its connection now (best effort).

@@ -881,11 +881,16 @@ class CreateRefusal:
     child: str  # which child, e.g. "rank 0's pod", "the Service"
     attempt: int
     message: str
+    # A refusal the operator itself found (the cluster lacks what the spec asks for): this reason, and
+    # ``message`` as it is.
+    reason: str | None = None
 
 
 def _refused(job: JobSpec, old: Mapping[str, Any], refusal: CreateRefusal, now: datetime) -> Decision:
     """Failed with the apiserver's message; the attempt's pods that were created go at the next ``decide``."""
-    if refusal.forbidden:
+    if refusal.reason is not None:
+        reason, text = refusal.reason, refusal.message
+    elif refusal.forbidden:
         reason = REASON_POD_CREATE_FORBIDDEN
         text = f"creating {refusal.child} of attempt {refusal.attempt} was forbidden: {refusal.message}"
     else:

@@ -12,12 +12,13 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.operator_harness import wait_for
+from tests.integration.operator_harness import REPO, OperatorProcess, wait_for
 
-from ddp_harness import ClusterOptions, LocalCluster, default_bin_dir, down, up
+from ddp_harness import EXIT_CODE_ANNOTATION, ClusterOptions, LocalCluster, default_bin_dir, down, up
 from ddp_harness.binaries import pinned_versions, stale_binaries
 from ddp_operator import builders, gang, names
 from ddp_operator.spec import parse_job
@@ -138,3 +139,80 @@ def test_the_apiserver_accepts_the_adapters_objects_and_the_scheduler_binds_the_
         "the second gang bound whole", lambda: len(_bound(gated_cluster, namespace, "waits")) == 3, timeout=90
     )
     gated_cluster.kubectl_run("delete", "namespace", namespace, "--wait=false")
+
+
+# ---- the operator asks for the gang --------------------------------------------------------------
+
+
+def _operator_job(name: str, gang_mode: str) -> dict[str, Any]:
+    job = _job("", name, replicas=3, gpus=8)
+    job["metadata"].pop("namespace", None)
+    job["spec"]["scheduling"] = {"gang": gang_mode}
+    return job
+
+
+@pytest.mark.parametrize("gang_mode", ["None", "Workload"])
+def test_a_second_gang_that_does_not_fit_holds_no_gpu_only_with_the_workload_api(
+    gated_cluster: LocalCluster, tmp_path: Path, gang_mode: str
+) -> None:
+    """4 nodes x 8 GPUs, two DDPJobs of 3 x 8 GPUs. Pod by pod (gang None) the second job binds the one
+    free node and holds its GPUs while it can never run, which is half of the deadlock two such jobs
+    fall into when their pods interleave; through the Workload API it binds nothing until the first
+    job is done, then all of it."""
+    gated_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
+    gated_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    namespace = f"gang-op-{uuid.uuid4().hex[:6]}"
+    gated_cluster.create_namespace(namespace)
+    operator = OperatorProcess(gated_cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    try:
+        gated_cluster.apply_json(_operator_job("first", gang_mode), "-n", namespace)
+        wait_for(
+            "the first job's 3 ranks bound",
+            lambda: len(_bound(gated_cluster, namespace, "first")) == 3,
+            timeout=90,
+        )
+        gated_cluster.apply_json(_operator_job("second", gang_mode), "-n", namespace)
+        wait_for(
+            "the second job's 3 pods",
+            lambda: (
+                len(
+                    gated_cluster.get_json("pods", "-n", namespace, "-l", names.label_selector("second"))[
+                        "items"
+                    ]
+                )
+                == 3
+            ),
+            timeout=60,
+        )
+        if gang_mode == "None":
+            wait_for(
+                "one rank of the second job bound",
+                lambda: len(_bound(gated_cluster, namespace, "second")) == 1,
+            )
+            time.sleep(3)
+            second = gated_cluster.get_json("ddpjob", "second", "-n", namespace)
+            assert second["status"].get("phase") != "Running", "a job with one rank of three cannot run"
+            return
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            assert _bound(gated_cluster, namespace, "second") == [], "a gang binds whole or not at all"
+            time.sleep(0.5)
+        for pod in _bound(gated_cluster, namespace, "first"):
+            gated_cluster.kubectl_run("annotate", "pod", pod, "-n", namespace, f"{EXIT_CODE_ANNOTATION}=0")
+        wait_for(
+            "the second job bound whole",
+            lambda: len(_bound(gated_cluster, namespace, "second")) == 3,
+            timeout=90,
+        )
+        wait_for(
+            "the second job Running",
+            lambda: (
+                gated_cluster.get_json("ddpjob", "second", "-n", namespace).get("status", {}).get("phase")
+                == "Running"
+            ),
+            timeout=60,
+        )
+    finally:
+        operator.stop()
+        print(operator.log_tail(30))
+        gated_cluster.kubectl_run("delete", "namespace", namespace, "--wait=false")

@@ -86,12 +86,60 @@ timed() { # what command... : runs it and logs how long it took
 }
 
 build_kind() {
-  if stamp_ok "${KIND_BIN}" kind "${KIND_VERSION}"; then log "kind ${KIND_VERSION}: up to date"; return; fi
-  log "kind ${KIND_VERSION}: building"
-  new_module "${WORK}/go-kind" ddp-operator.local/build-kind
-  (cd "${WORK}/go-kind" && run_go go get "sigs.k8s.io/kind@${KIND_VERSION}" &&
-    run_go go build -ldflags "-s -w" -o "${KIND_BIN}/kind" sigs.k8s.io/kind)
-  write_stamp "${KIND_BIN}" kind "${KIND_VERSION}"
+  local real="kind-${KIND_VERSION}"
+  if stamp_ok "${KIND_BIN}" "${real}" "${KIND_VERSION}"; then
+    log "kind ${KIND_VERSION}: up to date"
+  else
+    log "kind ${KIND_VERSION}: building"
+    new_module "${WORK}/go-kind" ddp-operator.local/build-kind
+    (cd "${WORK}/go-kind" && run_go go get "sigs.k8s.io/kind@${KIND_VERSION}" &&
+      run_go go build -ldflags "-s -w" -o "${KIND_BIN}/${real}" sigs.k8s.io/kind)
+    write_stamp "${KIND_BIN}" "${real}" "${KIND_VERSION}"
+  fi
+  rm -f "${KIND_BIN}/kind" "${KIND_BIN}/.kind.version"
+  if host_lacks_capabilities; then
+    # kind runs every node `docker run --privileged`, which fails where the daemon lacks a capability:
+    # kind gets a docker shim that selects a runtime leaving those out (docs/kind.md, host facts).
+    mkdir -p "${KIND_BIN}/docker-shim"
+    sed "s|@REAL_DOCKER@|$(command -v "${DOCKER}")|" "${HACK_DIR}/kind/host/docker" >"${KIND_BIN}/docker-shim/docker"
+    sed "s|@KIND_VERSION@|${KIND_VERSION}|" "${HACK_DIR}/kind/host/kind" >"${KIND_BIN}/kind"
+    install -m 0755 "${HACK_DIR}/kind/host/runc-without-sys-resource" "${KIND_BIN}/runc-without-sys-resource"
+    chmod 0755 "${KIND_BIN}/docker-shim/docker" "${KIND_BIN}/kind"
+  else
+    ln -s "${real}" "${KIND_BIN}/kind"
+  fi
+}
+
+# CapBnd of this process: all of them (0x1ffffffffff and beyond) unless the machine withholds some.
+host_lacks_capabilities() {
+  local bnd last
+  bnd="$(awk '/^CapBnd:/ {print $2}' /proc/self/status)"
+  last="$(cat /proc/sys/kernel/cap_last_cap)"
+  (( (16#${bnd} & ((1 << (last + 1)) - 1)) != ((1 << (last + 1)) - 1) ))
+}
+
+# Registers ddp-kind-runc with dockerd (an added runtime, never the default; dockerd reloads its
+# runtimes on SIGHUP, so running containers are not touched).
+ensure_docker_runtime() {
+  host_lacks_capabilities || return 0
+  if ${DOCKER} info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"ddp-kind-runc"'; then return 0; fi
+  log "registering the Docker runtime ddp-kind-runc (${KIND_BIN}/runc-without-sys-resource) in /etc/docker/daemon.json"
+  as_root mkdir -p /etc/docker
+  as_root python3 - "${KIND_BIN}/runc-without-sys-resource" <<'PY'
+import json, os, sys
+path = "/etc/docker/daemon.json"
+config = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
+config.setdefault("runtimes", {})["ddp-kind-runc"] = {"path": sys.argv[1]}
+with open(path + ".tmp", "w") as f:
+    json.dump(config, f, indent=2)
+os.replace(path + ".tmp", path)
+PY
+  as_root kill -HUP "$(pgrep -x dockerd | head -n1)"
+  for _ in $(seq 1 20); do
+    ${DOCKER} info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"ddp-kind-runc"' && return 0
+    sleep 0.5
+  done
+  die "dockerd did not load the runtime ddp-kind-runc from /etc/docker/daemon.json"
 }
 
 build_kubeadm() {
@@ -247,6 +295,7 @@ TOOLS_PACKAGES=iptables,nftables,conntrack,ca-certificates
 
 rootfs_images() {
   ${DOCKER} info >/dev/null 2>&1 || die "no Docker daemon answers (hack/build-images.sh starts one)"
+  ensure_docker_runtime
   timed "node rootfs" rootfs_image rootfs "${NODE_PACKAGES}" >/dev/null
   timed "tools rootfs" rootfs_image tools "${TOOLS_PACKAGES}" >/dev/null
 }

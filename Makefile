@@ -81,6 +81,8 @@ kind-up: kind
 	$(KIND_BIN) get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)' || \
 	  $(KIND_BIN) create cluster --name $(KIND_CLUSTER) --image "$$(hack/build-kind.sh --print-node-image)" \
 	    --config hack/kind/cluster.yaml --wait 180s
+	@# one CoreDNS replica frees the CPU request two 500m ranks need on a 2-core machine
+	$(K8S_BIN)/kubectl --context kind-$(KIND_CLUSTER) scale deployment coredns -n kube-system --replicas=1
 	$(KIND_BIN) load docker-image ddp-operator:$(VERSION) ddp-trainer:$(VERSION) --name $(KIND_CLUSTER)
 	$(K8S_BIN)/helm upgrade --install ddp charts/ddp-operator --namespace ddp-system --create-namespace --wait \
 	  --kube-context kind-$(KIND_CLUSTER)

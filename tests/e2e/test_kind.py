@@ -100,7 +100,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[suite.External
         for image in (suite.OPERATOR_IMAGE, suite.TRAINER_IMAGE):
             _kind(kind, "load", "docker-image", image, "--name", KIND_CLUSTER, timeout=1200)
         suite.TIMINGS.record("kind_load_images_s", time.monotonic() - started)
-        yield suite.external_cluster(kubeconfig)
+        cluster = suite.external_cluster(kubeconfig)
+        # One CoreDNS replica is plenty for one node, and its 100m CPU request is what two 500m ranks,
+        # the operator and the control plane need to fit on a 2-core machine.
+        cluster.kubectl_run("scale", "deployment", "coredns", "-n", "kube-system", "--replicas=1")
+        yield cluster
     finally:
         if os.environ.get("DDP_E2E_KEEP_CLUSTER"):
             _progress(f"keeping the cluster: kind delete cluster --name {KIND_CLUSTER}")

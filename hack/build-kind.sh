@@ -365,7 +365,9 @@ node_image() {
   # image's /var/lib/containerd. kind puts a volume on /var, which Docker fills from the image.
   local store="${WORK}/preload"
   as_root rm -rf "${store}" && mkdir -p "${store}/containerd"
-  ${DOCKER} run --rm --privileged --network none --entrypoint /bin/bash \
+  local runtime=()
+  if host_lacks_capabilities; then runtime=(--runtime=ddp-kind-runc); fi
+  ${DOCKER} run --rm --privileged "${runtime[@]}" --network none --entrypoint /bin/bash \
     -v "${store}/containerd:/var/lib/containerd" -v "${WORK}/images.tar:/images.tar:ro" "${tag}-base" -c '
       set -eu
       containerd --config /etc/containerd/config.toml >/tmp/containerd.log 2>&1 &

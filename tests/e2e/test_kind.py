@@ -58,7 +58,9 @@ def _print(flag: str) -> str:
 
 
 def _docker_has(image: str) -> bool:
-    inspected = subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=60, check=False)
+    inspected = subprocess.run(
+        ["docker", "image", "inspect", image], capture_output=True, timeout=60, check=False
+    )
     return inspected.returncode == 0
 
 
@@ -88,7 +90,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[suite.External
         pytest.skip(reason)
     kubeconfig = tmp_path_factory.mktemp("kind") / "kubeconfig"
     # A cluster left by an interrupted run would make `create` fail.
-    subprocess.run([kind, "delete", "cluster", "--name", KIND_CLUSTER], capture_output=True, timeout=300, check=False)
+    subprocess.run(
+        [kind, "delete", "cluster", "--name", KIND_CLUSTER], capture_output=True, timeout=300, check=False
+    )
     started = time.monotonic()
     _kind(
         kind, "create", "cluster", "--name", KIND_CLUSTER, "--image", node_image, "--config", str(KIND_CONFIG),
@@ -110,5 +114,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[suite.External
             _progress(f"keeping the cluster: kind delete cluster --name {KIND_CLUSTER}")
         else:
             subprocess.run(
-                [kind, "delete", "cluster", "--name", KIND_CLUSTER], capture_output=True, timeout=300, check=False
+                [kind, "delete", "cluster", "--name", KIND_CLUSTER],
+                capture_output=True,
+                timeout=300,
+                check=False,
             )

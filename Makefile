@@ -2,16 +2,17 @@
 CACHE     ?= $(HOME)/.cache/ddp-operator
 VENV      ?= $(CACHE)/venv
 PY        := $(VENV)/bin/python
-# The editable install points at one checkout: a new pyproject or another checkout reinstalls.
-STAMP     := $(VENV)/.installed-$(shell (sha256sum < pyproject.toml; echo '$(CURDIR)') | sha256sum | cut -c1-16)
+# The editable installs point at one checkout: a new pyproject (the product's or the harness's) or
+# another checkout reinstalls.
+STAMP     := $(VENV)/.installed-$(shell (cat pyproject.toml harness/pyproject.toml | sha256sum; echo '$(CURDIR)') | sha256sum | cut -c1-16)
 PYTEST    := $(PY) -m pytest
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-e2e k8s-binaries node-binaries images kind kind-up kind-demo kind-down chart-crds bench clean-venv
+.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-e2e k8s-binaries kueue-binary node-binaries images kind kind-up kind-demo kind-down chart-crds bench clean-venv
 
 all: test
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml harness/pyproject.toml
 	@echo ">>> creating the virtualenv in $(VENV) (torch is several GB on a cold machine)"
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -20,6 +21,8 @@ $(STAMP): pyproject.toml
 	$(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["optional-dependencies"]["trainer"]))' > $(CACHE)/trainer-requirements.txt
 	$(PY) -m pip download -q -d $(CACHE)/wheels -r $(CACHE)/trainer-requirements.txt
 	$(PY) -m pip install -q --find-links $(CACHE)/wheels -e '.[trainer,operator,dev]'
+	@# The test harness (ddp-harness): a distribution of its own, so it stays out of the product's wheel.
+	$(PY) -m pip install -q --no-deps -e ./harness
 	@rm -f $(VENV)/.installed-*; touch $@
 
 system-deps:
@@ -50,7 +53,11 @@ test-trainer: venv
 k8s-binaries:
 	hack/build-k8s.sh
 
-test-integration: venv k8s-binaries
+## Kueue's manager, CRDs and webhook configurations (docs/scheduling.md), for the integration tier.
+kueue-binary:
+	hack/build-kueue.sh
+
+test-integration: venv k8s-binaries kueue-binary
 	$(PYTEST) tests/integration -q
 
 ## Both images, on a local debootstrap base (no registry needed); tagged by version.

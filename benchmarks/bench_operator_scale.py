@@ -5,7 +5,7 @@ For each R (ranks) and each scenario (an empty namespace; the same with N unrela
   create a DDPJob of R ranks, and measure seconds from the create to all R pods created and to all R
   Running; end every pod with exit code 0 (kwok), wait for Succeeded, then count the operator's write
   requests in the audit log and read its peak RSS and CPU seconds from /proc;
-- lower bound: create the same Service and R pods (the builders' objects, owned by an idle DDPJob)
+- lower bound: create the same Service, NetworkPolicy and R pods (the builders' objects, owned by an idle DDPJob)
   directly with the same client (kube_api) and the same concurrency, and time them the same way.
 Medians over the runs, and the operator/lower-bound ratios, are printed as a table.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import math
 import os
@@ -27,7 +28,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -59,7 +60,7 @@ def _openssl(*args: str) -> None:
 
 def identity_kubeconfig(cluster: Any, user: str, directory: Path) -> Path:
     """A client certificate for `user` (system:masters) signed by the local CA, and its kubeconfig."""
-    from ddp_operator.cluster import manifests
+    from ddp_harness import manifests
 
     key, cert = directory / f"{user}.key", directory / f"{user}.crt"
     _openssl(
@@ -74,8 +75,8 @@ def identity_kubeconfig(cluster: Any, user: str, directory: Path) -> Path:
 
 
 def start_cluster(args: argparse.Namespace, state_dir: Path) -> Any:
-    from ddp_operator.cluster import ClusterOptions, attach, up
-    from ddp_operator.cluster.manifests import NodeShape
+    from ddp_harness import ClusterOptions, attach, up
+    from ddp_harness.manifests import NodeShape
 
     if args.attach:
         return attach(Path(args.attach))
@@ -193,16 +194,29 @@ def _jobs_path(namespace: str, name: str = "") -> str:
     return f"/apis/ddp.dev/v1alpha1/namespaces/{namespace}/ddpjobs" + (f"/{name}" if name else "")
 
 
-def end_pods(api: Any, namespace: str, names: Sequence[str], concurrency: int) -> None:
-    body = {"metadata": {"annotations": {EXIT_CODE_ANNOTATION: "0"}}}
+def end_pods(
+    api: Any,
+    namespace: str,
+    names: Sequence[str],
+    concurrency: int,
+    annotations: Mapping[str, str] | None = None,
+    missing_ok: bool = False,
+) -> None:
+    """Ends fake pods through kwok by annotating them (default: exit code 0), `concurrency` at once;
+    with `missing_ok`, a pod already gone is skipped."""
+    body = {"metadata": {"annotations": dict(annotations or {EXIT_CODE_ANNOTATION: "0"})}}
 
     def patch(name: str) -> None:
-        api.request(
-            "PATCH",
-            f"/api/v1/namespaces/{namespace}/pods/{name}",
-            body=body,
-            content_type="application/merge-patch+json",
-        )
+        try:
+            api.request(
+                "PATCH",
+                f"/api/v1/namespaces/{namespace}/pods/{name}",
+                body=body,
+                content_type="application/merge-patch+json",
+            )
+        except Exception as error:
+            if not (missing_ok and getattr(error, "status", None) == 404):
+                raise
 
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(patch, names))
@@ -236,6 +250,33 @@ def delete_job_and_wait(api: Any, namespace: str, name: str, selector: str, time
     )
 
 
+@contextlib.contextmanager
+def operator_process(
+    kubeconfig: Path, namespace: str, log: Path, args: argparse.Namespace, extra: Sequence[str] = ()
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`ddpjob operator` watching `namespace` (with `extra` flags), alive (its liveness answers) until the
+    block ends; then stopped (SIGTERM, so it releases its Lease for the next one)."""
+    liveness = _free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "ddp_operator", "operator", "--kubeconfig", str(kubeconfig),
+            "--namespace", namespace, "--metrics-port", "0", "--concurrency", str(args.concurrency),
+            "--liveness", f"http://127.0.0.1:{liveness}/healthz", *extra,
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        wait_until("the operator's liveness", lambda: _alive(liveness, process), 60)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def operator_run(
     admin: Any,
     cluster: Any,
@@ -249,19 +290,9 @@ def operator_run(
 
     from ddp_operator import names
 
-    liveness = _free_port()
-    log = Path(args.workdir) / f"operator-{namespace}-{name}.log"
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "ddp_operator", "operator", "--kubeconfig", str(kubeconfig),
-            "--namespace", namespace, "--metrics-port", "0", "--concurrency", str(args.concurrency),
-            "--liveness", f"http://127.0.0.1:{liveness}/healthz",
-        ],
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    try:
-        wait_until("the operator's liveness", lambda: _alive(liveness, process), 60)
+    with operator_process(
+        kubeconfig, namespace, Path(args.workdir) / f"operator-{namespace}-{name}.log", args
+    ) as process:
         selector = names.label_selector(name)
         clock = PodClock(admin, namespace, selector, replicas)
         since = datetime.now(UTC).replace(microsecond=0)
@@ -283,12 +314,6 @@ def operator_run(
         result.peak_rss_mb, result.cpu_seconds = _proc_usage(process.pid)
         result.write_breakdown = count_writes(Path(cluster.audit_log), OPERATOR_USER, since)
         result.writes = sum(result.write_breakdown.values())
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
     delete_job_and_wait(admin, namespace, name, names.label_selector(name), args.timeout)
     return result
 
@@ -298,7 +323,7 @@ def baseline_run(
 ) -> RunResult:
     import asyncio
 
-    from ddp_operator import builders, names
+    from ddp_operator import builders, names, ownership
     from ddp_operator.spec import parse_job
 
     selector = names.label_selector(name)
@@ -308,8 +333,13 @@ def baseline_run(
     started = time.monotonic()
     job_obj = admin.request("POST", _jobs_path(namespace), body=job_manifest(name, replicas))
     job = parse_job(job_obj)
-    children = [builders.build_service(job)] + [builders.build_rank_pod(job, r, 0) for r in range(replicas)]
-    report = asyncio.run(client.create_children(children, job.uid))
+    policy = builders.build_network_policy(job, builders.DEFAULT_METRICS_ALLOW_FROM)
+    children = [builders.build_service(job, 0), *([policy] if policy else [])] + [
+        builders.build_rank_pod(job, r, 0) for r in range(replicas)
+    ]
+    report = asyncio.run(
+        client.create_children(children, lambda wanted, found: ownership.is_ours(wanted, found, job.uid))
+    )
     created_at = time.monotonic()
     if report.error is not None:
         raise report.error
@@ -394,17 +424,54 @@ def _median(values: Sequence[float | None]) -> float:
 def table(rows: list[dict[str, Any]]) -> str:
     header = (
         "| scenario | R | created s (op) | created s (bound) | ratio | Running s (op) | Running s (bound) | ratio "
-        "| writes (R+1) | peak RSS MB | CPU s |"
+        "| writes (R+2) | peak RSS MB | CPU s |"
     )
     lines = [header, "|" + "---|" * 11]
     for row in rows:
         lines.append(
             f"| {row['scenario']} | {row['ranks']} | {row['op_created']:.2f} | {row['bound_created']:.2f} "
             f"| {row['op_created'] / row['bound_created']:.2f} | {row['op_running']:.2f} | {row['bound_running']:.2f} "
-            f"| {row['op_running'] / row['bound_running']:.2f} | {row['writes']:.0f} ({row['ranks'] + 1}) "
+            f"| {row['op_running'] / row['bound_running']:.2f} | {row['writes']:.0f} ({row['ranks'] + 2}) "
             f"| {row['rss']:.0f} | {row['cpu']:.1f} |"
         )
     return "\n".join(lines)
+
+
+def open_cluster(args: argparse.Namespace, prefix: str) -> Any:
+    """A fresh work directory (args.workdir: the cluster's state, certificates, operator logs) and the
+    cluster, started there or attached with --attach, with our CRDs installed."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    args.workdir = str(workdir)
+    cluster = start_cluster(args, workdir / "cluster")
+    try:
+        install_crds(cluster)
+    except BaseException:
+        close_cluster(args, {})
+        raise
+    return cluster
+
+
+def close_cluster(args: argparse.Namespace, results: Mapping[str, Any]) -> None:
+    """Stops the cluster open_cluster started (an attached one stays) and writes --json's results.
+    The work directory stays (its operator logs) until the caller, done, removes it."""
+    if not args.attach:
+        from ddp_harness import down
+
+        down(Path(args.workdir) / "cluster", keep_state=False)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags start_cluster, operator_process and the waits read."""
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--pods-per-node", type=int, default=110)
+    parser.add_argument("--nodes", type=int, default=0, help="fake nodes (default: enough for the largest R)")
+    parser.add_argument(
+        "--attach", help="use the running local cluster with this state dir instead of starting one"
+    )
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--json", help="also write the raw results here")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -416,51 +483,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--unrelated", type=int, default=5000, help="unrelated pods in the crowded scenario (0: skip it)"
     )
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--pods-per-node", type=int, default=110)
-    parser.add_argument("--nodes", type=int, default=0, help="fake nodes (default: enough for the largest R)")
-    parser.add_argument(
-        "--attach", help="use the running local cluster with this state dir instead of starting one"
-    )
-    parser.add_argument("--timeout", type=float, default=600.0)
+    add_cluster_arguments(parser)
     parser.add_argument("--settle", type=float, default=2.0)
-    parser.add_argument("--json", help="also write the raw results here")
     args = parser.parse_args(argv)
 
     from ddp_operator.kube_api import KubeApi
 
-    workdir = Path(tempfile.mkdtemp(prefix="ddp-bench-"))
-    args.workdir = str(workdir)
-    cluster = start_cluster(args, workdir / "cluster")
+    cluster = open_cluster(args, "ddp-bench-")
+    workdir = Path(args.workdir)
     rows: list[dict[str, Any]] = []
     raw: list[dict[str, Any]] = []
     try:
-        subprocess.run(
-            [
-                str(cluster.kubectl),
-                "--kubeconfig",
-                str(cluster.kubeconfig),
-                "apply",
-                "-f",
-                str(REPO / "crds"),
-            ],
-            check=True,
-            capture_output=True,
-        )
-        # An operator started before the CRD is Established waits for kopf's next discovery (~2 s).
-        subprocess.run(
-            [
-                str(cluster.kubectl),
-                "--kubeconfig",
-                str(cluster.kubeconfig),
-                "wait",
-                "--for=condition=Established",
-                "crd/ddpjobs.ddp.dev",
-                "--timeout=60s",
-            ],
-            check=True,
-            capture_output=True,
-        )
         operator_kubeconfig = identity_kubeconfig(cluster, OPERATOR_USER, workdir)
         baseline_kubeconfig = identity_kubeconfig(cluster, BASELINE_USER, workdir)
         admin = KubeApi.connect(str(cluster.kubeconfig), concurrency=args.concurrency)
@@ -470,10 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for scenario, unrelated in scenarios:
             namespace = f"bench-{unrelated}"
-            admin.request(
-                "POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}}
-            ) if not _exists(admin, namespace) else None
-            wait_until("default serviceaccount", lambda ns=namespace: _has_default_sa(admin, ns), 60)
+            ensure_namespace(admin, namespace)
             if unrelated:
                 print(f"[bench] creating {unrelated} unrelated pods in {namespace}", file=sys.stderr)
                 fill_unrelated(admin, namespace, unrelated, args.concurrency, args.timeout)
@@ -516,18 +546,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 print(table(rows), file=sys.stderr)
     finally:
-        if not args.attach:
-            from ddp_operator.cluster import down
-
-            down(workdir / "cluster", keep_state=False)
-        if args.json:
-            Path(args.json).write_text(json.dumps({"rows": rows, "runs": raw}, indent=1))
+        close_cluster(args, {"rows": rows, "runs": raw})
     print(
         f"\nmedians of {args.runs} run(s); concurrency {args.concurrency}; ratio = operator / bare-client bound\n"
     )
     print(table(rows))
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
+
+
+def install_crds(cluster: Any) -> None:
+    """Applies the repository's CRDs and waits until they are Established."""
+    kubectl = [str(cluster.kubectl), "--kubeconfig", str(cluster.kubeconfig)]
+    subprocess.run([*kubectl, "apply", "-f", str(REPO / "crds")], check=True, capture_output=True)
+    # An operator started before the CRD is Established waits for kopf's next discovery (~2 s).
+    subprocess.run(
+        [*kubectl, "wait", "--for=condition=Established", "crd/ddpjobs.ddp.dev", "--timeout=60s"],
+        check=True,
+        capture_output=True,
+    )
+
+
+def ensure_namespace(api: Any, namespace: str) -> None:
+    """The namespace, created if missing, with its default service account (pods need it)."""
+    if not _exists(api, namespace):
+        api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
+    wait_until("default serviceaccount", lambda: _has_default_sa(api, namespace), 60)
 
 
 def _exists(api: Any, namespace: str) -> bool:

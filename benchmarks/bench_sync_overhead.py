@@ -24,42 +24,29 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from prometheus_client import CollectorRegistry
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer.metrics import create_rank_metrics
-from ddp_trainer.sync import SyncRecorder
-from ddp_trainer.teardown import import_group_defaults_early, leave_process_group
+from ddp_trainer import Instrumentation, instrument, process_group_session
 from ddp_trainer.workloads import mlp
 
 MODES = ("plain", "torch-hook", "detailed", "light")
 SIZES_MIB = (1, 4, 25)
 
 
-def recorder_for(rank: int, world: int, mode: str) -> SyncRecorder:
-    metrics = create_rank_metrics(
-        rank, "gloo", "allreduce", torch.__version__, CollectorRegistry(), mode == "detailed"
-    )
-    return SyncRecorder(metrics, world_size=world, comm_hook="allreduce", mode=mode)
-
-
-def build(
-    rank: int, world: int, mode: str, model: nn.Module
-) -> tuple[DistributedDataParallel, SyncRecorder | None]:
+def build(mode: str, model: nn.Module) -> tuple[DistributedDataParallel, Instrumentation | None]:
     ddp = DistributedDataParallel(model)
-    recorder = None
+    metrics = None
     if mode == "torch-hook":
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     elif mode in ("detailed", "light"):
-        recorder = recorder_for(rank, world, mode)
-        recorder.install(ddp)
-    return ddp, recorder
+        metrics = instrument(ddp, mode=mode, port=0)  # a registry of its own, no server
+    return ddp, metrics
 
 
 def step_times(
-    ddp: DistributedDataParallel, recorder: SyncRecorder | None, batch: Any, steps: int
+    ddp: DistributedDataParallel, metrics: Instrumentation | None, batch: Any, steps: int
 ) -> list[float]:
     optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-4)
     inputs, targets = batch
@@ -70,8 +57,8 @@ def step_times(
         nn.functional.cross_entropy(ddp(inputs), targets).backward()
         optimizer.step()
         elapsed = time.perf_counter() - started
-        if recorder is not None:
-            recorder.after_step(len(targets), elapsed)
+        if metrics is not None:
+            metrics.step(len(targets), elapsed)
         times.append(elapsed)
     return times
 
@@ -89,33 +76,45 @@ def bus_bandwidth(rank: int, world: int, mib: int, repeats: int) -> tuple[float,
         raw.append(numel * 4 / (time.perf_counter() - started) * factor / 1e9)
     model = nn.Linear(numel, 1, bias=False)
     ddp = DistributedDataParallel(model, bucket_cap_mb=mib + 1)
-    recorder = recorder_for(rank, world, "detailed")
-    recorder.install(ddp)
+    metrics = instrument(ddp, port=0)
+    registry = metrics.endpoint.registry
+    assert registry is not None
+    labels = {"rank": str(rank)}
+
+    def value(name: str) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
     measured = []
     inputs = torch.ones(1, numel)
     for _ in range(repeats):
         dist.barrier()
-        before_bytes = recorder.metrics.allreduce_bytes._value.get()
-        before_service = recorder.metrics.allreduce_service_seconds._value.get()
+        before_bytes = value("ddp_allreduce_bytes_total")
+        before_service = value("ddp_allreduce_service_seconds_total")
         ddp(inputs).sum().backward()
-        payload = recorder.metrics.allreduce_bytes._value.get() - before_bytes
-        service = recorder.metrics.allreduce_service_seconds._value.get() - before_service
+        payload = value("ddp_allreduce_bytes_total") - before_bytes
+        service = value("ddp_allreduce_service_seconds_total") - before_service
         measured.append(payload / service * factor / 1e9)
+    metrics.close()
     return statistics.median(measured), statistics.median(raw)
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
-    import_group_defaults_early()
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # The session closes every instrumentation and ends the group cleanly (ddp_trainer.teardown).
+    with process_group_session():
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        measure(rank, world, args, results)
+
+
+def measure(rank: int, world: int, args: argparse.Namespace, results: Any) -> None:
     torch.manual_seed(0)
     template = mlp(args.width, args.depth)
     setups = {}
     for mode in MODES:
         model = mlp(args.width, args.depth)
         model.load_state_dict(template.state_dict())
-        setups[mode] = build(rank, world, mode, model)
+        setups[mode] = build(mode, model)
     generator = torch.Generator().manual_seed(rank)
     batch = (
         torch.randn(args.batch, args.width, generator=generator),
@@ -132,11 +131,6 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: 
     bandwidth = {mib: bus_bandwidth(rank, world, mib, args.repeats) for mib in SIZES_MIB}
     if rank == 0:
         results.update(steps={m: statistics.median(v) for m, v in per_mode.items()}, bandwidth=bandwidth)
-    for _, recorder in setups.values():
-        if recorder is not None:
-            recorder.detach()
-    setups.clear()
-    leave_process_group()
 
 
 def main() -> None:

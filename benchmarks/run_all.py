@@ -11,7 +11,12 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("bench_sync_overhead.py", "bench_operator_scale.py")
+BENCHMARKS = (
+    "bench_sync_overhead.py",
+    "bench_gcn_sync.py",
+    "bench_operator_scale.py",
+    "bench_restart_latency.py",
+)
 
 
 def main() -> int:

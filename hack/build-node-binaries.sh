@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the binaries of the local control plane's real node (`ddpjob cluster up --real-node`):
+# Build the binaries of the local control plane's real node (`ddp-harness cluster up --real-node`):
 #   kubelet, kube-proxy  (k8s.io/kubernetes, the same release and build flags as hack/build-k8s.sh)
 #   coredns              (github.com/coredns/coredns, with only the plugins our Corefile uses)
 #   crictl               (sigs.k8s.io/cri-tools: `down` removes every pod sandbox through CRI with it)

@@ -18,7 +18,15 @@ import ddp_trainer
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
+    # The session brackets the group's life: entered before init_process_group, it ends the group on
+    # the way out, after closing the instrumentation, while the interpreter is fully alive. A gloo
+    # group that outlived its end could abort the process at exit (ddp_trainer.teardown).
+    with ddp_trainer.process_group_session():
+        dist.init_process_group("gloo")
+        train()  # the DDP model lives and dies in train(), so nothing holds the group afterwards
+
+
+def train() -> None:
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)))
     metrics = ddp_trainer.instrument(model)  # the one line: comm hook + /metrics endpoint
@@ -40,12 +48,7 @@ def main() -> None:
     # One write per rank, so that the two workers' lines do not interleave on a shared stdout.
     sys.stdout.write("".join(f"{line}\n" for line in lines))
     sys.stdout.flush()
-    # Leave together, and let go of everything that holds the group before ending it: a gloo group
-    # that outlives destroy_process_group() can abort the process at exit (ddp_trainer.teardown).
-    dist.barrier()
-    metrics.close()
-    del model, optimizer
-    ddp_trainer.leave_process_group()
+    dist.barrier()  # leave together
 
 
 if __name__ == "__main__":

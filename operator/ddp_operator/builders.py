@@ -1,4 +1,4 @@
-"""Manifests of a DDPJob's children: the headless Service, the rank pods and the checkpoint PVC.
+"""Manifests of a DDPJob's children: the headless Service, the NetworkPolicy, the rank pods and the PVC.
 
 Pure functions of a JobSpec. The pod template is the user's; this module adds the env contract and
 the pod defaults of DESIGN.md wherever the template does not already say otherwise. A few fields are
@@ -11,9 +11,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any, Final
 
 from ddp_operator import names
+from ddp_operator.observe import format_time
 from ddp_operator.spec import JobSpec
 
 # Long enough for rank 0 to finish a step and write a checkpoint after SIGTERM.
@@ -21,6 +24,14 @@ DEFAULT_TERMINATION_GRACE_SECONDS: Final = 120
 # A lost node is noticed in seconds instead of the apiserver's default 300.
 NODE_LOSS_TOLERATION_SECONDS: Final = 30
 NODE_LOSS_TAINTS: Final = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+# Where Prometheus runs unless the operator is told otherwise (--metrics-allow-from; the chart's
+# rankMetrics.allowFrom has the same default): pods of the namespace `monitoring`. A namespace's
+# kubernetes.io/metadata.name label is set by the apiserver, so only that namespace matches; a pod label
+# alone would match any pod anyone labels so.
+DEFAULT_METRICS_ALLOW_FROM: Final = (
+    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+)
 
 # Variables the trainer needs to join its group: the operator's values replace any the template sets.
 CONTRACT_ENV: Final = (
@@ -43,6 +54,7 @@ CONTRACT_ENV: Final = (
     "DDP_BACKEND",
     "DDP_METRICS_PORT",
     "DDP_CHECKPOINT_DIR",
+    "DDP_STALL_TIMEOUT_SECONDS",
     "POD_IP",
 )
 # Defaults the template may override.
@@ -69,8 +81,12 @@ def _metadata(job: JobSpec, name: str, labels: dict[str, str]) -> dict[str, Any]
     }
 
 
-def build_service(job: JobSpec) -> dict[str, Any]:
-    """Headless, and publishing not-ready addresses: ranks resolve rank 0 before anyone is Ready."""
+def build_service(job: JobSpec, attempt: int) -> dict[str, Any]:
+    """Headless, and publishing not-ready addresses: ranks resolve rank 0 before anyone is Ready.
+
+    It selects the pods of one attempt of this job object only, and follows the job from attempt to
+    attempt (the executor patches its selector before it creates the next attempt's pods).
+    """
     ports = [
         {"name": names.RENDEZVOUS_PORT_NAME, "port": job.rendezvous_port, "targetPort": job.rendezvous_port}
     ]
@@ -85,8 +101,43 @@ def build_service(job: JobSpec) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": names.job_selector(job.name),
+            "selector": names.attempt_selector(job.name, job.uid, attempt),
             "ports": ports,
+        },
+    }
+
+
+def build_network_policy(
+    job: JobSpec, metrics_allow_from: Sequence[Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    """The job's NetworkPolicy: its rank pods admit their own job's pods, Prometheus on /metrics, no one else.
+
+    Rank ports are unauthenticated (rank 0's TCPStore takes any writer; gloo, NCCL and the elastic
+    agent's store listen on ports of their choosing), so every port is open to the job's own pods of
+    any attempt and to nobody else. ``metrics_allow_from`` (NetworkPolicyPeers, the operator's
+    --metrics-allow-from) may reach the metrics port; an empty list keeps it closed too. Only Ingress
+    is listed: egress (data, checkpoints, DNS, the image registry) stays as the namespace has it.
+    None when the job turned the policy off.
+    """
+    if not job.network_policy.enabled:
+        return None
+    own_pods = names.job_object_selector(job.name, job.uid)
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": {"matchLabels": dict(own_pods)}}]}]
+    if job.metrics.enabled and metrics_allow_from:
+        ingress.append(
+            {
+                "from": [copy.deepcopy(dict(peer)) for peer in metrics_allow_from],
+                "ports": [{"protocol": "TCP", "port": job.metrics.port}],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(job, names.network_policy_name(job.name), names.job_selector(job.name)),
+        "spec": {
+            "podSelector": {"matchLabels": dict(own_pods)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
         },
     }
 
@@ -135,6 +186,9 @@ def contract_env(job: JobSpec, rank: int, attempt: int) -> list[dict[str, Any]]:
     ]
     if job.checkpoint is not None:
         values.append(("DDP_CHECKPOINT_DIR", job.checkpoint.mount_path))
+    if job.run_policy.stall_timeout_seconds is not None:
+        # The ranks dump their stacks before the operator restarts a stalled gang.
+        values.append(("DDP_STALL_TIMEOUT_SECONDS", str(job.run_policy.stall_timeout_seconds)))
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in values]
     env.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     return env
@@ -191,34 +245,62 @@ def spec_hash(job: JobSpec) -> str:
     Pods of one attempt built from different versions of the spec would disagree on the world size or
     the template; the label lets the operator find and replace them before the attempt starts.
     """
-    shaping = {
+    shaping: dict[str, Any] = {
         "replicas": job.replicas,
         "nprocPerNode": job.nproc_per_node,
         "backend": job.backend,
         "template": job.template,
         "rendezvousPort": job.rendezvous_port,
         "metrics": [job.metrics.enabled, job.metrics.port],
+        "stallTimeoutSeconds": job.run_policy.stall_timeout_seconds,
         "checkpoint": None
         if job.checkpoint is None
         else [job.checkpoint.volume_claim_template, job.checkpoint.mount_path],
     }
+    # Only when set, so the digest of a job that uses neither stays what it was before these existed.
+    if job.scheduling.gang != "Auto":
+        shaping["gang"] = job.scheduling.gang
+    if job.kueue is not None:
+        shaping["kueue"] = [job.kueue.queue_name, job.kueue.priority_class]
     encoded = json.dumps(shaping, sort_keys=True, separators=(",", ":"), default=str).encode()
     return hashlib.sha256(encoded).hexdigest()[:16]
 
 
-def build_rank_pod(job: JobSpec, rank: int, attempt: int) -> dict[str, Any]:
+def kueue_pod_metadata(job: JobSpec) -> tuple[dict[str, str], dict[str, str]]:
+    """Labels and annotations that make the rank pods one Kueue plain-pod group (empty without a
+    queue): every pod of every attempt carries the same queue, group name and total count, so the pods
+    of a new attempt replace the old ones in the group that holds the quota (docs/scheduling.md)."""
+    if job.kueue is None:
+        return {}, {}
+    labels = {
+        names.KUEUE_QUEUE_LABEL: job.kueue.queue_name,
+        names.KUEUE_POD_GROUP_LABEL: names.kueue_pod_group_name(job.name, job.uid),
+    }
+    if job.kueue.priority_class is not None:
+        labels[names.KUEUE_PRIORITY_CLASS_LABEL] = job.kueue.priority_class
+    return labels, {names.KUEUE_POD_GROUP_TOTAL_COUNT_ANNOTATION: str(job.replicas)}
+
+
+def build_rank_pod(
+    job: JobSpec, rank: int, attempt: int, *, pod_spec_patch: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """One rank pod of one attempt. ``pod_spec_patch`` (gang.py's, when the gang is scheduled through
+    the in-tree Workload API) is merged into the pod spec last: its fields are the operator's."""
     template = copy.deepcopy(dict(job.template))
     template_meta: dict[str, Any] = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template.get("spec") or {}
 
+    kueue_labels, kueue_annotations = kueue_pod_metadata(job)
     labels = {
         **(template_meta.get("labels") or {}),
-        **names.rank_labels(job.name, rank, attempt),
+        **kueue_labels,
+        **names.rank_labels(job.name, rank, attempt, job.uid),
         names.LABEL_SPEC_HASH: spec_hash(job),
     }
     metadata = _metadata(job, names.pod_name(job.name, rank, attempt), labels)
-    if template_meta.get("annotations"):
-        metadata["annotations"] = dict(template_meta["annotations"])
+    annotations = {**(template_meta.get("annotations") or {}), **kueue_annotations}
+    if annotations:
+        metadata["annotations"] = annotations
 
     # The operator's own fields.
     pod_spec["restartPolicy"] = "Never"
@@ -258,5 +340,42 @@ def build_rank_pod(job: JobSpec, rank: int, attempt: int) -> dict[str, Any]:
     _add_port(trainer, names.RENDEZVOUS_PORT_NAME, job.rendezvous_port)
     if job.metrics.enabled:
         _add_port(trainer, names.METRICS_PORT_NAME, job.metrics.port)
+    for key, value in (pod_spec_patch or {}).items():
+        pod_spec[key] = copy.deepcopy(value)
 
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def build_event(
+    job: Mapping[str, Any], event_type: str, reason: str, message: str, now: datetime, instance: str
+) -> dict[str, Any]:
+    """A core/v1 Event on the DDPJob ``job`` (as stored), what `kubectl describe ddpjob` shows.
+
+    ``instance`` names the operator process that reports it (its host name).
+    """
+    meta: Mapping[str, Any] = job.get("metadata") or {}
+    timestamp = format_time(now)
+    namespace = str(meta.get("namespace", "default"))
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta.get('name', names.SINGULAR)}.", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": names.API_GROUP_VERSION,
+            "kind": names.KIND,
+            "name": meta.get("name"),
+            "namespace": namespace,
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "type": event_type,
+        "reason": reason,
+        # The apiserver refuses longer messages.
+        "message": message[:1024],
+        "firstTimestamp": timestamp,
+        "lastTimestamp": timestamp,
+        "count": 1,
+        "source": {"component": names.MANAGED_BY_VALUE},
+        "reportingComponent": f"{names.API_GROUP}/{names.MANAGED_BY_VALUE}",
+        "reportingInstance": instance[:128],
+    }

@@ -1,8 +1,9 @@
 """The `ddpjob` command: one entry point, a subcommand per part of the project.
 
-Each subcommand lives in its own module exposing ``configure_parser(parser)`` and
-``main(args) -> int``; modules are imported only when their subcommand runs, so
-`ddpjob run` never pays for kopf and `ddpjob operator` never pays for torch.
+Each subcommand lives in its own module of ddp_operator.commands, named after it, exposing
+``configure_parser(parser)`` and ``main(args) -> int``; heavy imports wait until its ``main`` runs, so
+`ddpjob run` never pays for kopf and `ddpjob operator` never pays for torch. The local test cluster is
+not here: it is the harness's own command, `ddp-harness cluster`, outside the product.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from ddp_operator import __version__
 
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("ddp_operator.local_run", "run a DDPJob manifest as local processes, no cluster needed"),
-    "operator": ("ddp_operator.operator_main", "run the DDPJob operator (kopf) against a cluster"),
-    "cluster": ("ddp_operator.cluster.cli", "a local Kubernetes control plane for tests and demos"),
+    "run": ("ddp_operator.commands.run", "run a DDPJob manifest as local processes, no cluster needed"),
+    "operator": ("ddp_operator.commands.operator", "run the DDPJob operator (kopf) against a cluster"),
 }
 
 

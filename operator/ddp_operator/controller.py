@@ -1,31 +1,30 @@
-"""The controller: event-driven reconciles of DDPJobs from cached observations.
+"""The executor: carries out what ``reconcile.decide()`` decided for one DDPJob, in the order it fixes.
 
-kopf delivers DDPJob events (handlers.py); the pod cache (podcache.py) delivers rank-pod changes. Both
-only mark a job dirty. One worker task per dirty job runs `reconcile.decide()` on what the caches hold and
-executes its Decision through kube_api, so reconciles of one job never overlap and a burst of pod events
-becomes one reconcile. Nothing here LISTs: the only LIST is the pod cache's, once per namespace at start.
+kopf delivers DDPJob events (handlers.py) and the pod cache (podcache.py) rank-pod changes; both only
+mark the job dirty in the work queue (workqueue.py), whose worker calls ``reconcile``. ``reconcile``
+reads the caches, asks ``decide()`` (every decision is made there, refusals and invalid specs included)
+and executes the Decision through kube_api: deletes, creates, the status write (status_writes.py says
+when one is worth it), the Event, the TTL delete. Nothing here LISTs: the only LIST is the pod cache's.
 
-Writes per job lifecycle are kept near the floor the benchmark measures (R pods + 1 Service + a few):
-- a status write is skipped when nothing changed; one that only moves counters (readyReplicas...) waits
-  until the counters stand still or a coarse refresh is due, and at most COUNTER_WRITES_PER_PHASE of
-  them go out per phase of an attempt (CounterWrites), so status costs a constant whatever R is and
-  however long ranks take to start;
-- an Event is posted only when the phase changes;
-- the Service (and PVC) are created once per job per process, not once per reconcile.
+Writes per job lifecycle stay near the floor the benchmark measures (R pods + the Service and the
+NetworkPolicy + a few): an Event only on a phase change; the Service, NetworkPolicy and PVC once per
+job per process and version of them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
+import socket
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from ddp_operator import builders, names
+from ddp_operator import builders, names, ownership
 from ddp_operator.kube_api import (
     ApiError,
     ChildInvalid,
@@ -35,86 +34,30 @@ from ddp_operator.kube_api import (
     PodCreateForbidden,
     merge_patch_for,
 )
-from ddp_operator.observe import format_time, parse_time
+from ddp_operator.observe import PodObservation, parse_time
 from ddp_operator.podcache import JobKey, PodCache
+from ddp_operator.progress_scraper import ProgressScraper, Target
+from ddp_operator.reconcile import (
+    DEFAULT_TIMING,
+    CreateRefusal,
+    Decision,
+    TimingRules,
+    decide,
+    decide_invalid_spec,
+)
 from ddp_operator.spec import JobSpec, SpecError, parse_job
+from ddp_operator.status_writes import COUNTER_KEYS, CounterWrites
+from ddp_operator.workqueue import DEFAULT_BATCH_DELAY, JobQueue
 
 if TYPE_CHECKING:
     from ddp_operator.metrics import OperatorMetrics
-    from ddp_operator.reconcile import Decision
 
 logger = logging.getLogger(__name__)
 
-# How long pod events are gathered before a reconcile runs: ranks change together. A job's first
-# reconcile (no status yet) does not wait: it has no pods yet, and its creates are what users wait for.
-DEFAULT_BATCH_DELAY = 0.05
-# After an API error other than the typed ones, try the job again after this long.
-ERROR_RETRY_SECONDS = 5.0
+# How often a waiting replica looks whether it leads now (the elector's own thread decides that).
+LEADERSHIP_POLL_SECONDS: Final = 0.2
 # A child name held by an object that is not ours (an old job of the same name being collected).
-FOREIGN_RETRY_SECONDS = 2.0
-# Status fields that only count ranks; a change to nothing else is a counter-only change.
-COUNTER_KEYS: Final = frozenset({"replicas", "readyReplicas", "ready", "succeededReplicas", "failedReplicas"})
-# Counter-only status writes allowed per phase of an attempt; the phase change itself writes exact counts.
-COUNTER_WRITES_PER_PHASE: Final = 2
-# Counters that keep moving are still written after this many status intervals (a long steady start-up).
-REFRESH_INTERVALS: Final = 10.0
-
-
-@dataclass
-class _HeldCounters:
-    phase: tuple[Any, ...]
-    spent: int = 0
-    counters: tuple[Any, ...] | None = None  # the latest counters not written yet
-    held_since: float = 0.0  # when the first of them was held back
-    still_since: float = 0.0  # when they last changed
-
-
-class CounterWrites:
-    """When a status change that only moves counters (readyReplicas while ranks start or finish) is written.
-
-    Such a change waits until the counters have stood still for `interval` seconds (progress stalled:
-    the count a user needs to see is the one written) or have been held back for `refresh` seconds (a
-    long, steady start-up still shows progress), and at most `budget` of them go out per phase of an
-    attempt; once the budget is spent, counters wait for the next phase change, which always writes
-    them exactly. Per job lifecycle that is at most `budget` writes per live phase, whatever the number
-    of ranks and however long they take to start. `now` is a monotonic clock reading.
-    """
-
-    def __init__(
-        self, interval: float, refresh: float | None = None, budget: int = COUNTER_WRITES_PER_PHASE
-    ) -> None:
-        self.interval = interval
-        self.refresh = interval * REFRESH_INTERVALS if refresh is None else refresh
-        self.budget = budget
-        self._jobs: dict[JobKey, _HeldCounters] = {}
-
-    def due_in(
-        self, key: JobKey, phase: tuple[Any, ...], counters: tuple[Any, ...], now: float
-    ) -> float | None:
-        """0: write now; a number of seconds: look again then; None: not in this phase (budget spent)."""
-        held = self._jobs.get(key)
-        if held is None or held.phase != phase:
-            held = self._jobs[key] = _HeldCounters(phase)
-        if held.spent >= self.budget:
-            return None
-        if held.counters is None:
-            held.held_since = now
-        if counters != held.counters:
-            held.counters, held.still_since = counters, now
-        due = min(held.still_since + self.interval, held.held_since + self.refresh)
-        return max(due - now, 0.0)
-
-    def written(self, key: JobKey, phase: tuple[Any, ...], counter_only: bool) -> None:
-        """A status write carrying the current counters went out."""
-        held = self._jobs.get(key)
-        if held is None or held.phase != phase:
-            held = self._jobs[key] = _HeldCounters(phase)
-        held.counters = None
-        if counter_only:
-            held.spent += 1
-
-    def forget(self, key: JobKey) -> None:
-        self._jobs.pop(key, None)
+FOREIGN_RETRY_SECONDS: Final = 2.0
 
 
 def _resource_version(obj: Mapping[str, Any]) -> int | None:
@@ -124,9 +67,25 @@ def _resource_version(obj: Mapping[str, Any]) -> int | None:
         return None
 
 
+# How a refused job-level child is named in the job's failure message.
+_CHILD_NAMES: Final = {"Service": "the Service", "NetworkPolicy": "the NetworkPolicy"}
+
+
 def job_key(body: Mapping[str, Any]) -> JobKey:
     meta = body.get("metadata") or {}
     return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+def _uid(body: Mapping[str, Any]) -> str:
+    return str((body.get("metadata") or {}).get("uid", ""))
+
+
+def _host(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip
+
+
+def _digest(objects: Sequence[Mapping[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps(objects, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class Controller:
@@ -137,36 +96,67 @@ class Controller:
         status_interval: float = 1.0,
         batch_delay: float = DEFAULT_BATCH_DELAY,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        rules: TimingRules = DEFAULT_TIMING,
+        metrics_allow_from: Sequence[Mapping[str, Any]] = builders.DEFAULT_METRICS_ALLOW_FROM,
     ) -> None:
         self.api = api
+        # NetworkPolicyPeers that may reach the rank pods' metrics port (where Prometheus runs).
+        self.metrics_allow_from = tuple(metrics_allow_from)
         self.jobs: dict[JobKey, JsonDict] = {}
-        self.pods = PodCache(api, namespaces, on_change=self.kick)
+        self.pods = PodCache(api, namespaces, on_change=self.kick, clock=clock)
         self.metrics: OperatorMetrics | None = None
-        self.status_interval = status_interval
-        self.batch_delay = batch_delay
         self.clock = clock
-        self._pending: set[JobKey] = set()
-        self._workers: dict[JobKey, asyncio.Task[None]] = {}
-        self._timers: dict[JobKey, tuple[float, asyncio.TimerHandle]] = {}
+        self.rules = rules
+        self.queue = JobQueue(
+            self.reconcile,
+            ready=self.pods.synced,
+            # A job never reconciled has no pods whose events could be gathered first.
+            gather=lambda key: bool((self.jobs.get(key) or {}).get("status")),
+            batch_delay=batch_delay,
+            observe_duration=self._observe_reconcile,
+        )
         self.counter_writes = CounterWrites(status_interval)
-        # (namespace, name, uid, Service ports) whose Service and PVC exist: created once per job per
-        # process, and again (the Service patched) when a resumed job changed its ports.
-        self._services_ready: set[tuple[str, str, str, str]] = set()
+        # (namespace, name, uid, digest of the Service and PVC wanted) that exist: created once per job
+        # and version of them per process (a job resumed with other ports or a new checkpoint differs).
+        self._children_ready: set[tuple[str, str, str, str]] = set()
         # Jobs whose creates wait for a child name held by an object that is not theirs.
-        self._timers_foreign: set[JobKey] = set()
+        self._waiting_for_foreign: set[JobKey] = set()
+        # Children the apiserver refused for good, for the next decision (which fails the job).
+        self._refusals: dict[JobKey, CreateRefusal] = {}
+        self._instance = socket.gethostname()
+        # Set by leader election: the controller acts only while it is set.
+        self.leadership: threading.Event | None = None
+        # Reads training progress from rank 0's metrics (None: no progress in status, no stall checks).
+        self.scraper: ProgressScraper | None = None
+        self._starting: asyncio.Task[None] | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Start acting once this process leads (at once without leader election).
+
+        Until then DDPJob events are only stored: no pod is watched, no job is reconciled, nothing is
+        written (workers wait for the pod cache, which starts only here).
+        """
+        self._starting = asyncio.get_running_loop().create_task(self._start_when_leading())
+
+    async def _start_when_leading(self) -> None:
+        if self.leadership is not None:
+            # A threading.Event set by the elector's thread: polled, so no thread blocks on it forever.
+            while not self.leadership.is_set():  # noqa: ASYNC110
+                await asyncio.sleep(LEADERSHIP_POLL_SECONDS)
         await self.api.warm_up()
         await self.pods.start()
+        if self.scraper is not None:
+            self.scraper.start()
 
     async def stop(self) -> None:
+        if self._starting is not None:
+            self._starting.cancel()
         self.pods.stop()
-        for _, handle in self._timers.values():
-            handle.cancel()
-        for task in list(self._workers.values()):
-            task.cancel()
+        self.queue.stop()
+        if self.scraper is not None:
+            self.scraper.stop()
 
     def phase_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -183,88 +173,49 @@ class Controller:
         if event_type == "DELETED":
             self._forget(key)
             return
+        if self._store(key, body):
+            self.kick(key)
+
+    def _store(self, key: JobKey, body: Mapping[str, Any]) -> bool:
+        """Keep the newest version of a job; False when ``body`` is older than what is held."""
         current = self.jobs.get(key)
         if current is not None:
-            same_job = (current.get("metadata") or {}).get("uid") == (body.get("metadata") or {}).get("uid")
             new_version, old_version = _resource_version(body), _resource_version(current)
-            # Our own status answer may be newer than an event still in flight.
-            if same_job and new_version is not None and old_version is not None and new_version < old_version:
-                return
-            if not same_job:
+            if _uid(current) != _uid(body):
                 self._forget(key)
+            elif new_version is not None and old_version is not None and new_version < old_version:
+                return False  # our own status answer may be newer than an event still in flight
         self.jobs[key] = dict(body)
-        self.kick(key)
+        return True
 
     def _forget(self, key: JobKey) -> None:
         body = self.jobs.pop(key, None)
-        self._pending.discard(key)
-        timer = self._timers.pop(key, None)
-        if timer is not None:
-            timer[1].cancel()
+        self.queue.forget(key)
         self.counter_writes.forget(key)
-        self._timers_foreign.discard(key)
+        self._waiting_for_foreign.discard(key)
+        self._refusals.pop(key, None)
         self.pods.forget_job(key)
+        if self.scraper is not None:
+            self.scraper.untrack(key)
         if body is not None:
-            uid = str((body.get("metadata") or {}).get("uid", ""))
-            self._services_ready = {
-                ready for ready in self._services_ready if ready[:3] != (key[0], key[1], uid)
-            }
+            gone = (key[0], key[1], _uid(body))
+            self._children_ready = {ready for ready in self._children_ready if ready[:3] != gone}
 
     def kick(self, key: JobKey) -> None:
-        """Mark a job dirty; its worker reconciles it soon (pods of unknown jobs wait for the job event)."""
-        if key not in self.jobs:
-            return
-        self._pending.add(key)
-        if key not in self._workers:
-            self._workers[key] = asyncio.get_running_loop().create_task(self._work(key))
+        """Mark a job dirty (pods of unknown jobs wait for the job's own event)."""
+        if key in self.jobs:
+            self.queue.kick(key)
 
     def kick_later(self, key: JobKey, seconds: float) -> None:
-        """Reconcile again after `seconds` (deadlines, TTL, rate-limited status); the earliest wins."""
-        loop = asyncio.get_running_loop()
-        due = loop.time() + max(seconds, 0.0)
-        existing = self._timers.get(key)
-        if existing is not None:
-            if existing[0] <= due:
-                return
-            existing[1].cancel()
+        self.queue.kick_later(key, seconds)
 
-        def fire() -> None:
-            self._timers.pop(key, None)
-            self.kick(key)
+    def _observe_reconcile(self, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.reconcile_duration.observe(seconds)
 
-        self._timers[key] = (due, loop.call_at(due, fire))
-
-    # ---- the worker --------------------------------------------------------------------------
-
-    async def _work(self, key: JobKey) -> None:
-        try:
-            await self.pods.synced.wait()
-            while key in self._pending:
-                if self._has_status(key):
-                    await asyncio.sleep(self.batch_delay)
-                self._pending.discard(key)
-                started = time.perf_counter()
-                try:
-                    await self.reconcile(key)
-                except ApiError as error:
-                    logger.warning("reconcile of %s/%s failed: %s; retrying", key[0], key[1], error)
-                    self.kick_later(key, ERROR_RETRY_SECONDS)
-                except Exception:
-                    logger.exception("reconcile of %s/%s crashed; retrying", key[0], key[1])
-                    self.kick_later(key, ERROR_RETRY_SECONDS)
-                finally:
-                    if self.metrics is not None:
-                        self.metrics.reconcile_duration.observe(time.perf_counter() - started)
-        finally:
-            self._workers.pop(key, None)
-
-    def _has_status(self, key: JobKey) -> bool:
-        """False for a job never reconciled: it has no pods whose events could be gathered first."""
-        return bool((self.jobs.get(key) or {}).get("status"))
+    # ---- one reconcile -----------------------------------------------------------------------
 
     async def reconcile(self, key: JobKey) -> None:
-        from ddp_operator.reconcile import decide
-
         body = self.jobs.get(key)
         if body is None:
             return
@@ -272,17 +223,46 @@ class Controller:
         try:
             job = parse_job(body)
         except SpecError as error:
-            await self._fail_invalid(key, body, error)
+            generation = int((body.get("metadata") or {}).get("generation", 0) or 0)
+            decision = decide_invalid_spec(status, generation, str(error), self.clock())
+            await self._write_status(key, body, status, decision)
             return
-        decision = decide(job, status, self.pods.pods_of(key), self.clock())
+        pods = self.pods.pods_of(key)
+        observed = self.scraper.observation(key) if self.scraper is not None else None
+        decision = decide(job, status, pods, self.clock(), self._refusals.get(key), self.rules, observed)
         await self.execute(key, body, job, decision)
+        self._follow_progress(key, job, decision, pods)
 
-    # ---- executing a decision ----------------------------------------------------------------
+    def _follow_progress(
+        self, key: JobKey, job: JobSpec, decision: Decision, pods: Sequence[PodObservation]
+    ) -> None:
+        """Read the progress of a Running attempt from its rank 0 pod; of nothing else."""
+        if self.scraper is None:
+            return
+        attempt = decision.status.get("attempt")
+        current = {p.rank: p for p in pods if p.attempt == attempt and p.pod_ip and not p.deleting}
+        rank0 = current.get(0)
+        if decision.phase != names.PHASE_RUNNING or not job.metrics.enabled or rank0 is None:
+            self.scraper.untrack(key)
+            return
+        port = job.metrics.port
+        first_ranks = {rank: rank * job.nproc_per_node for rank in current if rank is not None}
+        target = Target(
+            attempt=int(attempt or 0),
+            rank0_url=f"http://{_host(rank0.pod_ip)}:{port}/metrics",
+            pods=job.replicas,
+            world_size=job.world_size,
+            stall_timeout=job.run_policy.stall_timeout_seconds,
+            rank_urls={
+                first_ranks[rank]: f"http://{_host(pod.pod_ip)}:{port}/metrics"
+                for rank, pod in current.items()
+                if rank is not None
+            },
+        )
+        self.scraper.track(key, target)
 
     async def execute(self, key: JobKey, body: JsonDict, job: JobSpec, decision: Decision) -> None:
         """Carry out a Decision in the order reconcile.py fixes (its module docstring)."""
-        from ddp_operator.reconcile import child_invalid, pod_create_forbidden
-
         old_status: Mapping[str, Any] = body.get("status") or {}
         if decision.delete_pods:
             deleted = await self.api.delete_children(job.namespace, "Pod", list(decision.delete_pods))
@@ -291,24 +271,21 @@ class Controller:
                     self.pods.remember(remains)
 
         if decision.create_ranks:
-            refused = await self._create_attempt(key, job, decision)
-            if refused is not None:
-                refusal, child, rank = refused
-                message = refusal.message or refusal.reason
-                if isinstance(refusal, PodCreateForbidden):
-                    decision = pod_create_forbidden(
-                        job, old_status, rank, decision.create_attempt, message, self.clock()
-                    )
-                else:
-                    decision = child_invalid(
-                        job, old_status, child, decision.create_attempt, message, self.clock()
-                    )
-            elif key in self._timers_foreign:
-                return  # a name is still held by an old job's pod: the status waits with the creates
+            refusal = await self._create_attempt(key, job, decision)
+            if refusal is not None:
+                # Decided on at once by the next reconcile; this decision's status is not written.
+                self._refusals[key] = refusal
+                self.kick(key)
+                return
+            if key in self._waiting_for_foreign:
+                return  # a name is still held by an old job's object: the status waits with the creates
 
         body = await self._write_status(key, body, old_status, decision)
+        if decision.phase in names.FINISHED_PHASES:
+            self._refusals.pop(key, None)
 
         if decision.delete_job:
+            logger.info("job=%s/%s uid=%s action=delete reason=TTLExpired", *key, job.uid)
             await self.api.delete_job(job.namespace, job.name, job.uid)
             return
         if decision.requeue_after is not None:
@@ -323,7 +300,6 @@ class Controller:
         if not patch:
             return body
         old_phase, new_phase = str(old_status.get("phase", "")), decision.phase
-        phase_changed = old_phase != new_phase
         phase_of_attempt = (decision.status.get("attempt"), new_phase)
         counter_only = not decision.create_ranks and patch.keys() <= COUNTER_KEYS
         if counter_only:
@@ -337,22 +313,41 @@ class Controller:
         namespace, name = key
         stored = await self.api.patch_job_status(namespace, name, patch)
         self.counter_writes.written(key, phase_of_attempt, counter_only)
-        self.job_event("MODIFIED", stored)
+        # The answer is the newest version: stored without another reconcile (it changes nothing to do).
+        self._store(key, stored)
         body = self.jobs.get(key, stored)
         if decision.gang_restart and self.metrics is not None:
             self.metrics.gang_restarts.inc()
-        if phase_changed:
-            self._observe_phase_change(body, old_phase, new_phase)
+        if old_phase != new_phase:
+            self._observe_phase_change(body, new_phase)
             if decision.event is not None:
+                self._log_transition(key, body, old_phase, decision)
                 await self._post_event(
                     body, decision.event.type, decision.event.reason, decision.event.message
                 )
         return body
 
-    def _observe_phase_change(self, body: Mapping[str, Any], old: str, new: str) -> None:
-        if self.metrics is None:
-            return
-        if new != names.PHASE_RUNNING:
+    def _log_transition(
+        self, key: JobKey, body: Mapping[str, Any], old_phase: str, decision: Decision
+    ) -> None:
+        """One INFO line per phase change: what an operator on call greps for."""
+        assert decision.event is not None
+        status = decision.status
+        logger.info(
+            "job=%s/%s uid=%s attempt=%s restarts=%s phase=%s->%s reason=%s message=%s",
+            key[0],
+            key[1],
+            _uid(body),
+            status.get("attempt", "-"),
+            status.get("restarts", 0),
+            old_phase or "-",
+            decision.phase,
+            decision.event.reason,
+            json.dumps(decision.event.message),
+        )
+
+    def _observe_phase_change(self, body: Mapping[str, Any], new: str) -> None:
+        if self.metrics is None or new != names.PHASE_RUNNING:
             return
         status = body.get("status") or {}
         if int(status.get("restarts", 0) or 0) != 0:
@@ -361,34 +356,52 @@ class Controller:
         if created is not None:
             self.metrics.time_to_running.observe(max((self.clock() - created).total_seconds(), 0.0))
 
-    async def _create_attempt(
-        self, key: JobKey, job: JobSpec, decision: Decision
-    ) -> tuple[PodCreateForbidden | ChildInvalid, str, int] | None:
-        """The Service, PVC and missing rank pods.
+    async def _post_event(self, body: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
+        event = builders.build_event(body, event_type, reason, message, self.clock(), self._instance)
+        try:
+            await self.api.create_event(event)
+        except ApiError as error:  # an Event is best effort: never fail a reconcile over it
+            logger.warning("could not post Event %s: %s", reason, error)
 
-        Returns (the refusal, which child, its rank or -1) when the apiserver refused a pod with 403 or
-        any child as invalid: both are permanent, so the job fails instead of retrying forever.
-        """
-        self._timers_foreign.discard(key)
-        service = builders.build_service(job) if decision.create_service else None
-        # The ports are part of the identity: a job resumed with new ports gets its Service updated.
-        ports = json.dumps((service or {}).get("spec", {}).get("ports"), sort_keys=True)
-        identity = (job.namespace, job.name, job.uid, ports)
-        if identity not in self._services_ready:
-            children: list[JsonDict] = [service] if service is not None else []
-            pvc = builders.build_checkpoint_pvc(job) if decision.create_pvc else None
-            if pvc is not None:
-                children.append(pvc)
-            report = await self.api.create_children(children, job.uid)
+    # ---- creating an attempt -----------------------------------------------------------------
+
+    async def _create_attempt(self, key: JobKey, job: JobSpec, decision: Decision) -> CreateRefusal | None:
+        """The Service, NetworkPolicy, PVC and missing rank pods; a refusal when one was refused for good."""
+        self._waiting_for_foreign.discard(key)
+
+        def accept(wanted: Mapping[str, Any], existing: Mapping[str, Any]) -> bool:
+            return ownership.is_ours(wanted, existing, job.uid)
+
+        children: list[JsonDict] = []
+        if decision.create_service:
+            children.append(builders.build_service(job, decision.create_attempt))
+        policy = (
+            builders.build_network_policy(job, self.metrics_allow_from)
+            if decision.create_network_policy
+            else None
+        )
+        if policy is not None:
+            children.append(policy)
+        pvc = builders.build_checkpoint_pvc(job) if decision.create_pvc else None
+        if pvc is not None:
+            children.append(pvc)
+        identity = (job.namespace, job.name, job.uid, _digest(children))
+        if children and identity not in self._children_ready:
+            report = await self.api.create_children(children, accept)
             if isinstance(report.error, ForeignObjectExists):
                 self._foreign(key, job, report.error)
                 return None
             if isinstance(report.error, ChildInvalid):
                 kind = (report.failed or {}).get("kind")
-                return report.error, "the Service" if kind == "Service" else "the checkpoint PVC", -1
+                child = _CHILD_NAMES.get(str(kind), "the checkpoint PVC")
+                return CreateRefusal(
+                    False, child, decision.create_attempt, report.error.message or report.error.reason
+                )
             if report.error is not None:
                 raise report.error
-            self._services_ready.add(identity)
+            for existing in report.existing:
+                await self._follow_spec(job, existing, children)
+            self._children_ready.add(identity)
 
         def on_result(pod: JsonDict, created: bool) -> None:
             self.pods.remember(pod)
@@ -396,11 +409,16 @@ class Controller:
                 self.metrics.pods_created.inc()
 
         pods = [builders.build_rank_pod(job, rank, decision.create_attempt) for rank in decision.create_ranks]
-        report = await self.api.create_children(pods, job.uid, on_result=on_result)
+        report = await self.api.create_children(pods, accept, on_result=on_result)
         if isinstance(report.error, PodCreateForbidden | ChildInvalid):
             labels = ((report.failed or {}).get("metadata") or {}).get("labels") or {}
             rank = int(labels.get(names.LABEL_RANK, decision.create_ranks[0]))
-            return report.error, f"rank {rank}'s pod", rank
+            return CreateRefusal(
+                isinstance(report.error, PodCreateForbidden),
+                f"rank {rank}'s pod",
+                decision.create_attempt,
+                report.error.message or report.error.reason,
+            )
         if isinstance(report.error, ForeignObjectExists):
             self._foreign(key, job, report.error)
             return None
@@ -408,38 +426,25 @@ class Controller:
             raise report.error
         return None
 
-    def _foreign(self, key: JobKey, job: JobSpec, error: ForeignObjectExists) -> None:
-        logger.info("%s/%s: %s; waiting for it to go", job.namespace, job.name, error.message)
-        self._timers_foreign.add(key)
-        self.kick_later(key, FOREIGN_RETRY_SECONDS)
+    async def _follow_spec(
+        self, job: JobSpec, existing: Mapping[str, Any], wanted: Sequence[JsonDict]
+    ) -> None:
+        """Our Service from an earlier attempt follows the job: this attempt's pods, the job's ports.
 
-    async def _fail_invalid(self, key: JobKey, body: JsonDict, error: SpecError) -> None:
-        """A manifest the CRD let through but the operator cannot run (e.g. an older CRD)."""
-        status: Mapping[str, Any] = body.get("status") or {}
-        if status.get("phase") == names.PHASE_FAILED:
+        Our NetworkPolicy follows the job's metrics port and the operator's --metrics-allow-from.
+        """
+        kind = existing.get("kind")
+        if kind not in ("Service", "NetworkPolicy"):
             return
-        now = format_time(self.clock())
-        failed = {
-            "phase": names.PHASE_FAILED,
-            "conditions": [
-                {
-                    "type": names.PHASE_FAILED,
-                    "status": "True",
-                    "reason": "InvalidSpec",
-                    "message": str(error),
-                    "lastTransitionTime": now,
-                }
-            ],
-            "observedGeneration": int((body.get("metadata") or {}).get("generation", 0) or 0),
-            "completionTime": now,
-        }
-        namespace, name = key
-        stored = await self.api.patch_job_status(namespace, name, merge_patch_for(status, failed))
-        self.job_event("MODIFIED", stored)
-        await self._post_event(stored, "Warning", "InvalidSpec", str(error))
+        child = next(child for child in wanted if child.get("kind") == kind)
+        if kind == "Service":
+            patch = ownership.service_patch(child, existing)
+        else:
+            patch = ownership.network_policy_patch(child, existing)
+        if patch is not None:
+            await self.api.patch_child(job.namespace, str(kind), str(child["metadata"]["name"]), patch)
 
-    async def _post_event(self, body: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
-        try:
-            await self.api.post_event(body, event_type, reason, message)
-        except ApiError as error:  # an Event is best effort: never fail a reconcile over it
-            logger.warning("could not post Event %s: %s", reason, error)
+    def _foreign(self, key: JobKey, job: JobSpec, error: ForeignObjectExists) -> None:
+        logger.info("job=%s/%s waiting: %s", job.namespace, job.name, error.message)
+        self._waiting_for_foreign.add(key)
+        self.kick_later(key, FOREIGN_RETRY_SECONDS)

@@ -5,10 +5,11 @@ but not its generated models: the body of a pod goes out as the builder's dict a
 a 1024-rank job does not pay for 2048 model conversions. Blocking calls run on a bounded thread pool, so
 children are created concurrently (`concurrency` requests in flight) while the asyncio loop stays free.
 
-Idempotence, as DESIGN.md fixes it: a 409 on create is success when what exists is ours (controller
-ownerReference to the same job UID and, for pods, the same attempt label) and `ForeignObjectExists`
-otherwise; a 404 on delete is success. A 403 on pod create is `PodCreateForbidden` carrying the
-apiserver's message (Pod Security, quota), which the controller turns into a Failed job, never a retry loop.
+It knows paths, verbs and how answers map to errors, nothing of what a DDPJob means. Idempotence, as
+DESIGN.md fixes it: a 409 on create is success when the caller's `accept_existing` says what exists is
+its own (ownership.py decides that) and `ForeignObjectExists` otherwise; a 404 on delete is success. A
+403 on pod create is `PodCreateForbidden`, a 400/422 on any create `ChildInvalid`, both carrying the
+apiserver's message.
 """
 
 from __future__ import annotations
@@ -17,11 +18,9 @@ import asyncio
 import concurrent.futures
 import json
 import logging
-import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -30,13 +29,12 @@ from ddp_operator import names
 logger = logging.getLogger(__name__)
 
 JsonDict = dict[str, Any]
+# (the object wanted, the object found under its name) -> whether the found one will do.
+AcceptExisting = Callable[[Mapping[str, Any], Mapping[str, Any]], bool]
 
 DDP_GROUP = names.API_GROUP
 DDP_VERSION = names.API_VERSION
 DDP_PLURAL = names.PLURAL
-LABEL_ATTEMPT = names.LABEL_ATTEMPT
-LABEL_SPEC_HASH = names.LABEL_SPEC_HASH
-EVENT_COMPONENT = names.MANAGED_BY_VALUE
 
 # kind -> REST plural for the core/v1 children the operator creates.
 _CORE_PLURALS: dict[str, str] = {
@@ -44,6 +42,10 @@ _CORE_PLURALS: dict[str, str] = {
     "Service": "services",
     "PersistentVolumeClaim": "persistentvolumeclaims",
     "Event": "events",
+}
+# kind -> (group/version, REST plural) for the children of named API groups.
+_GROUP_PLURALS: dict[str, tuple[str, str]] = {
+    "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
 }
 
 
@@ -68,6 +70,10 @@ class ChildInvalid(ApiError):
 
 class ForeignObjectExists(ApiError):
     """A child's name is taken by an object that is not this job's (another owner UID or attempt)."""
+
+
+class Conflict(ApiError):
+    """409 on an update: the object changed since it was read (its resourceVersion is older)."""
 
 
 class ResourceVersionGone(ApiError):
@@ -101,38 +107,6 @@ def _status_message(status: int, reason: str, body: bytes | str | None) -> ApiEr
     return ApiError(status, status_reason, message)
 
 
-def is_ours(existing: Mapping[str, Any], wanted: Mapping[str, Any], owner_uid: str) -> bool:
-    """Whether an object found under a child's name belongs to this job (and, for pods, this attempt)."""
-    meta = existing.get("metadata") or {}
-    owned = any(
-        ref.get("uid") == owner_uid and ref.get("controller") for ref in meta.get("ownerReferences") or ()
-    )
-    if not owned:
-        return False
-    if wanted.get("kind") == "Pod":
-        wanted_labels = (wanted.get("metadata") or {}).get("labels") or {}
-        existing_labels = meta.get("labels") or {}
-        if wanted_labels.get(LABEL_ATTEMPT) != existing_labels.get(LABEL_ATTEMPT):
-            return False
-        # A pod of this attempt built from another version of the spec is not the one wanted.
-        existing_hash = existing_labels.get(LABEL_SPEC_HASH)
-        return existing_hash is None or existing_hash == wanted_labels.get(LABEL_SPEC_HASH)
-    return True
-
-
-def _port_view(ports: Any) -> list[tuple[Any, ...]]:
-    """A Service's ports as the builders set them, ignoring what the apiserver defaults."""
-    return sorted(
-        (
-            port.get("name"),
-            port.get("port"),
-            port.get("targetPort", port.get("port")),
-            port.get("protocol", "TCP"),
-        )
-        for port in ports or ()
-    )
-
-
 def merge_patch_for(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonDict:
     """A JSON merge patch turning `old` into `new` at the top level (keys gone from `new` become null)."""
     patch: JsonDict = {key: value for key, value in new.items() if old.get(key) != value}
@@ -142,15 +116,25 @@ def merge_patch_for(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonDict:
     return patch
 
 
-def _core_path(namespace: str, kind: str, name: str | None = None) -> str:
-    plural = _CORE_PLURALS[kind]
-    path = f"/api/v1/namespaces/{quote(namespace, safe='')}/{plural}"
+def _child_path(namespace: str, kind: str, name: str | None = None) -> str:
+    """The REST path of a namespaced child kind: /api/v1/... for core kinds, /apis/<group>/... otherwise."""
+    if kind in _GROUP_PLURALS:
+        group_version, plural = _GROUP_PLURALS[kind]
+        prefix = f"/apis/{group_version}"
+    else:
+        prefix, plural = "/api/v1", _CORE_PLURALS[kind]
+    path = f"{prefix}/namespaces/{quote(namespace, safe='')}/{plural}"
     return f"{path}/{quote(name, safe='')}" if name else path
 
 
 def _job_path(namespace: str, name: str, subresource: str = "") -> str:
     path = f"/apis/{DDP_GROUP}/{DDP_VERSION}/namespaces/{quote(namespace, safe='')}/{DDP_PLURAL}/{quote(name, safe='')}"
     return f"{path}/{subresource}" if subresource else path
+
+
+def _lease_path(namespace: str, name: str | None = None) -> str:
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}/leases"
+    return f"{path}/{quote(name, safe='')}" if name else path
 
 
 def _pods_path(namespace: str | None) -> str:
@@ -255,12 +239,14 @@ class KubeApi:
         decoded: JsonDict = json.loads(data) if data else {}
         return decoded
 
-    def create_child_blocking(self, obj: Mapping[str, Any], owner_uid: str) -> tuple[JsonDict, bool]:
-        """Create one child; (object, True) when created, (existing, False) when it was already ours."""
+    def create_child_blocking(
+        self, obj: Mapping[str, Any], accept_existing: AcceptExisting
+    ) -> tuple[JsonDict, bool]:
+        """Create one child; (object, True) when created, (existing, False) when `accept_existing` took it."""
         meta = obj["metadata"]
         namespace, name, kind = meta["namespace"], meta["name"], obj["kind"]
         try:
-            return self.request("POST", _core_path(namespace, kind), body=obj), True
+            return self.request("POST", _child_path(namespace, kind), body=obj), True
         except ApiError as error:
             if error.status == 403 and kind == "Pod":
                 raise PodCreateForbidden(error.status, error.reason, error.message) from None
@@ -268,28 +254,29 @@ class KubeApi:
                 raise ChildInvalid(error.status, error.reason, error.message) from None
             if error.status != 409:
                 raise
-        existing = self.request("GET", _core_path(namespace, kind, name))
-        if not is_ours(existing, obj, owner_uid):
+        existing = self.request("GET", _child_path(namespace, kind, name))
+        if not accept_existing(obj, existing):
             raise ForeignObjectExists(
                 409, "AlreadyExists", f"{kind} {namespace}/{name} exists and does not belong to this job"
             )
-        if kind == "Service":
-            wanted_ports = (obj.get("spec") or {}).get("ports")
-            if _port_view(wanted_ports) != _port_view((existing.get("spec") or {}).get("ports")):
-                # The job's ports changed while it was suspended: the next attempt's Service follows.
-                existing = self.request(
-                    "PATCH",
-                    _core_path(namespace, kind, name),
-                    body={"spec": {"ports": wanted_ports}},
-                    content_type="application/merge-patch+json",
-                )
         return existing, False
+
+    def patch_child_blocking(
+        self, namespace: str, kind: str, name: str, patch: Mapping[str, Any]
+    ) -> JsonDict:
+        """Merge-patch one child."""
+        return self.request(
+            "PATCH",
+            _child_path(namespace, kind, name),
+            body=dict(patch),
+            content_type="application/merge-patch+json",
+        )
 
     def delete_blocking(self, namespace: str, kind: str, name: str) -> JsonDict | None:
         """Delete one child; the object as the apiserver left it (deletionTimestamp set), None when gone."""
         try:
             result = self.request(
-                "DELETE", _core_path(namespace, kind, name), body={"propagationPolicy": "Background"}
+                "DELETE", _child_path(namespace, kind, name), body={"propagationPolicy": "Background"}
             )
         except ApiError as error:
             if error.status == 404:
@@ -297,6 +284,30 @@ class KubeApi:
             raise
         # A pod with a grace period comes back as the pod; one deleted at once comes back as a Status.
         return result if result.get("kind") == kind else None
+
+    def get_lease_blocking(self, namespace: str, name: str) -> JsonDict | None:
+        """The coordination.k8s.io Lease, None when there is none."""
+        try:
+            return self.request("GET", _lease_path(namespace, name))
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def write_lease_blocking(self, lease: Mapping[str, Any], create: bool) -> JsonDict:
+        """Create the Lease, or replace it (its metadata.resourceVersion is the precondition).
+
+        Raises `Conflict` when someone else created or changed it first.
+        """
+        meta = lease["metadata"]
+        try:
+            if create:
+                return self.request("POST", _lease_path(meta["namespace"]), body=dict(lease))
+            return self.request("PUT", _lease_path(meta["namespace"], meta["name"]), body=dict(lease))
+        except ApiError as error:
+            if error.status == 409:
+                raise Conflict(error.status, error.reason, error.message) from None
+            raise
 
     def list_pods_blocking(self, namespace: str | None, label_selector: str) -> tuple[list[JsonDict], str]:
         """All pods matching the selector (paged), and the list's resourceVersion to watch from."""
@@ -370,7 +381,7 @@ class KubeApi:
     async def create_children(
         self,
         objects: Sequence[Mapping[str, Any]],
-        owner_uid: str,
+        accept_existing: AcceptExisting,
         on_result: Callable[[JsonDict, bool], None] | None = None,
     ) -> CreateReport:
         """Create children concurrently; stop starting new ones after the first error.
@@ -386,7 +397,7 @@ class KubeApi:
             if stop:
                 return None
             try:
-                return self.create_child_blocking(obj, owner_uid)
+                return self.create_child_blocking(obj, accept_existing)
             except ApiError as error:
                 error.failed_object = obj
                 raise
@@ -438,34 +449,14 @@ class KubeApi:
             if error.status not in (404, 409):
                 raise
 
-    async def post_event(self, job: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
-        """A core/v1 Event on the DDPJob (what `kubectl describe ddpjob` shows)."""
-        meta = job.get("metadata") or {}
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        namespace = str(meta.get("namespace", "default"))
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name', 'ddpjob')}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": f"{DDP_GROUP}/{DDP_VERSION}",
-                "kind": "DDPJob",
-                "name": meta.get("name"),
-                "namespace": namespace,
-                "uid": meta.get("uid"),
-                "resourceVersion": meta.get("resourceVersion"),
-            },
-            "type": event_type,
-            "reason": reason,
-            "message": message[:1024],
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "source": {"component": EVENT_COMPONENT},
-            "reportingComponent": f"{DDP_GROUP}/{EVENT_COMPONENT}",
-            "reportingInstance": socket.gethostname()[:128],
-        }
-        await self._run(lambda: self.request("POST", _core_path(namespace, "Event"), body=event))
+    async def patch_child(self, namespace: str, kind: str, name: str, patch: Mapping[str, Any]) -> JsonDict:
+        result: JsonDict = await self._run(self.patch_child_blocking, namespace, kind, name, patch)
+        return result
+
+    async def create_event(self, event: Mapping[str, Any]) -> None:
+        """Post a core/v1 Event (builders.build_event makes one)."""
+        namespace = str((event.get("metadata") or {}).get("namespace", "default"))
+        await self._run(lambda: self.request("POST", _child_path(namespace, "Event"), body=dict(event)))
 
     async def list_pods(self, namespace: str | None, label_selector: str) -> tuple[list[JsonDict], str]:
         result: tuple[list[JsonDict], str] = await self._run(

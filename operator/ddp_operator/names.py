@@ -1,7 +1,8 @@
 """Names, labels and DNS of a DDPJob and its children: the contract every other module builds on.
 
 A job `<job>` owns a headless Service `<job>`, one pod per rank and attempt `<job>-<rank>-<attempt>`
-whose hostname is `<job>-<rank>` under the subdomain `<job>`, and optionally a PVC `<job>-checkpoint`.
+whose hostname is `<job>-<rank>` under the subdomain `<job>`, a NetworkPolicy `<job>` (unless
+`spec.networkPolicy.enabled` is false), and optionally a PVC `<job>-checkpoint`.
 The hostname must be a DNS label (63 characters), which is why a job name is limited to
 ``MAX_JOB_NAME_LENGTH``: `<job>-` plus a rank of up to four digits still fits. Pod names carry the
 attempt and are DNS subdomains (253 characters), which they always are for any attempt number.
@@ -28,6 +29,8 @@ LABEL_RANK: Final = "ddp.dev/rank"
 LABEL_ATTEMPT: Final = "ddp.dev/attempt"
 # Which version of the job's spec built a pod: all pods of one attempt must agree (reconcile.py).
 LABEL_SPEC_HASH: Final = "ddp.dev/spec-hash"
+# The UID of the DDPJob object: a job re-created under the same name has other pods.
+LABEL_JOB_UID: Final = "ddp.dev/job-uid"
 
 TRAINER_CONTAINER: Final = "trainer"
 SHM_VOLUME: Final = "dshm"
@@ -36,6 +39,26 @@ CHECKPOINT_VOLUME: Final = "checkpoint"
 METRICS_PORT_NAME: Final = "metrics"
 RENDEZVOUS_PORT_NAME: Final = "rendezvous"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+# Kueue's plain-pod groups (docs/scheduling.md). The DDPJob label names the LocalQueue; every rank pod
+# carries it with one group name per job and the group's size. Kueue's webhook adds the admission
+# scheduling gate, its finalizer and the managed label to such pods.
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_CLASS_LABEL: Final = "kueue.x-k8s.io/priority-class"
+KUEUE_POD_GROUP_LABEL: Final = "kueue.x-k8s.io/pod-group-name"
+KUEUE_POD_GROUP_TOTAL_COUNT_ANNOTATION: Final = "kueue.x-k8s.io/pod-group-total-count"
+# Set to "false" on one pod of a group to tell Kueue the group has failed for good (it then finishes
+# the group's Workload once no pod is active) instead of waiting for replacement pods.
+KUEUE_RETRIABLE_IN_GROUP_ANNOTATION: Final = "kueue.x-k8s.io/retriable-in-group"
+KUEUE_ADMISSION_GATE: Final = "kueue.x-k8s.io/admission"
+KUEUE_MANAGED_LABEL: Final = "kueue.x-k8s.io/managed"  # also the name of Kueue's pod finalizer
+KUEUE_POD_FINALIZER: Final = KUEUE_MANAGED_LABEL
+# How many characters of the job's UID the Kueue group name keeps, at most (see kueue_pod_group_name).
+KUEUE_GROUP_UID_CHARS: Final = 8
+
+# The in-tree gang API (Kubernetes 1.36 scheduling.k8s.io/v1alpha2; gang.py): one Workload with one
+# PodGroup template, and one PodGroup per attempt that the attempt's pods join.
+GANG_POD_GROUP_TEMPLATE: Final = "ranks"
 
 MAX_REPLICAS: Final = 4096
 MAX_RANK_DIGITS: Final = len(str(MAX_REPLICAS - 1))
@@ -96,8 +119,33 @@ def service_name(job: str) -> str:
     return job
 
 
+def network_policy_name(job: str) -> str:
+    return job
+
+
 def pvc_name(job: str) -> str:
     return f"{job}-checkpoint"
+
+
+def kueue_pod_group_name(job: str, uid: str) -> str:
+    """Kueue's group (and Kueue Workload) name: one per job, the same for every attempt, so the pods of
+    a new attempt replace the old ones inside the group that already holds the quota. A short piece of
+    the job's UID keeps a re-created job of the same name out of the old job's group, whose pods may
+    still be finishing; it is cut to keep the name a 63-character label value (at least 4 characters
+    remain, as MAX_JOB_NAME_LENGTH leaves 5)."""
+    piece = uid.replace("-", "")[: min(KUEUE_GROUP_UID_CHARS, DNS_LABEL_MAX - len(job) - 1)]
+    return f"{job}-{piece}" if piece else job
+
+
+def gang_workload_name(job: str, attempt: int) -> str:
+    """The in-tree scheduling.k8s.io Workload of one attempt (its pod group template is immutable)."""
+    return f"{job}-{attempt}"
+
+
+def gang_pod_group_name(job: str, attempt: int) -> str:
+    """The in-tree PodGroup of one attempt: a new attempt's pods never join an older attempt's group
+    (a pod's schedulingGroup is immutable)."""
+    return f"{job}-{attempt}"
 
 
 def master_addr(job: str, namespace: str) -> str:
@@ -116,5 +164,28 @@ def label_selector(job: str | None = None) -> str:
     return ",".join(f"{key}={value}" for key, value in job_selector(job).items())
 
 
-def rank_labels(job: str, rank: int, attempt: int) -> dict[str, str]:
-    return {**job_selector(job), LABEL_RANK: str(rank), LABEL_ATTEMPT: str(attempt)}
+def job_object_selector(job: str, uid: str) -> dict[str, str]:
+    """Labels that select every rank pod of one job object, whatever the attempt: its NetworkPolicy's.
+
+    Without the UID, a later job of the same name would share an earlier one's policy.
+    """
+    selector = job_selector(job)
+    if uid:
+        selector[LABEL_JOB_UID] = uid
+    return selector
+
+
+def attempt_selector(job: str, uid: str, attempt: int) -> dict[str, str]:
+    """Labels that select the pods of one attempt of one job object: what its Service publishes.
+
+    Neither a Terminating pod of an earlier attempt nor one of an earlier job of the same name may be
+    resolved or reached by a rank of this attempt.
+    """
+    selector = {**job_selector(job), LABEL_ATTEMPT: str(attempt)}
+    if uid:
+        selector[LABEL_JOB_UID] = uid
+    return selector
+
+
+def rank_labels(job: str, rank: int, attempt: int, uid: str = "") -> dict[str, str]:
+    return {**attempt_selector(job, uid, attempt), LABEL_RANK: str(rank)}

@@ -8,7 +8,7 @@ almost no status yet.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -61,11 +61,15 @@ class PodObservation:
     spec_hash: str | None = None
     phase: str = "Pending"
     uid: str = ""
+    node: str = ""  # spec.nodeName once scheduled
+    pod_ip: str = ""
     owner_uid: str | None = None
     created_at: datetime | None = None
     deleting: bool = False
     # When the deletion was requested: deletionTimestamp is that instant plus the grace period.
     deleted_at: datetime | None = None
+    # deletionTimestamp itself: by then a live kubelet has confirmed the deletion (or will in seconds).
+    deletion_deadline: datetime | None = None
     scheduled: bool = False
     unschedulable_message: str | None = None
     ready: bool = False
@@ -80,6 +84,9 @@ class PodObservation:
     waiting_message: str | None = None
     # Evicted, preempted or removed by node loss: the job-facing reason, or None.
     disruption: str | None = None
+    # When this operator first saw the pod end badly (failed, disrupted, deleted): when a report
+    # arrived, not when the failure happened. Set by the pod cache (see ``seen``), None elsewhere.
+    failure_seen_at: datetime | None = None
 
     @property
     def terminal(self) -> bool:
@@ -98,6 +105,44 @@ class PodObservation:
     @property
     def running(self) -> bool:
         return self.phase == "Running" and not self.deleting
+
+    @property
+    def refuses_root_image(self) -> bool:
+        """The kubelet will not start the trainer: runAsNonRoot with an image that runs as root (or as a
+        non-numeric user it cannot check). Waiting cannot help; the pod would wait forever."""
+        return self.waiting_reason == "CreateContainerConfigError" and "runAsNonRoot" in (
+            self.waiting_message or ""
+        )
+
+    @property
+    def ended_badly(self) -> bool:
+        """The trainer failed, or the pod was disrupted or deleted before its trainer succeeded."""
+        if self.trainer_succeeded:
+            return False
+        return self.trainer_failed or self.disruption is not None or self.deleting
+
+    @property
+    def reported_end(self) -> bool:
+        """Whatever happened to this rank has been reported: it will not change its story any more."""
+        return self.terminal or self.terminated or self.disruption is not None or self.deleting
+
+    def deletion_unconfirmed(self, now: datetime, margin_seconds: float) -> bool:
+        """Deleted, and no kubelet confirmed it ``margin_seconds`` after its grace period ended.
+
+        A kubelet on an unreachable node never confirms a deletion: such a pod stays Terminating until
+        the node returns or the Node object goes. It no longer blocks anything of this job.
+        """
+        if self.terminal or self.deletion_deadline is None:
+            return False
+        return (now - self.deletion_deadline).total_seconds() >= margin_seconds
+
+
+def seen(observation: PodObservation, previous: PodObservation | None, now: datetime) -> PodObservation:
+    """``observation`` stamped with when its bad end was first seen (kept from ``previous``)."""
+    if not observation.ended_badly:
+        return observation
+    first = previous.failure_seen_at if previous is not None else None
+    return replace(observation, failure_seen_at=first or now)
 
 
 def _int_label(labels: Mapping[str, Any], key: str) -> int | None:
@@ -158,7 +203,16 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
     terminated: Mapping[str, Any] | None = state.get("terminated")
     if terminated is None:
         # A trainer that never started because an init container failed: that container's ending decides.
+        # Not a native sidecar's (an init container with restartPolicy Always): the kubelet restarts it,
+        # and its brief terminated state says nothing about the rank.
+        sidecars = {
+            c.get("name")
+            for c in (pod.get("spec") or {}).get("initContainers") or []
+            if c.get("restartPolicy") == "Always"
+        }
         for init in status.get("initContainerStatuses") or []:
+            if init.get("name") in sidecars:
+                continue
             candidate = (init.get("state") or {}).get("terminated")
             if candidate and candidate.get("exitCode", 0) != 0:
                 terminated = candidate
@@ -179,10 +233,13 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         spec_hash=labels.get(names.LABEL_SPEC_HASH) or None,
         phase=str(status.get("phase") or "Pending"),
         uid=str(metadata.get("uid") or ""),
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        pod_ip=str(status.get("podIP") or ""),
         owner_uid=str(owners[0].get("uid")) if owners else None,
         created_at=parse_time(metadata.get("creationTimestamp")),
         deleting=deletion is not None,
         deleted_at=deleted_at,
+        deletion_deadline=deletion,
         scheduled=scheduled is not None and scheduled.get("status") == "True",
         unschedulable_message=unschedulable,
         ready=ready is not None and ready.get("status") == "True",

@@ -19,10 +19,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 
 from ddp_operator import names
 from ddp_operator.kube_api import ApiError, JsonDict, KubeApi, ResourceVersionGone
-from ddp_operator.observe import PodObservation, observe_pod
+from ddp_operator.observe import PodObservation, observe_pod, seen
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +54,10 @@ class PodCache:
         namespaces: Sequence[str] | None,
         on_change: Callable[[JobKey], None],
         label_selector: str | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._api = api
+        self._clock = clock
         self._scopes: list[str | None] = list(namespaces) if namespaces else [None]
         self._on_change = on_change
         self._selector = label_selector or names.label_selector()
@@ -108,24 +111,29 @@ class PodCache:
             current_version = current[0] if current is not None else None
             if current_version is not None and version is not None and version < current_version:
                 return
-            pods[name] = (version, observe_pod(pod))
+            previous = current[1] if current is not None else None
+            pods[name] = (version, seen(observe_pod(pod), previous, self._clock()))
         if notify:
             self._on_change(key)
 
     def _replace_scope(self, scope: str | None, items: list[JsonDict]) -> None:
         """A fresh LIST of one scope: everything in it replaces what the cache held for that scope."""
         touched: set[JobKey] = set()
+        before: dict[tuple[JobKey, str], PodObservation] = {}
         for key in list(self._pods):
             if scope is None or key[0] == scope:
                 touched.add(key)
-                del self._pods[key]
+                for name, (_, observation) in self._pods.pop(key).items():
+                    before[(key, name)] = observation
+        now = self._clock()
         for pod in items:
             pod_key = job_key_of(pod)
             if pod_key is None:
                 continue
             key = pod_key
             name = str(pod["metadata"]["name"])
-            self._pods.setdefault(key, {})[name] = (_rv(pod), observe_pod(pod))
+            observation = seen(observe_pod(pod), before.get((key, name)), now)
+            self._pods.setdefault(key, {})[name] = (_rv(pod), observation)
             touched.add(key)
         self._listed.add(scope)
         if all(s in self._listed for s in self._scopes):

@@ -7,9 +7,11 @@ success:
 - patch ``status`` when ``status_changed`` (before or after the creates: both orders are safe, see
   below), and post ``event`` when there is one (one per phase change, nothing else);
 - delete ``delete_pods``;
-- create the Service if ``create_service`` and the checkpoint PVC if ``create_pvc``, then the pods of
-  ``create_ranks`` (attempt ``create_attempt``) concurrently; a 403 on a pod create (Pod Security,
-  quota) fails the job: write ``failed_status(status, REASON_POD_CREATE_FORBIDDEN, message, now)``;
+- create the Service if ``create_service``, the NetworkPolicy if ``create_network_policy`` and the
+  checkpoint PVC if ``create_pvc``, then the pods of
+  ``create_ranks`` (attempt ``create_attempt``) concurrently; a child the apiserver refuses for good
+  (403 on a pod, 400/422 on any child) is not retried: the executor hands it to the next ``decide`` as
+  a ``CreateRefusal``, which fails the job;
 - delete the DDPJob when ``delete_job`` (TTL);
 - call ``decide`` again after ``requeue_after`` seconds when it is set (deadlines, TTL, restarts).
 
@@ -32,13 +34,14 @@ from typing import Any, Final, Literal
 from ddp_operator import builders, names
 from ddp_operator.observe import PodObservation, format_time, parse_time
 from ddp_operator.policies import deadline, success, ttl
+from ddp_operator.policies.attempt import judge_attempt
 from ddp_operator.policies.failure import (
     REASON_POD_DELETED,
+    REASON_STALLED,
     RankFailure,
-    Verdict,
-    exit_code_from_returncode,
     judge_failures,
 )
+from ddp_operator.progress import ProgressObservation, straggler_status
 from ddp_operator.spec import JobSpec
 
 REASON_CREATED: Final = "Created"
@@ -48,6 +51,7 @@ REASON_RUNNING: Final = "Running"
 REASON_SUSPENDED: Final = "Suspended"
 REASON_POD_CREATE_FORBIDDEN: Final = "PodCreateForbidden"
 REASON_INVALID_SPEC: Final = "InvalidSpec"
+REASON_STRAGGLER: Final = "Straggler"
 # Reasons that fail a job which must stop consuming resources whatever cleanPodPolicy says.
 _STOP_REASONS: Final = frozenset(
     {
@@ -56,10 +60,35 @@ _STOP_REASONS: Final = frozenset(
         deadline.REASON_IMAGE_PULL,
         deadline.REASON_STARTUP_TIMEOUT,
         REASON_POD_CREATE_FORBIDDEN,
+        REASON_INVALID_SPEC,
     }
 )
 # While waiting for the old attempt's pods to go, look again this often even without pod events.
 RESTART_POLL_SECONDS: Final = 5.0
+
+
+@dataclass(frozen=True)
+class TimingRules:
+    """How long the operator waits for reports that a real cluster delivers late or never.
+
+    ``decision_window_seconds``: after the first failure of an attempt is seen, the attempt is judged
+    once every rank has reported its end or this long has passed, whichever comes first, so a crash
+    reported after its peers' collateral failures still decides (docs/restarts.md). The default covers
+    kubelet status reports delayed by a busy node or apiserver; a gang whose ranks all exit at once
+    (the usual case: the trainer turns a lost peer into exit 170 within seconds) never waits for it.
+
+    ``unconfirmed_deletion_seconds``: a pod of an old attempt still Terminating this long after its
+    grace period ended is on a node that cannot confirm (unreachable, dead); the next attempt starts
+    without it (its name, DNS and Service membership are the old attempt's, never the new one's).
+    """
+
+    decision_window_seconds: float = 10.0
+    unconfirmed_deletion_seconds: float = 30.0
+    # A rank named slowest for this long (above the scraper's threshold) is reported as the straggler.
+    straggler_window_seconds: float = 60.0
+
+
+DEFAULT_TIMING: Final = TimingRules()
 
 _LIVE_PHASES: Final = frozenset({names.PHASE_PENDING, names.PHASE_STARTING, names.PHASE_RUNNING})
 _WARNING_PHASES: Final = frozenset({names.PHASE_RESTARTING, names.PHASE_FAILED})
@@ -81,10 +110,13 @@ class Decision:
     delete_pods: tuple[str, ...] = ()
     create_service: bool = False
     create_pvc: bool = False
+    create_network_policy: bool = False
     delete_job: bool = False
     # True when this decision starts a gang restart (for the operator's restart counter).
     gang_restart: bool = False
     event: PhaseEvent | None = None
+    # Events that are not phase changes (a straggler appeared), posted once each.
+    notices: tuple[PhaseEvent, ...] = ()
     requeue_after: float | None = None
 
     @property
@@ -115,6 +147,9 @@ class _Transition:
     restarts: int = 0
     start_time: str | None = None
     completion_time: str | None = None
+    # What the operator read of the training (status.progress, status.straggler), when shown.
+    progress: Mapping[str, Any] | None = None
+    straggler: Mapping[str, Any] | None = None
 
 
 def _int(value: Any, default: int) -> int:
@@ -177,6 +212,10 @@ def _status(job: JobSpec, old: Mapping[str, Any], change: _Transition, now: date
         status["startTime"] = change.start_time
     if change.completion_time is not None:
         status["completionTime"] = change.completion_time
+    if change.progress:
+        status["progress"] = dict(change.progress)
+    if change.straggler:
+        status["straggler"] = dict(change.straggler)
     return status
 
 
@@ -194,6 +233,8 @@ _STATUS_KEYS: Final = (
     "worldSize",
     "startTime",
     "completionTime",
+    "progress",
+    "straggler",
 )
 
 
@@ -227,13 +268,8 @@ def _deletable(pods: Sequence[PodObservation]) -> tuple[str, ...]:
     return tuple(sorted(p.name for p in pods if not p.deleting))
 
 
-def _finished(
-    job: JobSpec,
-    old: Mapping[str, Any],
-    pods: Sequence[PodObservation],
-    now: datetime,
-) -> Decision:
-    """Succeeded or Failed: clean up pods per cleanPodPolicy, then wait for the TTL."""
+def _cleanup(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime) -> Decision:
+    """A finished job (Succeeded or Failed): clean up pods per cleanPodPolicy, then wait for the TTL."""
     phase = str(old.get("phase"))
     reason = ""
     for condition in old.get("conditions") or []:
@@ -262,43 +298,6 @@ def _finished(
         delete_pods=() if expired else _deletable(doomed),
         delete_job=expired,
         requeue_after=None if expired else left,
-    )
-
-
-def _finish(
-    job: JobSpec,
-    old: Mapping[str, Any],
-    pods: Sequence[PodObservation],
-    now: datetime,
-    *,
-    phase: str,
-    reason: str,
-    message: str,
-    attempt: int | None,
-    counts: _Counts,
-) -> Decision:
-    change = _Transition(
-        phase=phase,
-        reason=reason,
-        message=message,
-        # A finished job has no ready ranks: what is left is being cleaned up or has ended.
-        counts=replace(counts, ready=0),
-        attempt=attempt,
-        restarts=_int(old.get("restarts"), 0),
-        start_time=old.get("startTime") or format_time(now),
-        completion_time=format_time(now),
-    )
-    status = _status(job, old, change, now)
-    cleanup = _finished(job, status, pods, now)
-    return _decision(
-        job,
-        old,
-        change,
-        now,
-        create_attempt=attempt or 0,
-        delete_pods=cleanup.delete_pods,
-        delete_job=cleanup.delete_job,
-        requeue_after=cleanup.requeue_after,
     )
 
 
@@ -335,28 +334,29 @@ def _start_attempt(
     pods: Sequence[PodObservation],
     now: datetime,
     target: int,
+    rules: TimingRules = DEFAULT_TIMING,
 ) -> Decision:
-    """Create attempt ``target`` once no pod of another attempt is alive; delete those pods meanwhile."""
+    """Create attempt ``target`` once no pod of another attempt is alive; delete those pods meanwhile.
+
+    A pod whose deletion no kubelet confirms (a lost node) does not hold the next attempt back.
+    """
     stale = [p for p in pods if p.attempt != target or (p.rank or 0) >= job.replicas]
     current = [p for p in pods if p not in stale]
+    blocking = [
+        p
+        for p in stale
+        if not p.terminal and not p.deletion_unconfirmed(now, rules.unconfirmed_deletion_seconds)
+    ]
     wanted_hash = builders.spec_hash(job)
     # The spec changed while this attempt was being created (before its phase locked the spec): pods
     # built from the old version go, and the attempt waits until their names are free again.
     respec = [p for p in current if p.spec_hash is not None and p.spec_hash != wanted_hash]
-    if respec:
+    if respec or blocking:
+        # Still tearing down: the status stays as it is (Restarting, Suspended, or nothing yet).
         return Decision(
             status=dict(old),
             status_changed=False,
             delete_pods=_deletable([*stale, *respec]),
-            requeue_after=RESTART_POLL_SECONDS,
-        )
-    if any(not p.terminal for p in stale):
-        # Still tearing down: the status stays as it is (Restarting, Suspended, or nothing yet).
-        keep = dict(old)
-        return Decision(
-            status=keep,
-            status_changed=False,
-            delete_pods=_deletable(stale),
             requeue_after=RESTART_POLL_SECONDS,
         )
     present = {p.rank for p in current}
@@ -384,6 +384,7 @@ def _start_attempt(
         delete_pods=_deletable(stale),
         create_service=bool(create),
         create_pvc=bool(create) and job.checkpoint is not None,
+        create_network_policy=bool(create) and job.network_policy.enabled,
     )
 
 
@@ -427,103 +428,284 @@ def _missing_ranks(
     ]
 
 
-def _live(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime) -> Decision:
+# --- a live attempt: an ordered list of rules, like the policy table in docs/restarts.md -------------
+
+
+@dataclass(frozen=True)
+class _LiveAttempt:
+    """What the rules of a live attempt (Pending, Starting, Running) read, gathered once."""
+
+    job: JobSpec
+    old: Mapping[str, Any]
+    now: datetime
+    pods: Sequence[PodObservation]  # every pod of this job object
+    current: Sequence[PodObservation]  # the pods of the attempt in status
+    stale: Sequence[PodObservation]  # pods of other attempts, or of ranks beyond replicas
+    attempt: int
+    restarts: int
+    to_create: tuple[int, ...]
+    failures: Sequence[RankFailure]
+    rules: TimingRules = DEFAULT_TIMING
+    progress: ProgressObservation | None = None  # of this attempt only
+
+    @property
+    def counts(self) -> _Counts:
+        return _counts(self.current)
+
+    @property
+    def all_running(self) -> bool:
+        return len(self.current) == self.job.replicas and all(
+            p.running or p.trainer_succeeded for p in self.current
+        )
+
+    @property
+    def active_left(self) -> float | None:
+        return deadline.seconds_left(
+            parse_time(self.old.get("startTime")), self.job.run_policy.active_deadline_seconds, self.now
+        )
+
+    @property
+    def shown_progress(self) -> Mapping[str, Any] | None:
+        """status.progress: the newest read of this attempt, else what status already shows of it."""
+        if self.progress is not None and self.progress.status:
+            return self.progress.status
+        old = self.old.get("progress")
+        return old if isinstance(old, Mapping) and self.old.get("attempt") == self.attempt else None
+
+    @property
+    def straggler_left(self) -> float | None:
+        """Seconds until the slowest rank has been slow for the straggler window; 0: it has."""
+        sighting = self.progress.straggler if self.progress is not None else None
+        if sighting is None:
+            return None
+        return max(0.0, self.rules.straggler_window_seconds - (self.now - sighting.since).total_seconds())
+
+    @property
+    def stall_left(self) -> float | None:
+        """Seconds until no new synchronized step for stallTimeoutSeconds is a stall; None: not watched."""
+        limit = self.job.run_policy.stall_timeout_seconds
+        if limit is None or self.progress is None or self.progress.step <= 0:
+            return None  # a stall needs training to have started
+        return limit - (self.now - self.progress.step_changed_at).total_seconds()
+
+    @property
+    def decision_window_left(self) -> float | None:
+        """Seconds until a failed attempt is judged; 0: now; None: nothing failed.
+
+        Judged at once when every rank reported its end (or its pod is gone); otherwise once the
+        window has passed since the first failure was seen.
+        """
+        if not self.failures:
+            return None
+        ended = [p for p in self.current if p.ended_badly]
+        if not ended:
+            return 0.0  # only pods that vanished (deleted under the job): nothing is left to report
+        if all(p.reported_end for p in self.current):
+            return 0.0  # every rank that still has a pod has told its story
+        seen = [p.failure_seen_at or p.finished_at or p.deleted_at or self.now for p in ended]
+        first_seen = min(seen)
+        left = self.rules.decision_window_seconds - (self.now - first_seen).total_seconds()
+        return max(left, 0.0)
+
+    @property
+    def startup_left(self) -> float | None:
+        """Seconds left to start every rank; None once the attempt ran or without a startup deadline."""
+        if self.old.get("phase") == names.PHASE_RUNNING or self.all_running:
+            return None
+        created = [p.created_at for p in self.current if p.created_at is not None]
+        return deadline.seconds_left(
+            min(created) if created else None, self.job.run_policy.startup_deadline_seconds, self.now
+        )
+
+
+def _live_attempt(
+    job: JobSpec,
+    old: Mapping[str, Any],
+    pods: Sequence[PodObservation],
+    now: datetime,
+    rules: TimingRules = DEFAULT_TIMING,
+    observed: ProgressObservation | None = None,
+) -> _LiveAttempt:
     attempt = _int(old.get("attempt"), 0)
-    restarts = _int(old.get("restarts"), 0)
     stale = [p for p in pods if p.attempt != attempt or (p.rank or 0) >= job.replicas]
     current = [p for p in pods if p not in stale]
-    counts = _counts(current)
-
-    failures = [f for f in (_failure_of(p, now) for p in current) if f is not None]
     to_create, missing = _missing_ranks(job, old, current, now)
-    failures += missing
-    if failures:
-        verdict: Verdict = judge_failures(
-            job.restart_policy, job.run_policy.backoff_limit, restarts, failures, attempt
-        )
-        if verdict.retry:
-            change = _Transition(
-                phase=names.PHASE_RESTARTING,
-                reason=verdict.reason,
-                message=verdict.message,
-                counts=counts,
-                attempt=attempt,
-                restarts=restarts + 1,
-                start_time=old.get("startTime"),
-            )
-            return _decision(
-                job,
-                old,
-                change,
-                now,
-                gang_restart=True,
-                delete_pods=_deletable(pods),
-                requeue_after=0.0 if all(p.terminal for p in pods) else RESTART_POLL_SECONDS,
-            )
-        return _finish(
-            job,
-            old,
-            pods,
-            now,
-            phase=names.PHASE_FAILED,
-            reason=verdict.reason,
-            message=verdict.message,
-            attempt=attempt,
-            counts=counts,
-        )
-
-    if success.attempt_succeeded(job.replicas, current):
-        return _finish(
-            job,
-            old,
-            pods,
-            now,
-            phase=names.PHASE_SUCCEEDED,
-            reason=success.REASON_SUCCEEDED,
-            message=success.success_message(job.replicas, attempt),
-            attempt=attempt,
-            counts=counts,
-        )
-
-    active_left = deadline.seconds_left(
-        parse_time(old.get("startTime")), job.run_policy.active_deadline_seconds, now
+    failures = [f for f in (_failure_of(p, now) for p in current) if f is not None]
+    return _LiveAttempt(
+        job=job,
+        old=old,
+        now=now,
+        pods=pods,
+        current=current,
+        stale=stale,
+        attempt=attempt,
+        restarts=_int(old.get("restarts"), 0),
+        to_create=to_create,
+        failures=[*failures, *missing],
+        rules=rules,
+        progress=observed if observed is not None and observed.attempt == attempt else None,
     )
-    if active_left is not None and active_left <= 0:
-        assert job.run_policy.active_deadline_seconds is not None
-        return _finish(
-            job,
-            old,
-            pods,
-            now,
-            phase=names.PHASE_FAILED,
-            reason=deadline.REASON_DEADLINE,
-            message=deadline.active_deadline_message(job.run_policy.active_deadline_seconds),
-            attempt=attempt,
-            counts=counts,
-        )
 
-    all_running = len(current) == job.replicas and all(p.running or p.trainer_succeeded for p in current)
-    startup_left = None
-    if old.get("phase") != names.PHASE_RUNNING and not all_running:
-        created = [p.created_at for p in current if p.created_at is not None]
-        startup_limit = job.run_policy.startup_deadline_seconds
-        startup_left = deadline.seconds_left(min(created) if created else None, startup_limit, now)
-        if startup_left is not None and startup_left <= 0:
-            assert startup_limit is not None
-            reason, message = deadline.classify_startup(current, job.replicas, startup_limit)
-            return _finish(
-                job,
-                old,
-                pods,
-                now,
-                phase=names.PHASE_FAILED,
-                reason=reason,
-                message=message,
-                attempt=attempt,
-                counts=counts,
-            )
 
-    if all_running or old.get("phase") == names.PHASE_RUNNING:
+def _finish(live: _LiveAttempt, phase: str, reason: str, message: str) -> Decision:
+    """The attempt ends the job: Succeeded or Failed, with the cleanup that comes with it."""
+    change = _Transition(
+        phase=phase,
+        reason=reason,
+        message=message,
+        # A finished job has no ready ranks: what is left is being cleaned up or has ended.
+        counts=replace(live.counts, ready=0),
+        attempt=live.attempt,
+        restarts=live.restarts,
+        start_time=live.old.get("startTime") or format_time(live.now),
+        completion_time=format_time(live.now),
+        # The last progress read stays: how far the job got.
+        progress=live.shown_progress,
+    )
+    cleanup = _cleanup(live.job, _status(live.job, live.old, change, live.now), live.pods, live.now)
+    return _decision(
+        live.job,
+        live.old,
+        change,
+        live.now,
+        create_attempt=live.attempt,
+        delete_pods=cleanup.delete_pods,
+        delete_job=cleanup.delete_job,
+        requeue_after=cleanup.requeue_after,
+    )
+
+
+def _restart(live: _LiveAttempt, reason: str, message: str) -> Decision:
+    """Tear the gang down; the next attempt is created once none of its pods is alive."""
+    change = _Transition(
+        phase=names.PHASE_RESTARTING,
+        reason=reason,
+        message=message,
+        counts=live.counts,
+        attempt=live.attempt,
+        restarts=live.restarts + 1,
+        start_time=live.old.get("startTime"),
+    )
+    return _decision(
+        live.job,
+        live.old,
+        change,
+        live.now,
+        gang_restart=True,
+        delete_pods=_deletable(live.pods),
+        requeue_after=0.0 if all(p.terminal for p in live.pods) else RESTART_POLL_SECONDS,
+    )
+
+
+def _rule_judged(live: _LiveAttempt) -> Decision | None:
+    """A failure restarts the gang or fails the job; every rank exited 0: the job succeeded.
+
+    A failure is judged only once the decision window closed: the first failure seen is not always
+    the first that happened.
+    """
+    if live.decision_window_left:
+        return None
+    verdict = judge_attempt(
+        live.job.restart_policy,
+        live.job.run_policy.backoff_limit,
+        live.restarts,
+        live.attempt,
+        live.job.replicas,
+        live.failures,
+        success.succeeded_ranks(live.current),
+    )
+    if verdict.outcome == "retry":
+        return _restart(live, verdict.reason, verdict.message)
+    if verdict.outcome == "failed":
+        return _finish(live, names.PHASE_FAILED, verdict.reason, verdict.message)
+    if verdict.outcome == "succeeded":
+        return _finish(live, names.PHASE_SUCCEEDED, verdict.reason, verdict.message)
+    return None
+
+
+def _rule_active_deadline(live: _LiveAttempt) -> Decision | None:
+    limit = live.job.run_policy.active_deadline_seconds
+    left = live.active_left
+    if limit is None or left is None or left > 0:
+        return None
+    return _finish(
+        live, names.PHASE_FAILED, deadline.REASON_DEADLINE, deadline.active_deadline_message(limit)
+    )
+
+
+def _rule_startup_deadline(live: _LiveAttempt) -> Decision | None:
+    limit = live.job.run_policy.startup_deadline_seconds
+    left = live.startup_left
+    if limit is None or left is None or left > 0:
+        return None
+    reason, message = deadline.classify_startup(live.current, live.job.replicas, limit)
+    return _finish(live, names.PHASE_FAILED, reason, message)
+
+
+def _rule_stalled(live: _LiveAttempt) -> Decision | None:
+    """No synchronized step for stallTimeoutSeconds: the gang is hung; retried like a lost peer."""
+    left = live.stall_left
+    if left is None or left > 0 or live.progress is None:
+        return None
+    limit = live.job.run_policy.stall_timeout_seconds
+    steps = live.progress.rank_steps
+    nodes = {p.rank: p.node for p in live.current}
+    behind = sorted(steps, key=lambda rank: (steps[rank], rank))[:3] if steps else []
+    where = ", ".join(f"rank {r} (step {steps[r]}) on node {nodes.get(r) or 'unknown'}" for r in behind)
+    stalled = RankFailure(
+        rank=behind[0] if behind else 0, finish_key=live.now.timestamp(), disruption=REASON_STALLED
+    )
+    verdict = judge_failures(
+        live.job.restart_policy, live.job.run_policy.backoff_limit, live.restarts, [stalled], live.attempt
+    )
+    detail = f"no synchronized step for {limit}s after step {live.progress.step}"
+    if where:
+        detail += f"; furthest behind: {where}"
+    message = f"{detail}; {verdict.message}"
+    if verdict.retry:
+        return _restart(live, REASON_STALLED, message)
+    return _finish(live, names.PHASE_FAILED, verdict.reason, message)
+
+
+def _shown_straggler(live: _LiveAttempt) -> tuple[dict[str, Any] | None, tuple[PhaseEvent, ...]]:
+    """status.straggler once a rank has been slowest for the window, and an Event when it is new."""
+    sighting = live.progress.straggler if live.progress is not None else None
+    if sighting is None or live.straggler_left:
+        return None, ()
+    pod = next((p for p in live.current if p.rank == sighting.rank), None)
+    shown = straggler_status(sighting, pod.name if pod else "", pod.node if pod else "")
+    previous = live.old.get("straggler")
+    if isinstance(previous, Mapping) and previous.get("rank") == sighting.rank:
+        return shown, ()
+    notice = PhaseEvent(
+        type="Warning",
+        reason=REASON_STRAGGLER,
+        message=(
+            f"rank {sighting.rank} ({shown['pod']} on node {shown['node'] or 'unknown'}) has been "
+            f"{sighting.slowdown:.2f}x slower than the median rank for "
+            f"{live.rules.straggler_window_seconds:.0f}s"
+        ),
+    )
+    return shown, (notice,)
+
+
+def _rule_root_image_refused(live: _LiveAttempt) -> Decision | None:
+    """A rank the kubelet will never start (runAsNonRoot, a root image): fail now, naming the fix."""
+    refused = next((p for p in sorted(live.current, key=lambda p: p.rank or 0) if p.refuses_root_image), None)
+    if refused is None:
+        return None
+    message = (
+        f"rank {refused.rank}'s trainer cannot start: {refused.waiting_message}; rank pods run with "
+        "securityContext.runAsNonRoot (the operator's default): use an image whose USER is a numeric "
+        "non-root id, or set spec.template.spec.securityContext.runAsUser"
+    )
+    return _finish(live, names.PHASE_FAILED, REASON_INVALID_SPEC, message)
+
+
+def _rule_progress(live: _LiveAttempt) -> Decision:
+    """Nothing ended the attempt: Pending, Starting or Running, and the ranks still to create."""
+    job, attempt, current = live.job, live.attempt, live.current
+    if live.all_running or live.old.get("phase") == names.PHASE_RUNNING:
         phase, reason = names.PHASE_RUNNING, REASON_RUNNING
         message = f"all {job.replicas} rank(s) of attempt {attempt} are running (world size {job.world_size})"
     elif len(current) == job.replicas and all(p.scheduled or p.running for p in current):
@@ -531,54 +713,145 @@ def _live(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], 
         message = f"all {job.replicas} rank pod(s) of attempt {attempt} are scheduled"
     else:
         phase, reason = names.PHASE_PENDING, REASON_CREATED
-        message = f"{sum(1 for p in current if p.scheduled)} of {job.replicas} rank pod(s) of attempt {attempt} scheduled"
-    if phase == old.get("phase"):
+        scheduled = sum(1 for p in current if p.scheduled)
+        message = f"{scheduled} of {job.replicas} rank pod(s) of attempt {attempt} scheduled"
+    if phase == live.old.get("phase"):
         # Same phase: keep the message of the transition, so conditions do not churn per pod event.
-        message = _condition_message(old, phase) or message
+        message = _condition_message(live.old, phase) or message
+    straggler, notices = _shown_straggler(live)
     change = _Transition(
         phase=phase,
         reason=reason,
         message=message,
-        counts=counts,
+        counts=live.counts,
         attempt=attempt,
-        restarts=restarts,
-        start_time=old.get("startTime") or format_time(now),
+        restarts=live.restarts,
+        start_time=live.old.get("startTime") or format_time(live.now),
+        progress=live.shown_progress,
+        straggler=straggler,
     )
+    create = live.to_create
     return _decision(
         job,
-        old,
+        live.old,
         change,
-        now,
-        delete_pods=_deletable(stale),
+        live.now,
+        delete_pods=_deletable(live.stale),
         create_attempt=attempt,
-        create_ranks=to_create,
-        create_service=bool(to_create),
-        create_pvc=bool(to_create) and job.checkpoint is not None,
-        requeue_after=_min_wait(active_left, startup_left),
+        create_ranks=create,
+        create_service=bool(create),
+        create_pvc=bool(create) and job.checkpoint is not None,
+        create_network_policy=bool(create) and job.network_policy.enabled,
+        notices=notices,
+        requeue_after=_min_wait(
+            live.active_left,
+            live.startup_left,
+            live.decision_window_left,
+            live.stall_left,
+            live.straggler_left,
+        ),
     )
+
+
+def _rule_restart_stuck(live: _LiveAttempt) -> Decision | None:
+    """Restarting longer than startupDeadlineSeconds: the next attempt could not even be created."""
+    limit = live.job.run_policy.startup_deadline_seconds
+    since = _condition_time(live.old, names.PHASE_RESTARTING)
+    left = deadline.seconds_left(since, limit, live.now)
+    if limit is None or left is None or left > 0:
+        return None
+    waiting = sorted(p.name for p in live.pods if not p.terminal)
+    message = (
+        f"attempt {live.attempt + 1} could not start within startupDeadlineSeconds ({limit}s): "
+        f"{len(waiting)} pod(s) of earlier attempts still terminating ({', '.join(waiting[:5])})"
+    )
+    return _finish(live, names.PHASE_FAILED, deadline.REASON_STARTUP_TIMEOUT, message)
+
+
+def _restarting(
+    job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime, rules: TimingRules
+) -> Decision:
+    """Between attempts the deadlines still hold; otherwise start the next attempt when it may."""
+    live = _live_attempt(job, old, pods, now, rules)
+    for rule in (_rule_active_deadline, _rule_restart_stuck):
+        decision = rule(live)
+        if decision is not None:
+            return decision
+    started = _start_attempt(job, old, pods, now, live.attempt + 1, rules)
+    since = _condition_time(old, names.PHASE_RESTARTING)
+    stuck_left = deadline.seconds_left(since, job.run_policy.startup_deadline_seconds, now)
+    requeue = _min_wait(started.requeue_after, live.active_left, stuck_left)
+    return replace(started, requeue_after=requeue)
+
+
+def _condition_time(old: Mapping[str, Any], kind: str) -> datetime | None:
+    for condition in old.get("conditions") or []:
+        if condition.get("type") == kind and condition.get("status") == "True":
+            return parse_time(condition.get("lastTransitionTime"))
+    return None
+
+
+# In order: the first rule that ends the attempt wins; the last always answers.
+_LIVE_RULES: Final = (
+    _rule_judged,
+    _rule_active_deadline,
+    _rule_startup_deadline,
+    _rule_root_image_refused,
+    _rule_stalled,
+)
+
+
+def _live(
+    job: JobSpec,
+    old: Mapping[str, Any],
+    pods: Sequence[PodObservation],
+    now: datetime,
+    rules: TimingRules,
+    observed: ProgressObservation | None,
+) -> Decision:
+    live = _live_attempt(job, old, pods, now, rules, observed)
+    for rule in _LIVE_RULES:
+        decision = rule(live)
+        if decision is not None:
+            return decision
+    return _rule_progress(live)
 
 
 def decide(
-    job: JobSpec, status: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime
+    job: JobSpec,
+    status: Mapping[str, Any],
+    pods: Sequence[PodObservation],
+    now: datetime,
+    refusal: CreateRefusal | None = None,
+    rules: TimingRules = DEFAULT_TIMING,
+    observed: ProgressObservation | None = None,
 ) -> Decision:
-    """The next step for one job. ``pods``: observations of the job's own pods; ``now``: timezone-aware."""
+    """The next step for one job.
+
+    ``pods``: observations of the job's own pods; ``now``: timezone-aware; ``refusal``: a child the
+    apiserver refused for good since the last decision; ``rules``: how long to wait for late reports;
+    ``observed``: what the operator read of the training from rank 0's metrics.
+    """
     old: Mapping[str, Any] = status or {}
     ours = _ours(job, pods)
     phase = old.get("phase")
     if phase in names.FINISHED_PHASES:
-        return _finished(job, old, ours, now)
+        return _cleanup(job, old, ours, now)
+    if refusal is not None:
+        return _refused(job, old, refusal, now)
     if job.run_policy.suspend:
         return _suspend(job, old, ours, now)
     attempt = old.get("attempt")
     if phase == names.PHASE_RESTARTING and isinstance(attempt, int):
-        return _start_attempt(job, old, ours, now, attempt + 1)
+        return _restarting(job, old, ours, now, rules)
     if phase == names.PHASE_SUSPENDED:
-        return _start_attempt(job, old, ours, now, attempt + 1 if isinstance(attempt, int) else 0)
+        target = attempt + 1 if isinstance(attempt, int) else 0
+        return _start_attempt(job, old, ours, now, target, rules)
     if phase in _LIVE_PHASES and isinstance(attempt, int):
-        return _live(job, old, ours, now)
+        return _live(job, old, ours, now, rules, observed)
     # A new job, or one whose first creation was interrupted: finish creating its newest attempt.
     newest = max((p.attempt for p in ours if p.attempt is not None), default=0)
-    return _start_attempt(job, old, ours, now, newest)
+    return _start_attempt(job, old, ours, now, newest, rules)
 
 
 def failed_status(status: Mapping[str, Any], reason: str, message: str, now: datetime) -> dict[str, Any]:
@@ -596,91 +869,56 @@ def failed_status(status: Mapping[str, Any], reason: str, message: str, now: dat
     return result
 
 
-def create_refused(
-    job: JobSpec, status: Mapping[str, Any], attempt: int, reason: str, text: str, now: datetime
-) -> Decision:
-    """The apiserver refused a child for good: fail the job with its message instead of retrying forever.
+@dataclass(frozen=True)
+class CreateRefusal:
+    """The apiserver refused a child for good: a fact the executor saw, decided on by the next ``decide``.
 
-    The pods of the attempt that were created go at the next ``decide`` (a finished job cleans up).
+    Retrying cannot help: the same spec builds the same object. ``forbidden``: a 403 on a rank pod (Pod
+    Security admission, a ResourceQuota); otherwise a 400/422 whose message names the invalid field.
     """
-    failed = failed_status(status, reason, text, now)
-    failed.update(observedGeneration=job.generation, attempt=attempt, worldSize=job.world_size)
+
+    forbidden: bool
+    child: str  # which child, e.g. "rank 0's pod", "the Service"
+    attempt: int
+    message: str
+
+
+def _refused(job: JobSpec, old: Mapping[str, Any], refusal: CreateRefusal, now: datetime) -> Decision:
+    """Failed with the apiserver's message; the attempt's pods that were created go at the next ``decide``."""
+    if refusal.forbidden:
+        reason = REASON_POD_CREATE_FORBIDDEN
+        text = f"creating {refusal.child} of attempt {refusal.attempt} was forbidden: {refusal.message}"
+    else:
+        reason = REASON_INVALID_SPEC
+        text = (
+            f"the apiserver refused {refusal.child} of attempt {refusal.attempt} as invalid: {refusal.message}; "
+            "fix spec.template (or spec.checkpoint) and create the job again"
+        )
+    failed = failed_status(old, reason, text, now)
+    failed.update(observedGeneration=job.generation, attempt=refusal.attempt, worldSize=job.world_size)
     return Decision(
         status=failed,
         status_changed=True,
-        create_attempt=attempt,
+        create_attempt=refusal.attempt,
         event=PhaseEvent(type="Warning", reason=reason, message=text),
         requeue_after=0.0,
     )
 
 
-def pod_create_forbidden(
-    job: JobSpec, status: Mapping[str, Any], rank: int, attempt: int, message: str, now: datetime
-) -> Decision:
-    """403 on a rank pod (Pod Security admission, a ResourceQuota...): Failed, PodCreateForbidden."""
-    text = f"creating rank {rank} of attempt {attempt} was forbidden: {message}"
-    return create_refused(job, status, attempt, REASON_POD_CREATE_FORBIDDEN, text, now)
-
-
-def child_invalid(
-    job: JobSpec, status: Mapping[str, Any], child: str, attempt: int, message: str, now: datetime
-) -> Decision:
-    """400/422 on a child (``child`` says which, e.g. "rank 0's pod"): Failed, InvalidSpec.
-
-    Retrying cannot help: the same spec builds the same object. The apiserver's message names the field.
-    """
-    text = (
-        f"the apiserver refused {child} of attempt {attempt} as invalid: {message}; fix spec.template "
-        "(or spec.checkpoint) and create the job again"
+def decide_invalid_spec(status: Mapping[str, Any], generation: int, message: str, now: datetime) -> Decision:
+    """A manifest the CRD let through but the operator cannot run (e.g. written under an older CRD)."""
+    old: Mapping[str, Any] = status or {}
+    if old.get("phase") == names.PHASE_FAILED:
+        return Decision(status=dict(old), status_changed=False)
+    failed = {
+        **failed_status({}, REASON_INVALID_SPEC, message, now),
+        "conditions": _conditions(
+            old.get("conditions") or [], names.PHASE_FAILED, REASON_INVALID_SPEC, message, format_time(now)
+        ),
+        "observedGeneration": generation,
+    }
+    return Decision(
+        status=failed,
+        status_changed=True,
+        event=PhaseEvent(type="Warning", reason=REASON_INVALID_SPEC, message=message),
     )
-    return create_refused(job, status, attempt, REASON_INVALID_SPEC, text, now)
-
-
-# --- `ddpjob run`: the same rules for local processes ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class RankExit:
-    """How one local rank process ended; ``finish_order`` is its position (or time) among the ranks."""
-
-    rank: int
-    returncode: int
-    finish_order: float
-    oom_killed: bool = False
-
-
-@dataclass(frozen=True)
-class AttemptOutcome:
-    action: Literal["succeed", "retry", "fail"]
-    reason: str
-    message: str
-    restarts: int
-
-
-def judge_local_attempt(
-    job: JobSpec, attempt: int, restarts: int, exits: Sequence[RankExit]
-) -> AttemptOutcome:
-    """Succeed, retry the gang, or fail: the cluster's rules, applied to local rank processes."""
-    failures = [
-        RankFailure(
-            rank=e.rank,
-            finish_key=e.finish_order,
-            exit_code=exit_code_from_returncode(e.returncode),
-            container_reason="OOMKilled" if e.oom_killed else "Error",
-        )
-        for e in exits
-        if e.returncode != 0
-    ]
-    if not failures:
-        return AttemptOutcome(
-            action="succeed",
-            reason=success.REASON_SUCCEEDED,
-            message=success.success_message(len(exits), attempt),
-            restarts=restarts,
-        )
-    verdict = judge_failures(job.restart_policy, job.run_policy.backoff_limit, restarts, failures, attempt)
-    if verdict.retry:
-        return AttemptOutcome(
-            action="retry", reason=verdict.reason, message=verdict.message, restarts=restarts + 1
-        )
-    return AttemptOutcome(action="fail", reason=verdict.reason, message=verdict.message, restarts=restarts)

@@ -18,10 +18,13 @@ from ddp_operator import names
 Backend = Literal["nccl", "gloo"]
 RestartPolicy = Literal["Never", "OnFailure", "ExitCode"]
 CleanPodPolicy = Literal["Running", "All", "None"]
+GangMode = Literal["Auto", "Workload", "None"]
 
 BACKENDS: Final = ("auto", "nccl", "gloo")
 RESTART_POLICIES: Final = ("Never", "OnFailure", "ExitCode")
 CLEAN_POD_POLICIES: Final = ("Running", "All", "None")
+GANG_MODES: Final = ("Auto", "Workload", "None")
+DEFAULT_GANG_MODE: Final[GangMode] = "Auto"
 
 DEFAULT_REPLICAS: Final = 1
 DEFAULT_NPROC_PER_NODE: Final = 1
@@ -60,6 +63,8 @@ DECLARED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
             "checkpoint",
             "rendezvousPort",
             "metrics",
+            "networkPolicy",
+            "scheduling",
         }
     ),
     "spec.runPolicy": frozenset(
@@ -67,6 +72,7 @@ DECLARED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
             "backoffLimit",
             "activeDeadlineSeconds",
             "startupDeadlineSeconds",
+            "stallTimeoutSeconds",
             "ttlSecondsAfterFinished",
             "cleanPodPolicy",
             "suspend",
@@ -75,6 +81,8 @@ DECLARED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "spec.template": frozenset({"metadata", "spec"}),
     "spec.checkpoint": frozenset({"volumeClaimTemplate", "mountPath"}),
     "spec.metrics": frozenset({"enabled", "port"}),
+    "spec.networkPolicy": frozenset({"enabled"}),
+    "spec.scheduling": frozenset({"gang"}),
 }
 
 
@@ -101,11 +109,17 @@ def unknown_fields(manifest: Mapping[str, Any]) -> list[SpecError]:
     return errors
 
 
+# A stall is judged from scrapes; shorter than a few scrape intervals would read a slow step as a hang.
+MIN_STALL_TIMEOUT_SECONDS: Final = 10
+
+
 @dataclass(frozen=True)
 class RunPolicy:
     backoff_limit: int = DEFAULT_BACKOFF_LIMIT
     active_deadline_seconds: int | None = None
     startup_deadline_seconds: int | None = None
+    # No synchronized step for this long, once training started: Stalled (retried like a lost peer).
+    stall_timeout_seconds: int | None = None
     ttl_seconds_after_finished: int | None = None
     clean_pod_policy: CleanPodPolicy = DEFAULT_CLEAN_POD_POLICY
     suspend: bool = False
@@ -124,6 +138,32 @@ class MetricsSpec:
 
 
 @dataclass(frozen=True)
+class NetworkPolicySpec:
+    """Whether the operator creates the job's NetworkPolicy (builders.build_network_policy)."""
+
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class SchedulingSpec:
+    """How the gang is scheduled (docs/scheduling.md). ``gang``: ``Workload`` asks the scheduler for
+    the whole gang through the in-tree Workload/PodGroup API, ``Auto`` does so when the cluster serves
+    that API, ``None`` never does."""
+
+    gang: GangMode = DEFAULT_GANG_MODE
+
+
+@dataclass(frozen=True)
+class KueueSpec:
+    """Kueue admission, asked for with the DDPJob label ``kueue.x-k8s.io/queue-name`` (or, failing
+    that, the same label on the pod template); ``priority_class`` is Kueue's WorkloadPriorityClass
+    label, copied to the pods when set."""
+
+    queue_name: str
+    priority_class: str | None = None
+
+
+@dataclass(frozen=True)
 class JobSpec:
     name: str
     namespace: str
@@ -139,6 +179,9 @@ class JobSpec:
     checkpoint: CheckpointSpec | None = None
     rendezvous_port: int = DEFAULT_RENDEZVOUS_PORT
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
+    network_policy: NetworkPolicySpec = field(default_factory=NetworkPolicySpec)
+    scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
+    kueue: KueueSpec | None = None
 
 
 def _mapping(value: Any, path: str, *, required: bool = False) -> Mapping[str, Any]:
@@ -258,6 +301,7 @@ def _parse_run_policy(raw: Mapping[str, Any]) -> RunPolicy:
         ),
         active_deadline_seconds=_int(raw, "activeDeadlineSeconds", path, None, minimum=1),
         startup_deadline_seconds=_int(raw, "startupDeadlineSeconds", path, None, minimum=1),
+        stall_timeout_seconds=_int(raw, "stallTimeoutSeconds", path, None, minimum=MIN_STALL_TIMEOUT_SECONDS),
         ttl_seconds_after_finished=_int(raw, "ttlSecondsAfterFinished", path, None, minimum=0),
         clean_pod_policy=cast(
             CleanPodPolicy, _enum(raw, "cleanPodPolicy", path, CLEAN_POD_POLICIES, DEFAULT_CLEAN_POD_POLICY)
@@ -282,6 +326,40 @@ def _parse_checkpoint(raw: Any) -> CheckpointSpec | None:
     if not isinstance(mount_path, str) or not mount_path.startswith("/"):
         raise SpecError("spec.checkpoint.mountPath", f"must be an absolute path, got {mount_path!r}")
     return CheckpointSpec(volume_claim_template=copy.deepcopy(dict(claim)), mount_path=mount_path)
+
+
+def _parse_scheduling(raw: Any) -> SchedulingSpec:
+    scheduling = _mapping(raw, "spec.scheduling")
+    return SchedulingSpec(
+        gang=cast(GangMode, _enum(scheduling, "gang", "spec.scheduling", GANG_MODES, DEFAULT_GANG_MODE))
+    )
+
+
+def _label(labels: Mapping[str, Any], key: str, path: str) -> str | None:
+    value = labels.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise SpecError(f"{path}['{key}']", f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _parse_kueue(metadata: Mapping[str, Any], template: Mapping[str, Any]) -> KueueSpec | None:
+    """The job's labels win over the template's; a queue named only on the template still makes the
+    whole gang one Kueue group (a lone pod label would make every rank a workload of its own)."""
+    job_labels = _mapping(metadata.get("labels"), "metadata.labels")
+    template_meta = _mapping(template.get("metadata"), "spec.template.metadata")
+    template_labels = _mapping(template_meta.get("labels"), "spec.template.metadata.labels")
+
+    def pick(key: str) -> str | None:
+        return _label(job_labels, key, "metadata.labels") or _label(
+            template_labels, key, "spec.template.metadata.labels"
+        )
+
+    queue = pick(names.KUEUE_QUEUE_LABEL)
+    if queue is None:
+        return None
+    return KueueSpec(queue_name=queue, priority_class=pick(names.KUEUE_PRIORITY_CLASS_LABEL))
 
 
 def parse_job(obj: Mapping[str, Any]) -> JobSpec:
@@ -322,6 +400,13 @@ def parse_job(obj: Mapping[str, Any]) -> JobSpec:
     if metrics.enabled and metrics.port == rendezvous_port:
         raise SpecError("spec.metrics.port", f"must differ from spec.rendezvousPort ({rendezvous_port})")
 
+    raw_network_policy = _mapping(spec.get("networkPolicy"), "spec.networkPolicy")
+    network_policy = NetworkPolicySpec(
+        enabled=_bool(raw_network_policy, "enabled", "spec.networkPolicy", True)
+    )
+    scheduling = _parse_scheduling(spec.get("scheduling"))
+    kueue = _parse_kueue(metadata, template)
+
     generation = metadata.get("generation", 1)
     return JobSpec(
         name=name,
@@ -338,4 +423,97 @@ def parse_job(obj: Mapping[str, Any]) -> JobSpec:
         checkpoint=checkpoint,
         rendezvous_port=rendezvous_port,
         metrics=metrics,
+        network_policy=network_policy,
+        scheduling=scheduling,
+        kueue=kueue,
     )
+
+
+# NetworkPolicyPeer fields (networking.k8s.io/v1), for the operator's --metrics-allow-from.
+_PEER_FIELDS: Final = frozenset({"podSelector", "namespaceSelector", "ipBlock"})
+_SELECTOR_OPERATORS: Final = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def _parse_label_selector(raw: Any, path: str) -> dict[str, Any]:
+    selector = _mapping(raw, path, required=True)
+    unknown = set(selector) - {"matchLabels", "matchExpressions"}
+    if unknown:
+        raise SpecError(
+            f"{path}.{sorted(unknown)[0]}", "unknown field; a selector has matchLabels and matchExpressions"
+        )
+    labels = _mapping(selector.get("matchLabels"), f"{path}.matchLabels")
+    for key, value in labels.items():
+        if not isinstance(key, str) or not key or not isinstance(value, str):
+            raise SpecError(f"{path}.matchLabels", f"must map label names to strings, got {key!r}: {value!r}")
+    expressions = selector.get("matchExpressions") or []
+    if not isinstance(expressions, list):
+        raise SpecError(f"{path}.matchExpressions", "must be a list")
+    for index, expression in enumerate(expressions):
+        where = f"{path}.matchExpressions[{index}]"
+        expression = _mapping(expression, where, required=True)
+        if not isinstance(expression.get("key"), str) or not expression["key"]:
+            raise SpecError(f"{where}.key", "is required")
+        operator = expression.get("operator")
+        if operator not in _SELECTOR_OPERATORS:
+            raise SpecError(
+                f"{where}.operator", f"must be one of {', '.join(_SELECTOR_OPERATORS)}, got {operator!r}"
+            )
+        values = expression.get("values") or []
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise SpecError(f"{where}.values", "must be a list of strings")
+        if (operator in ("In", "NotIn")) != bool(values):
+            raise SpecError(
+                f"{where}.values",
+                f"must be {'non-empty' if operator in ('In', 'NotIn') else 'empty'} for {operator}",
+            )
+    return copy.deepcopy(dict(selector))
+
+
+def _parse_ip_block(raw: Any, path: str) -> dict[str, Any]:
+    import ipaddress
+
+    block = _mapping(raw, path, required=True)
+    unknown = set(block) - {"cidr", "except"}
+    if unknown:
+        raise SpecError(f"{path}.{sorted(unknown)[0]}", "unknown field; an ipBlock has cidr and except")
+    cidrs = [("cidr", block.get("cidr"))] + [
+        (f"except[{i}]", value) for i, value in enumerate(block.get("except") or [])
+    ]
+    for key, value in cidrs:
+        try:
+            ipaddress.ip_network(str(value), strict=False)
+        except ValueError:
+            raise SpecError(f"{path}.{key}", f"must be a CIDR such as 10.0.0.0/8, got {value!r}") from None
+    return copy.deepcopy(dict(block))
+
+
+def parse_network_peers(raw: Any, path: str) -> tuple[dict[str, Any], ...]:
+    """A list of NetworkPolicyPeer objects, checked as the apiserver would check them.
+
+    The operator reads where Prometheus runs from its --metrics-allow-from flag (a JSON list of peers):
+    a mistake there must stop the operator at start, not fail every job's NetworkPolicy create.
+    """
+    if not isinstance(raw, list):
+        raise SpecError(path, f"must be a list of NetworkPolicyPeer objects, got {type(raw).__name__}")
+    peers = []
+    for index, peer in enumerate(raw):
+        where = f"{path}[{index}]"
+        peer = _mapping(peer, where, required=True)
+        unknown = set(peer) - _PEER_FIELDS
+        if unknown:
+            raise SpecError(
+                f"{where}.{sorted(unknown)[0]}",
+                "unknown field; a peer has podSelector, namespaceSelector or ipBlock",
+            )
+        if not peer:
+            raise SpecError(where, "needs podSelector, namespaceSelector or ipBlock")
+        if "ipBlock" in peer and len(peer) > 1:
+            raise SpecError(f"{where}.ipBlock", "cannot be combined with a selector in one peer")
+        parsed: dict[str, Any] = {}
+        for key in ("namespaceSelector", "podSelector"):
+            if key in peer:
+                parsed[key] = _parse_label_selector(peer[key], f"{where}.{key}")
+        if "ipBlock" in peer:
+            parsed["ipBlock"] = _parse_ip_block(peer["ipBlock"], f"{where}.ipBlock")
+        peers.append(parsed)
+    return tuple(peers)

@@ -239,8 +239,8 @@ def test_two_trainer_containers_train_stop_together_and_resume(resources: Docker
 @pytest.fixture(scope="module")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local control plane of our own (one kwok node is enough), from prebuilt binaries only."""
-    from ddp_operator.cluster import ClusterOptions, default_bin_dir, down, up
-    from ddp_operator.cluster.binaries import pinned_versions, stale_binaries
+    from ddp_harness import ClusterOptions, default_bin_dir, down, up
+    from ddp_harness.binaries import pinned_versions, stale_binaries
 
     bin_dir = default_bin_dir()
     stale = stale_binaries(bin_dir, pinned_versions())

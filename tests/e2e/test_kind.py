@@ -5,7 +5,9 @@ The tests are the real-node suite's (tests/e2e/test_real_node.py), run here agai
 DNS and a ClusterIP Service from a pod, the digits example across two ranks with a checkpoint volume
 from the default StorageClass (local-path-provisioner), metrics scraped from both ranks through the
 apiserver's pod proxy, a deleted rank pod restarting the gang from its checkpoint, and a rank exiting 1
-failing the job with its reason.
+failing the job with its reason. Not here: the NetworkPolicy test, since this node image has no
+NetworkPolicy enforcer (kube-network-policies needs CONFIG_NFT_QUEUE, which these machines' kernel
+lacks: docs/kind.md).
 
 Prerequisites: Docker with both images (hack/build-images.sh), kind and the node image
 (hack/build-kind.sh; `make kind` builds both), kubectl and helm (hack/build-k8s.sh). A missing one
@@ -31,6 +33,7 @@ import pytest
 import test_real_node as suite
 from test_real_node import (  # noqa: F401  (fixtures and tests that run here on kind)
     checkpoint_storage,
+    network_policy_enforcer,
     operator_release,
     restricted_namespace,
     test_a_pod_resolves_kubernetes_default_and_reaches_a_cluster_ip_service,

@@ -1,5 +1,5 @@
 """The e2e tier on real nodes: by default the local control plane plus one real node of this machine
-(`ddpjob cluster up --real-node`: containerd, kubelet, CNI bridge, kube-proxy, CoreDNS), or, with
+(`ddp-harness cluster up --real-node`: containerd, kubelet, CNI bridge, kube-proxy, CoreDNS), or, with
 DDP_E2E_KUBECONFIG=<path>, any cluster with real nodes (kind, ...); our chart and our two images.
 
 What runs here is what a user does: `helm install` the chart (the operator runs in a pod under its
@@ -12,7 +12,9 @@ here, as with kind).
 Prerequisites (each missing one skips the module, naming it): root (the node adds a bridge, iptables
 rules and mounts), Docker with both images built by hack/build-images.sh, the control plane's and the
 node's binaries (hack/build-k8s.sh, hack/build-node-binaries.sh; built here when Go is available) and
-Debian's containerd, runc and CNI plugins. Set DDP_E2E_TIMINGS=<file> to record the figures of
+Debian's containerd, runc and CNI plugins. NetworkPolicy enforcement (kube-network-policies, built
+by hack/build-kube-network-policies.sh) additionally needs a kernel with nf_tables' queue expression;
+without one only the enforcement test skips, naming it (docs/security.md). Set DDP_E2E_TIMINGS=<file> to record the figures of
 docs/real-node.md (the test never asserts on them).
 
 Against another cluster (DDP_E2E_KUBECONFIG) only kubectl and helm are needed here; the cluster must be
@@ -38,18 +40,19 @@ from typing import Any, Protocol, TypeVar
 import pytest
 import yaml
 
-from ddp_operator import __version__
-from ddp_operator.cluster import (
+from ddp_harness import (
     ClusterError,
     ClusterOptions,
     KubectlError,
     LocalCluster,
     default_bin_dir,
     down,
+    netpol_enforcer,
     real_node,
     up,
 )
-from ddp_operator.cluster.binaries import pinned_versions, stale_binaries
+from ddp_harness.binaries import pinned_versions, stale_binaries
+from ddp_operator import __version__
 
 pytestmark = pytest.mark.e2e
 
@@ -262,7 +265,12 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     if missing:
         pytest.skip("a real node cannot run here: " + "; ".join(missing))
     state_dir = tmp_path_factory.mktemp("real-node-cluster")
-    node_options = real_node.RealNodeOptions(images=(OPERATOR_IMAGE, TRAINER_IMAGE))
+    images: tuple[str, ...] = (OPERATOR_IMAGE, TRAINER_IMAGE)
+    if netpol_enforcer.enforcement_unavailable() is None:
+        # The NetworkPolicy enforcer (network_policy_enforcer below), loaded with the other images.
+        netpol_enforcer.ensure_image(netpol_enforcer.ensure_binary(build=True))
+        images += (netpol_enforcer.IMAGE,)
+    node_options = real_node.RealNodeOptions(images=images)
     options = ClusterOptions(
         state_dir=state_dir,
         bin_dir=bin_dir,
@@ -271,7 +279,7 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
         real_node=node_options,
     )
     started = time.monotonic()
-    cluster = up(options, progress=_progress)  # what `ddpjob cluster up --real-node` runs
+    cluster = up(options, progress=_progress)  # what `ddp-harness cluster up --real-node` runs
     TIMINGS.record("cluster_up_to_ready_node_s", time.monotonic() - started)
     try:
         yield cluster
@@ -283,7 +291,33 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
 
 
 @pytest.fixture(scope="module")
-def operator_release(cluster: Cluster) -> Iterator[str]:
+def network_policy_enforcer(cluster: Cluster) -> str | None:
+    """None once NetworkPolicies are enforced on the cluster's nodes; else why they cannot be here.
+
+    On the local node: kube-network-policies (ddp_harness.netpol_enforcer), as kind runs it, where the
+    kernel can run it. Another cluster is taken to enforce them (kind >= 0.24 does);
+    test_the_jobs_network_policy_fences_its_ranks fails there if it does not.
+    """
+    if not is_local_node(cluster):
+        return None
+    reason = netpol_enforcer.enforcement_unavailable()
+    if reason is not None:
+        _progress(f"no NetworkPolicy enforcer: {reason}")
+        return reason
+    cluster.apply_json({"apiVersion": "v1", "kind": "List", "items": netpol_enforcer.api_objects()})
+
+    def ready() -> bool:
+        daemonset = get_json(cluster, "daemonset", netpol_enforcer.NAME, "-n", netpol_enforcer.NAMESPACE)
+        return int(daemonset.get("status", {}).get("numberReady", 0)) >= 1
+
+    wait_for("kube-network-policies Ready on the node", ready, timeout=120)
+    return None
+
+
+@pytest.fixture(scope="module")
+def operator_release(cluster: Cluster, network_policy_enforcer: str | None) -> Iterator[str]:
+    """The chart, installed once; every job of this module runs under its NetworkPolicy, enforced where
+    `network_policy_enforcer` could start an enforcer."""
     repository, tag = OPERATOR_IMAGE.rsplit(":", 1)
     release = "ddp"
     cluster.helm_run(
@@ -700,3 +734,180 @@ def test_a_rank_exiting_1_fails_the_job_with_the_reason(
     assert failed and failed[0]["reason"] == "ExitCode", status
     assert "rank 1 exited with code 1" in failed[0]["message"], failed[0]
     assert status.get("restarts", 0) == 0, status
+
+
+# ---- the job's NetworkPolicy, enforced ---------------------------------------------------------------
+
+# Connects to each host:port given as an argument; prints what happened to each: "open" or the error.
+PROBE_SCRIPT = """
+import json, socket, sys
+results = {}
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=4).close()
+        results[target] = "open"
+    except OSError as error:
+        results[target] = type(error).__name__
+print("PROBE " + json.dumps(results))
+"""
+# The TCP ports a pod listens on, from its own network namespace.
+LISTENING_SCRIPT = """
+ports = set()
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+        rows = open(table).read().splitlines()[1:]
+    except OSError:
+        continue
+    for row in rows:
+        fields = row.split()
+        if fields[3] == "0A":
+            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+print(" ".join(str(p) for p in sorted(ports)))
+"""
+# Where the chart lets Prometheus scrape from by default (rankMetrics.allowFrom).
+PROMETHEUS_NAMESPACE = "monitoring"
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def probe_from_pod(
+    cluster: Cluster, namespace: str, name: str, targets: list[str], labels: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Connect to `targets` from a new pod (the trainer image) in `namespace`; what each attempt gave."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": TRAINER_IMAGE,
+                    "command": ["python3", "-c", PROBE_SCRIPT, *targets],
+                    "securityContext": RESTRICTED_CONTAINER,
+                }
+            ],
+        },
+    }
+    cluster.apply_json(pod)
+
+    def finished() -> str | None:
+        phase = get_json(cluster, "pod", name, "-n", namespace)["status"].get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    phase = wait_for(f"probe pod {namespace}/{name} to finish", finished, timeout=pod_start_timeout(cluster))
+    logs = cluster.kubectl_run("logs", "-n", namespace, name, check=False)
+    assert phase == "Succeeded", f"probe pod {phase}:\n{logs.stdout}{logs.stderr}"
+    line = next(line for line in logs.stdout.splitlines() if line.startswith("PROBE "))
+    results: dict[str, str] = json.loads(line.removeprefix("PROBE "))
+    return results
+
+
+def probe_from_rank(cluster: Cluster, namespace: str, pod: str, targets: list[str]) -> dict[str, str]:
+    """Connect to `targets` from inside a running rank pod (kubectl exec into its trainer)."""
+    answer = cluster.kubectl_run(
+        "exec",
+        "-n",
+        namespace,
+        pod,
+        "-c",
+        "trainer",
+        "--",
+        "python3",
+        "-c",
+        PROBE_SCRIPT,
+        *targets,
+        timeout=60,
+    )
+    line = next(line for line in answer.stdout.splitlines() if line.startswith("PROBE "))
+    results: dict[str, str] = json.loads(line.removeprefix("PROBE "))
+    return results
+
+
+def peer_ports(cluster: Cluster, namespace: str, pod: str) -> list[int]:
+    """The ports a rank listens on besides /metrics and the rendezvous store: gloo's pairs."""
+    answer = cluster.kubectl_run(
+        "exec", "-n", namespace, pod, "-c", "trainer", "--", "python3", "-c", LISTENING_SCRIPT, timeout=60
+    )
+    return [int(p) for p in answer.stdout.split() if int(p) not in (METRICS_PORT, 29500)]
+
+
+@pytest.mark.ci_may_skip
+def test_the_jobs_network_policy_fences_its_ranks(
+    cluster: Cluster,
+    checkpoint_storage: str | None,
+    operator_release: str,
+    restricted_namespace: str,
+    network_policy_enforcer: str | None,
+) -> None:
+    """Rank ports are unauthenticated: only the job's own pods reach them, and Prometheus's namespace
+    reaches /metrics; a pod of another namespace, or of the job's namespace but not of the job, reaches
+    nothing. The job still trains to its accuracy under the policy."""
+    if network_policy_enforcer is not None:
+        pytest.skip(f"NetworkPolicy enforcement cannot run here: {network_policy_enforcer}")
+    namespace = restricted_namespace
+    job = "digits-fenced"
+    outsider = f"outsider-{uuid.uuid4().hex[:6]}"
+    cluster.create_namespace(outsider)
+    created_monitoring = (
+        cluster.kubectl_run("get", "namespace", PROMETHEUS_NAMESPACE, check=False).returncode != 0
+    )
+    if created_monitoring:
+        cluster.create_namespace(PROMETHEUS_NAMESPACE)  # waits for its default ServiceAccount
+    try:
+        cluster.apply_json(
+            digits_job(job, "--throttle-ms", "80", storage_class=checkpoint_storage), "-n", namespace
+        )
+        pods = wait_for(
+            "both ranks Running", lambda: running_ranks(cluster, namespace, job, 0, 2), timeout=600
+        )
+        policy = get_json(cluster, "networkpolicy", job, "-n", namespace)
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        by_rank = {p["metadata"]["labels"]["ddp.dev/rank"]: p for p in pods}
+        rank0, rank1 = by_rank["0"], by_rank["1"]
+        rank0_log = LogFollower(cluster, namespace, rank0["metadata"]["name"])
+        # Training has started once both ranks count sync steps: gloo's pairs are listening by then.
+        wait_for(
+            "both ranks past their first sync step",
+            lambda: all(
+                (t := read_metrics(cluster, p)) and counter(t, "ddp_sync_steps_total") > 0 for p in pods
+            ),
+            timeout=300,
+        )
+        ip0, ip1 = rank0["status"]["podIP"], rank1["status"]["podIP"]
+        peers = peer_ports(cluster, namespace, rank1["metadata"]["name"])
+        assert peers, "rank 1 listens on no collective port"
+        rendezvous, peer, metrics0 = f"{ip0}:29500", f"{ip1}:{peers[0]}", f"{ip0}:{METRICS_PORT}"
+
+        # A pod of another namespace reaches nothing: not the store, not a peer, not /metrics.
+        outside = probe_from_pod(cluster, outsider, "intruder", [rendezvous, peer, metrics0])
+        assert all(result != "open" for result in outside.values()), outside
+        # Nor does a pod of the job's own namespace that is not one of the job's ranks.
+        neighbour = probe_from_pod(cluster, namespace, "neighbour", [rendezvous, peer, metrics0])
+        assert all(result != "open" for result in neighbour.values()), neighbour
+        # A rank of the job reaches the store and its peer's port.
+        inside = probe_from_rank(cluster, namespace, rank1["metadata"]["name"], [rendezvous])
+        inside |= probe_from_rank(cluster, namespace, rank0["metadata"]["name"], [peer])
+        assert inside == {rendezvous: "open", peer: "open"}, inside
+        # Prometheus's namespace reaches /metrics, and nothing else.
+        prometheus = probe_from_pod(
+            cluster, PROMETHEUS_NAMESPACE, f"prometheus-{uuid.uuid4().hex[:6]}", [metrics0, rendezvous, peer]
+        )
+        assert prometheus[metrics0] == "open", prometheus
+        assert prometheus[rendezvous] != "open" and prometheus[peer] != "open", prometheus
+
+        # The policy costs the job nothing: it trains to its accuracy.
+        wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
+        final = status_lines(rank0_log.text(), "final")
+        assert final and 0.5 < float(final[-1]["accuracy"]) <= 1.0, final
+    finally:
+        cluster.kubectl_run("delete", "namespace", outsider, "--wait=false", check=False)
+        if created_monitoring:
+            cluster.kubectl_run("delete", "namespace", PROMETHEUS_NAMESPACE, "--wait=false", check=False)

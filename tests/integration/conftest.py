@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ddp_operator.cluster import ClusterOptions, LocalCluster, default_bin_dir, down, up
-from ddp_operator.cluster.binaries import pinned_versions, stale_binaries
+from ddp_harness import ClusterOptions, LocalCluster, default_bin_dir, down, up
+from ddp_harness.binaries import pinned_versions, stale_binaries
 
 
 def _progress(message: str) -> None:

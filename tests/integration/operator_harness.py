@@ -16,16 +16,16 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
+from ddp_harness import EXIT_CODE_ANNOTATION, FINISHED_AT_ANNOTATION, REASON_ANNOTATION
 from ddp_operator import names
 
 REPO = Path(__file__).resolve().parents[2]
-EXIT_CODE_ANNOTATION = "kwok.ddp.dev/exit-code"
-REASON_ANNOTATION = "kwok.ddp.dev/reason"
 T = TypeVar("T")
 
 
@@ -99,11 +99,23 @@ class Kube:
     def live_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         return [p for p in self.pods(namespace, job) if not p["metadata"].get("deletionTimestamp")]
 
-    def end_pod(self, namespace: str, pod: str, exit_code: int, reason: str | None = None) -> None:
-        """kwok terminates every container of the pod with this exit code (the cluster's custom stage)."""
+    def end_pod(
+        self,
+        namespace: str,
+        pod: str,
+        exit_code: int,
+        reason: str | None = None,
+        finished_at: datetime | None = None,
+    ) -> None:
+        """The pod's process ends with this exit code, at ``finished_at`` (default: now); its node's kwok
+        reports it after that node's latency. An earlier ``finished_at`` models a report that arrives late."""
         args = [f"{EXIT_CODE_ANNOTATION}={exit_code}"]
         if reason:
             args.append(f"{REASON_ANNOTATION}={reason}")
+        if finished_at is not None:
+            args.append(
+                f"{FINISHED_AT_ANNOTATION}={finished_at.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
+            )
         self.run("annotate", "pod", pod, "-n", namespace, "--overwrite", *args)
 
     def events_for(self, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -186,15 +198,6 @@ class OperatorProcess:
             text: str = answer.read().decode()
             return text
 
-    def pause(self) -> None:
-        """SIGSTOP: the operator sees nothing until `resume`, as if it were slow; the watch buffers."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
-
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL)
@@ -276,22 +279,6 @@ def running_ranks(kube: Kube, namespace: str, job: str, replicas: int, attempt: 
 
 def pod_phase(kube: Kube, namespace: str, pod: str) -> str:
     return str(kube.json("get", "pod", pod, "-n", namespace).get("status", {}).get("phase", ""))
-
-
-def fail_in_order(
-    kube: Kube, operator: OperatorProcess, namespace: str, failures: Sequence[tuple[str, int]], gap_s: float
-) -> None:
-    """End pods one after another, `gap_s` apart (finishedAt has one-second resolution), while the
-    operator is paused, so it judges all of them together as it would after a slow watch."""
-    operator.pause()
-    try:
-        for index, (pod, code) in enumerate(failures):
-            if index:
-                time.sleep(gap_s)
-            kube.end_pod(namespace, pod, code)
-            wait_for(f"{pod} to fail", lambda pod=pod: pod_phase(kube, namespace, pod) == "Failed")  # type: ignore[misc]
-    finally:
-        operator.resume()
 
 
 def condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:

@@ -20,8 +20,8 @@ import pytest
 import yaml
 from tests.integration.operator_harness import REPO, Kube, OperatorProcess, wait_for
 
-from ddp_operator import names
-from ddp_operator.cluster.binaries import default_bin_dir
+from ddp_harness.binaries import default_bin_dir
+from ddp_operator import builders, names
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +40,11 @@ OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
     ("", "services"): {"create", "get", "patch"},
     ("", "persistentvolumeclaims"): {"create", "get"},
     ("", "events"): {"create"},
+    # The job's NetworkPolicy (builders.build_network_policy), followed like the Service.
+    ("networking.k8s.io", "networkpolicies"): {"create", "get", "patch"},
+    # The in-tree gang (gang.py): a Workload and a PodGroup per attempt, when the API is served.
+    ("scheduling.k8s.io", "workloads"): {"create", "get", "list", "delete"},
+    ("scheduling.k8s.io", "podgroups"): {"create", "get", "list", "delete"},
 }
 KOPF_CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
@@ -112,7 +117,8 @@ def operator_container(docs: Docs) -> dict[str, Any]:
 TOGGLES = [
     pytest.param({}, id="defaults"),
     pytest.param({"watchNamespaces": "{team-a,team-b}"}, id="watch-namespaces"),
-    pytest.param({"peering.enabled": "true"}, id="peering"),
+    pytest.param({"leaderElection.enabled": "false"}, id="no-leader-election"),
+    pytest.param({"replicaCount": "2"}, id="standby-replica"),
     pytest.param({"grafanaDashboard.enabled": "true"}, id="grafana-dashboard"),
     pytest.param({"metrics.service.enabled": "false"}, id="no-metrics-service"),
     pytest.param(
@@ -140,13 +146,18 @@ def test_defaults_run_one_hardened_cluster_wide_operator(helm: Path) -> None:
             "ClusterRoleBinding",
             "ClusterRoleBinding",
             "Deployment",
+            "Role",
+            "RoleBinding",
             "Service",
             "ServiceAccount",
         ]
     )
     deployment = only(docs, "Deployment")
     assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = deployment["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -170,19 +181,75 @@ def test_rendered_args_are_flags_the_operator_accepts(helm: Path) -> None:
     """The chart and `ddpjob operator` agree on every flag (a renamed flag fails here, not in a pod)."""
     import argparse
 
-    from ddp_operator import operator_main
+    from ddp_operator.commands import operator as operator_command
 
     for values in (
         {},
-        {"watchNamespaces": "{team-a,team-b}", "peering.enabled": "true", "operator.verbose": "true"},
+        {
+            "watchNamespaces": "{team-a,team-b}",
+            "leaderElection.leaseDuration": "20",
+            "operator.verbose": "true",
+        },
     ):
         parser = argparse.ArgumentParser()
-        operator_main.configure_parser(parser)
+        operator_command.configure_parser(parser)
         args = parser.parse_args(operator_container(render(helm, values))["args"])
         assert args.liveness.endswith(":8080/healthz")
         assert args.metrics_port == 9410
+        assert args.leader_election is True
+        assert (args.leader_election_namespace, args.leader_election_name) == (
+            "ddp-system",
+            "rel-ddp-operator",
+        )
+        # The chart's default is the operator's own, plus the operator pods (they read progress).
+        assert args.metrics_allow_from == (*builders.DEFAULT_METRICS_ALLOW_FROM, OPERATOR_PEER)
     assert args.namespace == ["team-a", "team-b"]
-    assert args.peering == "ddp-operator"
+    assert args.lease_duration == 20
+
+
+# The operator's own pods, always allowed to the rank metrics port: they read status.progress there.
+OPERATOR_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ddp-system"}},
+    "podSelector": {
+        "matchLabels": {
+            "app.kubernetes.io/component": "operator",
+            "app.kubernetes.io/instance": "rel",
+            "app.kubernetes.io/name": "ddp-operator",
+        }
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "allow_from",
+    [
+        pytest.param([], id="closed"),
+        pytest.param(
+            [
+                {
+                    "namespaceSelector": {},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                }
+            ],
+            id="prometheus-pods-anywhere",
+        ),
+    ],
+)
+def test_rank_metrics_allow_from_reaches_the_operator(helm: Path, allow_from: list[dict[str, Any]]) -> None:
+    """rankMetrics.allowFrom becomes --metrics-allow-from, which the operator parses into the same peers."""
+    import argparse
+
+    from ddp_operator.commands import operator as operator_command
+
+    result = run_helm(
+        helm, "template", "rel", str(CHART), "--namespace", "ddp-system",
+        "--set-json", f"rankMetrics.allowFrom={json.dumps(allow_from)}",
+    )  # fmt: skip
+    docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    parser = argparse.ArgumentParser()
+    operator_command.configure_parser(parser)
+    args = parser.parse_args(operator_container(docs)["args"])
+    assert args.metrics_allow_from == (*allow_from, OPERATOR_PEER)
 
 
 @pytest.mark.parametrize(
@@ -201,7 +268,11 @@ def test_rbac_grants_exactly_the_operators_verbs(
     if namespaced_roles:
         kopf_expected.update(KOPF_NAMESPACE_RULES)
     assert rules_of(cluster_roles.pop("rel-ddp-operator-kopf")) == kopf_expected
-    roles = [doc for doc in docs if doc["kind"] == "Role"]
+    roles = [
+        doc
+        for doc in docs
+        if doc["kind"] == "Role" and not doc["metadata"]["name"].endswith("-leader-election")
+    ]
     bindings = [doc for doc in docs if doc["kind"] in ("RoleBinding", "ClusterRoleBinding")]
     if namespaced_roles:
         assert cluster_roles == {}
@@ -220,26 +291,49 @@ def test_rbac_grants_exactly_the_operators_verbs(
 
 
 @pytest.mark.parametrize(
-    ("values", "peering_resource"),
+    ("values", "replicas", "strategy"),
     [
-        pytest.param({"peering.enabled": "true"}, "clusterkopfpeerings", id="cluster-wide"),
-        pytest.param(
-            {"peering.enabled": "true", "watchNamespaces": "{team-a}"}, "kopfpeerings", id="namespaced"
-        ),
+        pytest.param({}, 1, "RollingUpdate", id="default"),
+        pytest.param({"replicaCount": "2"}, 2, "RollingUpdate", id="standby"),
+        pytest.param({"leaderElection.enabled": "false"}, 1, "Recreate", id="no-leader-election"),
     ],
 )
-def test_peering_rolls_over_and_may_use_peering_objects(
-    helm: Path, values: dict[str, str], peering_resource: str
+def test_leader_election_makes_rollover_and_standbys_safe(
+    helm: Path, values: dict[str, str], replicas: int, strategy: str
 ) -> None:
     docs = render(helm, values)
-    assert only(docs, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
-    role = next(
-        doc
-        for doc in docs
-        if doc["kind"] in ("Role", "ClusterRole") and doc["metadata"]["name"] == "rel-ddp-operator"
+    deployment = only(docs, "Deployment")
+    assert (deployment["spec"]["replicas"], deployment["spec"]["strategy"]["type"]) == (replicas, strategy)
+    lease_roles = [
+        doc for doc in docs if doc["kind"] == "Role" and doc["metadata"]["name"].endswith("-leader-election")
+    ]
+    args = operator_container(docs)["args"]
+    if strategy == "Recreate":
+        assert lease_roles == [] and "--no-leader-election" in args
+        return
+    (role,) = lease_roles
+    assert role["metadata"]["namespace"] == "ddp-system"
+    assert rules_of(role) == {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
+
+
+def test_two_acting_operators_are_refused(helm: Path) -> None:
+    result = subprocess.run(
+        [
+            str(helm),
+            "template",
+            "rel",
+            str(CHART),
+            "-n",
+            "ddp-system",
+            "--set",
+            "leaderElection.enabled=false",
+            "--set",
+            "replicaCount=2",
+        ],
+        capture_output=True,
+        text=True,
     )
-    assert rules_of(role)[("kopf.dev", peering_resource)] == {"get", "list", "watch", "patch"}
-    assert "--peering=ddp-operator" in operator_container(docs)["args"]
+    assert result.returncode != 0 and "needs leaderElection.enabled" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -296,6 +390,11 @@ BAD_VALUES = [
     pytest.param({"podSecurityContext.runAsNonRoot": "false"}, "podSecurityContext.runAsNonRoot", id="root"),
     pytest.param({"metrics.podMonitor.interval": "soon"}, "metrics.podMonitor.interval", id="bad-duration"),
     pytest.param({"image.pullPolicy": "Sometimes"}, "image.pullPolicy", id="bad-pull-policy"),
+    pytest.param(
+        {"rankMetrics.allowFrom[0].podSelektor.matchLabels.app": "prom"},
+        "rankMetrics.allowFrom.0",
+        id="metrics-peer-typo",
+    ),
 ]
 
 
@@ -425,7 +524,13 @@ def test_install_creates_crd_rbac_and_deployment(
             f"{kind}/{name} missing"
         )
     deployment = kube.json("get", "deployment", release.service_account, "-n", release.namespace)
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate", "leader election makes rollover safe"
+    assert (
+        kube.run(
+            "get", "role", f"{release.service_account}-leader-election", "-n", release.namespace, check=False
+        ).returncode
+        == 0
+    )
 
 
 def test_install_refuses_bad_values(local_cluster: Any, kube: Kube) -> None:
@@ -479,10 +584,15 @@ def test_operator_runs_a_job_lifecycle_with_only_the_charts_rbac(
             assert elsewhere.returncode != 0 and "forbidden" in elsewhere.stderr.lower(), elsewhere.stderr
 
         namespaces = [jobs_namespace] if mode == "namespaced" else []
-        operator = OperatorProcess(kubeconfig, namespaces, tmp_path / "operator.log").start()
+        # As the chart runs it: its Lease in the release namespace, the only place the chart lets it write one.
+        lease = ["--leader-election-namespace", release.namespace]
+        operator = OperatorProcess(kubeconfig, namespaces, tmp_path / "operator.log", extra=lease).start()
         try:
             kube.apply(ddpjob("lifecycle"), jobs_namespace)
             first = wait_pods(kube, jobs_namespace, "lifecycle", attempt=0, count=2)
+            # The job's NetworkPolicy, created (and read back) under the chart's token.
+            policy = kube.json("get", "networkpolicy", "lifecycle", "-n", jobs_namespace)
+            assert policy["metadata"]["ownerReferences"][0]["name"] == "lifecycle"
             # A retryable failure of one rank restarts the whole gang as attempt 1.
             kube.end_pod(jobs_namespace, first[0]["metadata"]["name"], 143)
             second = wait_pods(kube, jobs_namespace, "lifecycle", attempt=1, count=2)

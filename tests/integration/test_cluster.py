@@ -13,15 +13,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-from ddp_operator.cluster import (
+from ddp_harness import (
     EXIT_CODE_ANNOTATION,
     GPU_RESOURCE,
-    NODE_LOST_ANNOTATION,
     REASON_ANNOTATION,
     LocalCluster,
 )
-from ddp_operator.cluster.binaries import pinned_versions
-from ddp_operator.cluster.manifests import NodeShape
+from ddp_harness.binaries import pinned_versions
+from ddp_harness.manifests import NodeShape
 
 pytestmark = pytest.mark.integration
 
@@ -437,13 +436,13 @@ def _pid_alive(pid: int) -> bool:
 
 
 def test_cli_up_status_down_leaves_no_process_behind(local_cluster: LocalCluster, tmp_path: Path) -> None:
-    """A second, one-node cluster through `ddpjob cluster`, in its own state directory."""
+    """A second, one-node cluster through `ddp-harness cluster`, in its own state directory."""
     state_dir = tmp_path / "cli-cluster"
-    ddpjob = [sys.executable, "-m", "ddp_operator", "cluster"]
+    harness = [sys.executable, "-m", "ddp_harness", "cluster"]
     where = ["--state-dir", str(state_dir)]
     up = subprocess.run(
         [
-            *ddpjob,
+            *harness,
             "up",
             *where,
             "--nodes",
@@ -462,7 +461,7 @@ def test_cli_up_status_down_leaves_no_process_behind(local_cluster: LocalCluster
         assert up.returncode == 0, up.stderr
         assert f"kubeconfig: {state_dir / 'kubeconfig'}" in up.stdout
         status = subprocess.run(
-            [*ddpjob, "status", *where, "--json"], capture_output=True, text=True, check=False
+            [*harness, "status", *where, "--json"], capture_output=True, text=True, check=False
         )
         assert status.returncode == 0, status.stdout + status.stderr
         components = json.loads(status.stdout)["components"]
@@ -492,12 +491,12 @@ def test_cli_up_status_down_leaves_no_process_behind(local_cluster: LocalCluster
         assert node["status"]["capacity"][GPU_RESOURCE] == "2"
     finally:
         down = subprocess.run(
-            [*ddpjob, "down", *where], capture_output=True, text=True, timeout=60, check=False
+            [*harness, "down", *where], capture_output=True, text=True, timeout=60, check=False
         )
     assert down.returncode == 0, down.stderr
     assert [pid for pid in pids if _pid_alive(pid)] == []
     assert not state_dir.exists()
-    again = subprocess.run([*ddpjob, "status", *where], capture_output=True, text=True, check=False)
+    again = subprocess.run([*harness, "status", *where], capture_output=True, text=True, check=False)
     assert again.returncode == 1 and "no cluster" in again.stdout
 
 
@@ -516,7 +515,7 @@ def test_pod_created_with_an_exit_code_ends_without_running(
     assert done["spec"]["nodeName"] in local_cluster.node_names
 
 
-def test_a_lost_node_is_tainted_and_its_pods_evicted_then_it_recovers(
+def test_a_lost_node_is_tainted_its_pods_stay_terminating_then_it_recovers(
     local_cluster: LocalCluster, namespace: str
 ) -> None:
     node = local_cluster.node_names[-1]
@@ -532,7 +531,7 @@ def test_a_lost_node_is_tainted_and_its_pods_evicted_then_it_recovers(
     ]
     local_cluster.apply_json(victim, "-n", namespace)
     wait_for("pod victim Running", lambda: running_and_ready(local_cluster, namespace, "victim"))
-    local_cluster.kubectl_run("annotate", "node", node, f"{NODE_LOST_ANNOTATION}=true")
+    local_cluster.lose_node(node)
     try:
 
         def tainted() -> list[dict[str, Any]] | None:
@@ -546,13 +545,22 @@ def test_a_lost_node_is_tainted_and_its_pods_evicted_then_it_recovers(
         ready = condition(local_cluster.get_json("node", node), "Ready") or {}
         assert ready.get("status") == "Unknown"
 
-        def evicted() -> bool:
-            result = local_cluster.kubectl_run("get", "pod", "victim", "-n", namespace, check=False)
-            return result.returncode != 0 and "NotFound" in result.stderr
+        def evicted() -> dict[str, Any] | None:
+            pod_now = local_cluster.get_json("pod", "victim", "-n", namespace)
+            return pod_now if pod_now["metadata"].get("deletionTimestamp") else None
 
-        wait_for("pod victim evicted by the taint-eviction controller", evicted)
+        # Evicted by the taint-eviction controller, but its silent kubelet never confirms: Terminating.
+        stuck = wait_for("pod victim evicted by the taint-eviction controller", evicted)
+        disruption = condition(stuck, "DisruptionTarget") or {}
+        assert disruption.get("reason") == "DeletionByTaintManager", stuck["status"]
     finally:
-        local_cluster.kubectl_run("annotate", "node", node, f"{NODE_LOST_ANNOTATION}-")
+        local_cluster.restore_node(node)
+
+    def gone() -> bool:
+        result = local_cluster.kubectl_run("get", "pod", "victim", "-n", namespace, check=False)
+        return result.returncode != 0 and "NotFound" in result.stderr
+
+    wait_for("the node, back, to confirm the deletion", gone)
 
     def recovered() -> bool:
         back = local_cluster.get_json("node", node)

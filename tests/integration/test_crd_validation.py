@@ -244,14 +244,20 @@ def test_kubectl_explain_documents_the_run_policy(kubectl: Callable[..., Any]) -
 def test_printer_columns(kubectl: Callable[..., Any]) -> None:
     job = valid_job("columns")
     assert apply(kubectl, job).returncode == 0
-    patch = json.dumps({"status": {"phase": "Running", "ready": "1/2", "restarts": 1}})
+    status = {
+        "phase": "Running",
+        "ready": "1/2",
+        "restarts": 1,
+        "progress": {"step": 420, "samplesPerSecond": "1536"},
+    }
+    patch = json.dumps({"status": status})
     kubectl(
         "patch", "ddpjob", "columns", "-n", NAMESPACE, "--subresource=status", "--type=merge", "-p", patch
     )
     table = kubectl("get", "ddpj", "columns", "-n", NAMESPACE).stdout
     header, row = table.strip().splitlines()
-    assert header.split() == ["NAME", "PHASE", "READY", "RESTARTS", "AGE"]
-    assert row.split()[:4] == ["columns", "Running", "1/2", "1"]
+    assert header.split() == ["NAME", "PHASE", "READY", "RESTARTS", "STEP", "SAMPLES/S", "AGE"]
+    assert row.split()[:6] == ["columns", "Running", "1/2", "1", "420", "1536"]
 
 
 def test_the_checkpoint_of_a_running_job_is_immutable(kubectl: Callable[..., Any]) -> None:

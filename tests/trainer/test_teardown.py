@@ -36,6 +36,7 @@ def run_probe(case: str) -> dict[int, tuple[int, bool, int]]:
         "defaults-imported-early",  # what the trainer does: torch.distributed.nn imported before init
         "defaults-imported-by-ddp",  # a user script: DDP imports it after init; we release its defaults
         "instrumented-and-closed",  # instrument() then close(): the hook no longer pins the model
+        "session",  # process_group_session(): closes the instrumentation and ends the group itself
     ],
 )
 def test_leaving_joins_the_gloo_threads(case: str) -> None:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ddp_operator import names
-from ddp_operator.observe import PodObservation, format_time, observe_pod
+from ddp_operator.observe import PodObservation, format_time, observe_pod, seen
 from ddp_operator.spec import JobSpec, parse_job
 
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -110,5 +110,6 @@ def pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "status": status}
 
 
-def observe(*pods: dict[str, Any]) -> list[PodObservation]:
-    return [observe_pod(copy.deepcopy(p)) for p in pods]
+def observe(*pods: dict[str, Any], seen_at: float = 0.0) -> list[PodObservation]:
+    """Observations as the pod cache holds them: a bad end first seen at ``seen_at`` (seconds after T0)."""
+    return [seen(observe_pod(copy.deepcopy(p)), None, at(seen_at)) for p in pods]

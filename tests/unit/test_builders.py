@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -43,6 +44,7 @@ def test_rank_pod_names_and_dns(rank: int, attempt: int, pod_name: str, hostname
         "ddp.dev/job-name": "mnist",
         "ddp.dev/rank": str(rank),
         "ddp.dev/attempt": str(attempt),
+        "ddp.dev/job-uid": JOB_UID,
         "ddp.dev/spec-hash": builders.spec_hash(job_spec()),
     }
 
@@ -51,7 +53,7 @@ def test_every_child_has_a_controller_owner_reference() -> None:
     job = job_spec(checkpoint=CHECKPOINT)
     pvc = builders.build_checkpoint_pvc(job)
     assert pvc is not None
-    for child in (builders.build_service(job), builders.build_rank_pod(job, 0, 0), pvc):
+    for child in (builders.build_service(job, 0), builders.build_rank_pod(job, 0, 0), pvc):
         (owner,) = child["metadata"]["ownerReferences"]
         assert owner == {
             "apiVersion": "ddp.dev/v1alpha1",
@@ -65,23 +67,30 @@ def test_every_child_has_a_controller_owner_reference() -> None:
 
 
 def test_service_is_headless_and_publishes_not_ready_addresses() -> None:
-    service = builders.build_service(job_spec())
+    service = builders.build_service(job_spec(), 3)
     assert service["metadata"]["name"] == "mnist"
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
     assert service["spec"]["selector"] == {
         "app.kubernetes.io/managed-by": "ddp-operator",
         "ddp.dev/job-name": "mnist",
+        "ddp.dev/job-uid": JOB_UID,
+        "ddp.dev/attempt": "3",
     }
     assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"rendezvous": 29500, "metrics": 9400}
 
 
-def test_the_service_selects_every_rank_pod() -> None:
+def test_the_service_selects_every_rank_pod_of_its_attempt_and_no_other() -> None:
     job = job_spec()
-    selector = builders.build_service(job)["spec"]["selector"]
+    selector = builders.build_service(job, 2)["spec"]["selector"]
     for rank in range(job.replicas):
         labels = builders.build_rank_pod(job, rank, 2)["metadata"]["labels"]
         assert selector.items() <= labels.items()
+        older = builders.build_rank_pod(job, rank, 1)["metadata"]["labels"]
+        assert not selector.items() <= older.items(), "a pod of an earlier attempt is not published"
+    recreated = dataclasses.replace(job_spec(), uid="uid-of-a-recreated-job")
+    labels = builders.build_rank_pod(recreated, 0, 2)["metadata"]["labels"]
+    assert not selector.items() <= labels.items(), "a pod of another job of the same name is not published"
 
 
 @pytest.mark.parametrize(
@@ -355,9 +364,111 @@ def test_hostnames_are_dns_labels(job: str, rank: int) -> None:
             True,
             id="template",
         ),
+        pytest.param({"scheduling": {"gang": "Workload"}}, True, id="gang-mode"),
+        pytest.param({"scheduling": {"gang": "Auto"}}, False, id="gang-default-keeps-the-old-digest"),
         pytest.param({"runPolicy": {"backoffLimit": 9}}, False, id="run-policy-is-not-the-pods"),
         pytest.param({"restartPolicy": "Never"}, False, id="restart-policy-is-not-the-pods"),
+        pytest.param({"networkPolicy": {"enabled": False}}, False, id="network-policy-is-not-the-pods"),
     ],
 )
 def test_spec_hash_follows_what_shapes_the_pods(change: dict[str, Any], changes_the_hash: bool) -> None:
     assert (builders.spec_hash(job_spec(**change)) != builders.spec_hash(job_spec())) is changes_the_hash
+
+
+# ---- the NetworkPolicy --------------------------------------------------------------------------
+
+PROMETHEUS = ({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},)
+OWN_PODS = {
+    "app.kubernetes.io/managed-by": "ddp-operator",
+    "ddp.dev/job-name": "mnist",
+    "ddp.dev/job-uid": JOB_UID,
+}
+
+
+@pytest.mark.parametrize(
+    ("spec", "allow_from", "ingress"),
+    [
+        pytest.param(
+            {},
+            PROMETHEUS,
+            [
+                {"from": [{"podSelector": {"matchLabels": OWN_PODS}}]},
+                {"from": list(PROMETHEUS), "ports": [{"protocol": "TCP", "port": 9400}]},
+            ],
+            id="defaults",
+        ),
+        pytest.param(
+            {"metrics": {"port": 9500}, "rendezvousPort": 23456},
+            PROMETHEUS,
+            [
+                {"from": [{"podSelector": {"matchLabels": OWN_PODS}}]},
+                {"from": list(PROMETHEUS), "ports": [{"protocol": "TCP", "port": 9500}]},
+            ],
+            id="metrics-port-follows-the-job",
+        ),
+        pytest.param(
+            {"metrics": {"enabled": False}},
+            PROMETHEUS,
+            [{"from": [{"podSelector": {"matchLabels": OWN_PODS}}]}],
+            id="metrics-disabled-nothing-but-the-job",
+        ),
+        pytest.param({}, (), [{"from": [{"podSelector": {"matchLabels": OWN_PODS}}]}], id="no-prometheus"),
+        pytest.param(
+            {},
+            ({"ipBlock": {"cidr": "10.9.0.0/16"}}, {"podSelector": {"matchLabels": {"app": "prom"}}}),
+            [
+                {"from": [{"podSelector": {"matchLabels": OWN_PODS}}]},
+                {
+                    "from": [
+                        {"ipBlock": {"cidr": "10.9.0.0/16"}},
+                        {"podSelector": {"matchLabels": {"app": "prom"}}},
+                    ],
+                    "ports": [{"protocol": "TCP", "port": 9400}],
+                },
+            ],
+            id="several-peers",
+        ),
+    ],
+)
+def test_network_policy_admits_the_job_and_prometheus_only(
+    spec: dict[str, Any], allow_from: tuple[dict[str, Any], ...], ingress: list[dict[str, Any]]
+) -> None:
+    policy = builders.build_network_policy(job_spec(**spec), allow_from)
+    assert policy is not None
+    assert policy["apiVersion"] == "networking.k8s.io/v1" and policy["kind"] == "NetworkPolicy"
+    assert policy["metadata"]["name"] == "mnist" and policy["metadata"]["namespace"] == "team-a"
+    assert policy["metadata"]["labels"] == names.job_selector("mnist")
+    (owner,) = policy["metadata"]["ownerReferences"]
+    assert owner["uid"] == JOB_UID and owner["controller"] is True
+    # Every rank pod of this job object, whatever the attempt: ingress only (egress is not restricted).
+    assert policy["spec"]["podSelector"] == {"matchLabels": OWN_PODS}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == ingress
+
+
+def test_network_policy_selects_every_rank_pod_of_the_job_object_and_no_other() -> None:
+    job = job_spec()
+    policy = builders.build_network_policy(job, PROMETHEUS)
+    assert policy is not None
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    for rank, attempt in ((0, 0), (1, 0), (1, 5)):
+        labels = builders.build_rank_pod(job, rank, attempt)["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+    other = dataclasses.replace(job, uid="uid-of-a-later-job")
+    assert not selector.items() <= builders.build_rank_pod(other, 0, 0)["metadata"]["labels"].items()
+
+
+def test_network_policy_off_builds_nothing() -> None:
+    assert builders.build_network_policy(job_spec(networkPolicy={"enabled": False}), PROMETHEUS) is None
+
+
+def test_network_policy_does_not_share_the_callers_peers() -> None:
+    peers = ({"podSelector": {"matchLabels": {"app": "prom"}}},)
+    policy = builders.build_network_policy(job_spec(), peers)
+    assert policy is not None
+    policy["spec"]["ingress"][1]["from"][0]["podSelector"]["matchLabels"]["app"] = "changed"
+    assert peers[0]["podSelector"]["matchLabels"]["app"] == "prom"
+
+
+def test_default_metrics_allow_from_is_the_monitoring_namespace() -> None:
+    assert builders.DEFAULT_METRICS_ALLOW_FROM == PROMETHEUS

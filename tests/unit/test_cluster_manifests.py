@@ -7,15 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from ddp_operator.cluster import manifests
-from ddp_operator.cluster.binaries import BINARY_VERSION_KEYS, parse_versions, stale_binaries
-from ddp_operator.cluster.kwok_stages import (
+from ddp_harness import manifests
+from ddp_harness.binaries import BINARY_VERSION_KEYS, parse_versions, stale_binaries
+from ddp_harness.kwok_stages import (
     EXIT_CODE_ANNOTATION,
     FAKE_NODE_ANNOTATION,
     FAKE_NODE_ANNOTATION_VALUE,
+    NODE_LOST_ANNOTATION,
+    ReportLatency,
     kwok_stages,
 )
-from ddp_operator.cluster.manifests import Layout, NodeShape, Ports
+from ddp_harness.manifests import Layout, NodeShape, Ports
 
 pytestmark = pytest.mark.unit
 
@@ -140,3 +142,24 @@ def test_stale_binaries(tmp_path: Path, etcd_built_at: str | None, expected: lis
     if etcd_built_at:
         _install(tmp_path, "etcd", etcd_built_at)
     assert stale_binaries(tmp_path, versions) == expected
+
+
+def test_each_fake_node_reports_after_a_latency_of_its_own_and_a_lost_node_never() -> None:
+    nodes = ["n0", "n1", "n2"]
+    stages = kwok_stages(nodes=nodes, latency=ReportLatency(step_ms=300, jitter_ms=900))
+    by_name = {s["metadata"]["name"]: s for s in stages}
+    for index, node in enumerate(nodes):
+        for kind in ("pod-ready", "pod-complete-by-annotation"):
+            stage = by_name[f"{kind}-{node}"]["spec"]
+            assert {"key": ".spec.nodeName", "operator": "In", "values": [node]} in stage["selector"][
+                "matchExpressions"
+            ]
+            assert stage["delay"] == {
+                "durationMilliseconds": 300 * index,
+                "jitterDurationMilliseconds": 300 * index + 900,
+            }
+    assert "pod-ready" not in by_name, "with per-node stages no pod is reported without its node's latency"
+    lost_pod = {"key": f'.metadata.annotations["{NODE_LOST_ANNOTATION}"]', "operator": "DoesNotExist"}
+    for name, stage in by_name.items():
+        if name.startswith("pod-"):
+            assert lost_pod in stage["spec"]["selector"]["matchExpressions"], name

@@ -64,7 +64,8 @@ def test_names_match_the_constants() -> None:
     (version,) = crd["spec"]["versions"]
     assert version["name"] == names.API_VERSION
     assert version["subresources"] == {"status": {}}
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Phase", "Ready", "Restarts", "Age"]
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Phase", "Ready", "Restarts", "Step", "Samples/s", "Age"]
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from ddp_operator import cli
+from ddp_operator.commands.run import load_manifest
 from ddp_operator.local.console import Console
-from ddp_operator.local.supervisor import exit_code_of, members_outside_group, session_members
-from ddp_operator.local_run import load_manifest
+from ddp_operator.local.supervisor import members_outside_group, session_members
+from ddp_operator.policies.failure import exit_code_from_returncode as exit_code_of
 
 pytestmark = pytest.mark.unit
 

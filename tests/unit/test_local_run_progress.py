@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ddp_operator.local import promtext
+from ddp_operator import promtext
 from ddp_operator.local.progress import (
     PodMetrics,
     ProgressTracker,

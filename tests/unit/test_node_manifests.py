@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ddp_operator.cluster import node_manifests as nm
-from ddp_operator.cluster import tcp_relay
+from ddp_harness import node_manifests as nm
+from ddp_harness import tcp_relay
 
 pytestmark = pytest.mark.unit
 
@@ -272,8 +272,8 @@ def test_api_objects_are_json_serializable() -> None:
 
 
 def test_node_state_survives_its_json_record() -> None:
-    from ddp_operator.cluster.real_node import NodeState
-    from ddp_operator.cluster.runtime import ComponentState
+    from ddp_harness.processes import ComponentState
+    from ddp_harness.real_node import NodeState
 
     state = NodeState(
         name="ddp-node",

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from ddp_operator import names
-from ddp_operator.kube_api import is_ours, merge_patch_for
+from ddp_operator.kube_api import merge_patch_for
 from ddp_operator.metrics import PHASES, OperatorMetrics
+from ddp_operator.ownership import is_ours
 from ddp_operator.podcache import PodCache
 
 pytestmark = pytest.mark.unit
@@ -65,7 +66,7 @@ def _hashed(pod: dict[str, Any], spec_hash: str) -> dict[str, Any]:
     ],
 )
 def test_is_ours(existing: dict[str, Any], wanted: dict[str, Any], expected: bool) -> None:
-    assert is_ours(existing, wanted, JOB_UID) is expected
+    assert is_ours(wanted, existing, JOB_UID) is expected
 
 
 @pytest.mark.parametrize(
@@ -166,3 +167,80 @@ def test_metrics_pass_promtool_and_report_every_phase() -> None:
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _policy(port: int, peers: list[dict[str, Any]]) -> dict[str, Any]:
+    own = {"podSelector": {"matchLabels": {"ddp.dev/job-name": "j"}}}
+    return {
+        "kind": "NetworkPolicy",
+        "spec": {
+            "podSelector": {"matchLabels": {"ddp.dev/job-name": "j"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [own]}, {"from": peers, "ports": [{"protocol": "TCP", "port": port}]}],
+        },
+    }
+
+
+MONITORING_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+
+
+@pytest.mark.parametrize(
+    ("existing", "wanted", "patched"),
+    [
+        pytest.param(_policy(9400, [MONITORING_PEER]), _policy(9400, [MONITORING_PEER]), False, id="same"),
+        pytest.param(
+            _policy(9400, [MONITORING_PEER]), _policy(9500, [MONITORING_PEER]), True, id="metrics-port"
+        ),
+        pytest.param(_policy(9400, [MONITORING_PEER]), _policy(9400, []), True, id="allow-from"),
+    ],
+)
+def test_network_policy_patch(existing: dict[str, Any], wanted: dict[str, Any], patched: bool) -> None:
+    from ddp_operator.ownership import network_policy_patch
+
+    patch = network_policy_patch(wanted, existing)
+    assert (patch is not None) is patched
+    if patch is not None:
+        assert patch == {"spec": {"ingress": wanted["spec"]["ingress"]}}
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        pytest.param([], None, id="default"),
+        pytest.param(["--metrics-allow-from=[]"], (), id="closed"),
+        pytest.param(
+            ['--metrics-allow-from=[{"podSelector": {"matchLabels": {"app": "prom"}}}]'],
+            ({"podSelector": {"matchLabels": {"app": "prom"}}},),
+            id="pods",
+        ),
+    ],
+)
+def test_metrics_allow_from_flag(argv: list[str], expected: Any) -> None:
+    import argparse
+
+    from ddp_operator.commands import operator as operator_command
+
+    parser = argparse.ArgumentParser()
+    operator_command.configure_parser(parser)
+    assert parser.parse_args(argv).metrics_allow_from == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        pytest.param("{not json", "not JSON", id="not-json"),
+        pytest.param('[{"podSelektor": {}}]', "--metrics-allow-from[0].podSelektor", id="typo"),
+    ],
+)
+def test_metrics_allow_from_flag_refuses_mistakes_at_start(
+    value: str, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from ddp_operator.commands import operator as operator_command
+
+    parser = argparse.ArgumentParser()
+    operator_command.configure_parser(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args([f"--metrics-allow-from={value}"])
+    assert named in capsys.readouterr().err

@@ -9,15 +9,9 @@ from tests.unit.kube_factories import at, job_spec, observe, pod, with_run_polic
 
 from ddp_operator import builders, names
 from ddp_operator.observe import format_time
-from ddp_operator.reconcile import (
-    Decision,
-    RankExit,
-    child_invalid,
-    decide,
-    failed_status,
-    judge_local_attempt,
-    pod_create_forbidden,
-)
+from ddp_operator.policies.attempt import judge_attempt
+from ddp_operator.policies.failure import RankFailure, exit_code_from_returncode
+from ddp_operator.reconcile import CreateRefusal, Decision, decide, decide_invalid_spec, failed_status
 from ddp_operator.spec import JobSpec
 
 pytestmark = pytest.mark.unit
@@ -78,6 +72,19 @@ def test_new_job_creates_every_rank_of_attempt_zero() -> None:
 
 def test_checkpoint_pvc_is_created_with_the_first_attempt() -> None:
     assert run(job_spec(checkpoint=CHECKPOINT), {}, [], now=0).create_pvc is True
+
+
+@pytest.mark.parametrize(
+    ("spec", "wanted"),
+    [
+        pytest.param({}, True, id="default-on"),
+        pytest.param({"networkPolicy": {"enabled": False}}, False, id="turned-off"),
+    ],
+)
+def test_network_policy_is_created_with_each_attempt_unless_turned_off(
+    spec: dict[str, Any], wanted: bool
+) -> None:
+    assert run(job_spec(**spec), {}, [], now=0).create_network_policy is wanted
 
 
 def test_interrupted_first_creation_creates_only_the_missing_ranks() -> None:
@@ -509,7 +516,8 @@ def test_finished_jobs_do_not_come_back_to_life() -> None:
 
 def test_pod_create_forbidden_fails_the_job_with_the_apiservers_message() -> None:
     message = 'pods "mnist-1-0" is forbidden: violates PodSecurity "restricted:latest"'
-    decision = pod_create_forbidden(job_spec(), live_status("Pending"), 1, 0, message, at(5))
+    refusal = CreateRefusal(forbidden=True, child="rank 1's pod", attempt=0, message=message)
+    decision = decide(job_spec(), live_status("Pending"), observe(pod(0, phase="Pending")), at(5), refusal)
     assert decision.status["phase"] == "Failed"
     failed = condition(decision.status, "Failed")
     assert failed is not None and failed["reason"] == "PodCreateForbidden"
@@ -528,25 +536,30 @@ def test_failed_status_keeps_existing_fields() -> None:
     assert running is not None and running["status"] == "False"
 
 
-# --- the local runner's path -----------------------------------------------------------------------
+# --- the one attempt judge, as the local runner calls it ------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("exits", "restarts", "action", "reason"),
+    ("exits", "restarts", "outcome", "reason"),
     [
-        pytest.param([RankExit(0, 0, 1), RankExit(1, 0, 2)], 0, "succeed", "AllRanksSucceeded", id="success"),
-        pytest.param([RankExit(1, 1, 1), RankExit(0, 170, 2)], 0, "fail", "ExitCode", id="permanent-first"),
-        pytest.param([RankExit(0, -9, 1), RankExit(1, 1, 2)], 0, "retry", "ExitCode", id="killed-first"),
-        pytest.param([RankExit(0, -9, 1, oom_killed=True)], 3, "fail", "OOMKilled", id="oom-backoff-spent"),
-        pytest.param([RankExit(0, 143, 1)], 3, "fail", "BackoffLimitExceeded", id="backoff-spent"),
+        pytest.param([(0, 0, 1), (1, 0, 2)], 0, "succeeded", "AllRanksSucceeded", id="success"),
+        pytest.param([(0, 0, 1)], 0, "running", "", id="a-rank-still-running"),
+        pytest.param([(1, 1, 1), (0, 170, 2)], 0, "failed", "ExitCode", id="permanent-first"),
+        pytest.param([(0, -9, 1), (1, 1, 2)], 0, "retry", "ExitCode", id="killed-first"),
+        pytest.param([(0, 137, 1)], 3, "failed", "BackoffLimitExceeded", id="backoff-spent"),
     ],
 )
 def test_local_attempts_follow_the_cluster_rules(
-    exits: list[RankExit], restarts: int, action: str, reason: str
+    exits: list[tuple[int, int, float]], restarts: int, outcome: str, reason: str
 ) -> None:
-    outcome = judge_local_attempt(job_spec(), attempt=0, restarts=restarts, exits=exits)
-    assert (outcome.action, outcome.reason) == (action, reason)
-    assert outcome.restarts == restarts + (1 if action == "retry" else 0)
+    failures = [
+        RankFailure(rank=rank, finish_key=when, exit_code=exit_code_from_returncode(code))
+        for rank, code, when in exits
+        if code != 0
+    ]
+    succeeded = [rank for rank, code, _ in exits if code == 0]
+    verdict = judge_attempt("ExitCode", 3, restarts, 0, 2, failures, succeeded)
+    assert (verdict.outcome, verdict.reason) == (outcome, reason)
 
 
 def test_a_rank_that_exited_0_is_not_failed_by_a_later_disruption() -> None:
@@ -556,9 +569,150 @@ def test_a_rank_that_exited_0_is_not_failed_by_a_later_disruption() -> None:
 
 def test_a_child_the_apiserver_finds_invalid_fails_the_job_once() -> None:
     message = 'Pod "mnist-0-0" is invalid: metadata.labels: Invalid value: "a b"'
-    decision = child_invalid(job_spec(), live_status("Pending"), "rank 0's pod", 0, message, at(5))
+    refusal = CreateRefusal(forbidden=False, child="rank 0's pod", attempt=0, message=message)
+    decision = decide(job_spec(), live_status("Pending"), [], at(5), refusal)
     failed = decision.status["conditions"][-1]
     assert decision.status["phase"] == "Failed" and failed["reason"] == "InvalidSpec"
     assert "rank 0's pod of attempt 0" in failed["message"] and "metadata.labels" in failed["message"]
     assert decision.event is not None and decision.event.reason == "InvalidSpec"
     assert not decision.create_ranks, "no retry: the same spec builds the same invalid object"
+
+
+def test_a_spec_the_operator_cannot_parse_fails_the_job_once() -> None:
+    decision = decide_invalid_spec(live_status("Pending"), 3, "spec.replicas: must be at least 1", at(7))
+    failed = condition(decision.status, "Failed")
+    assert decision.status["phase"] == "Failed" and decision.status["observedGeneration"] == 3
+    assert failed is not None and failed["reason"] == "InvalidSpec" and "spec.replicas" in failed["message"]
+    assert decision.event is not None and decision.event.type == "Warning"
+    again = decide_invalid_spec(decision.status, 3, "spec.replicas: must be at least 1", at(9))
+    assert not again.status_changed and again.event is None
+
+
+# --- what happened decides, not the order it is reported in (docs/restarts.md) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("pods", "seen_at", "now", "phase", "in_message"),
+    [
+        pytest.param(
+            # The collateral 170 of rank 0 arrived first; rank 1's crash is not reported yet.
+            [pod(0, exit_code=170, finished=11), pod(1)],
+            10,
+            15,
+            "Running",
+            "",
+            id="waits-inside-the-window-for-the-other-ranks",
+        ),
+        pytest.param(
+            # Rank 1's permanent exit 1 happened first and arrived seconds after the collateral 170.
+            [pod(0, exit_code=170, finished=11), pod(1, exit_code=1, finished=10)],
+            10,
+            15,
+            "Failed",
+            "rank 1 exited with code 1",
+            id="a-late-permanent-report-still-decides",
+        ),
+        pytest.param(
+            # Rank 1 hangs (no report ever): the window closes and what was seen decides.
+            [pod(0, exit_code=170, finished=11), pod(1)],
+            10,
+            21,
+            "Restarting",
+            "rank 0 exited with code 170",
+            id="window-closed-decides-with-what-was-seen",
+        ),
+        pytest.param(
+            # Both ranks reported: judged at once, no window.
+            [pod(0, exit_code=170, finished=11), pod(1, exit_code=137, finished=11)],
+            11,
+            11,
+            "Restarting",
+            "rank 0 exited with code 170",
+            id="all-reported-no-wait",
+        ),
+    ],
+)
+def test_failures_are_judged_by_what_happened_not_by_report_order(
+    pods: list[dict[str, Any]], seen_at: float, now: float, phase: str, in_message: str
+) -> None:
+    decision = decide(job_spec(), live_status(), observe(*pods, seen_at=seen_at), at(now))
+    assert decision.status["phase"] == phase
+    if phase == "Running":
+        assert decision.delete_pods == () and decision.requeue_after == pytest.approx(seen_at + 10 - now)
+    else:
+        kind = condition(decision.status, phase)
+        assert kind is not None and in_message in kind["message"]
+
+
+def test_a_lost_nodes_terminating_pod_does_not_block_the_next_attempt() -> None:
+    restarting = live_status("Restarting", restarts=1)
+    # Rank 1's old pod was deleted at t=10 (30 s grace) and its node never confirms.
+    stuck = [pod(0, exit_code=143, finished=12), pod(1, deleting_at=10)]
+    waiting = run(job_spec(), restarting, stuck, now=50)
+    assert waiting.create_ranks == (), "inside the grace period plus margin, the old pod may still confirm"
+    assert waiting.requeue_after is not None
+    moved_on = run(job_spec(), restarting, stuck, now=71)
+    assert moved_on.create_ranks == (0, 1) and moved_on.create_attempt == 1
+    assert moved_on.status["phase"] == "Pending"
+
+
+@pytest.mark.parametrize(
+    ("policy", "now", "phase", "reason"),
+    [
+        pytest.param({"activeDeadlineSeconds": 60}, 61, "Failed", "DeadlineExceeded", id="active-deadline"),
+        pytest.param({"startupDeadlineSeconds": 20}, 26, "Failed", "StartupTimeout", id="restart-stuck"),
+        pytest.param({"startupDeadlineSeconds": 20}, 24, "Restarting", "ExitCode", id="within-limits"),
+    ],
+)
+def test_deadlines_hold_while_restarting(policy: dict[str, Any], now: float, phase: str, reason: str) -> None:
+    # An old pod on a node that stays up but never finishes terminating (grace 30 s from t=5).
+    restarting = live_status("Restarting", restarts=1)
+    decision = run(job_spec(**with_run_policy(**policy)), restarting, [pod(0, deleting_at=5)], now=now)
+    assert decision.status["phase"] == phase
+    kind = condition(decision.status, phase)
+    assert kind is not None and kind["reason"] == reason
+    if phase == "Restarting":
+        assert decision.requeue_after is not None and decision.requeue_after <= 1.0
+
+
+def test_a_root_image_under_run_as_non_root_fails_the_job_instead_of_waiting_forever() -> None:
+    message = "container has runAsNonRoot and image will run as root (pod: mnist-1-0, container: trainer)"
+    stuck = pod(1, waiting="CreateContainerConfigError")
+    stuck["status"]["containerStatuses"][0]["state"]["waiting"]["message"] = message
+    decision = run(job_spec(), live_status("Pending"), [pod(0), stuck], now=5)
+    failed = condition(decision.status, "Failed")
+    assert decision.status["phase"] == "Failed"
+    assert failed is not None and failed["reason"] == "InvalidSpec"
+    assert "rank 1" in failed["message"] and "runAsUser" in failed["message"] and message in failed["message"]
+    assert decision.delete_pods == ("mnist-0-0", "mnist-1-0"), (
+        "nothing of a job that cannot start keeps running"
+    )
+
+
+def test_a_missing_config_map_is_not_judged_permanent() -> None:
+    waiting = pod(1, waiting="CreateContainerConfigError")
+    waiting["status"]["containerStatuses"][0]["state"]["waiting"]["message"] = 'configmap "cfg" not found'
+    assert run(job_spec(), live_status("Pending"), [pod(0), waiting], now=5).status["phase"] == "Starting"
+
+
+def test_a_native_sidecars_brief_termination_is_not_the_ranks_failure() -> None:
+    restarting = pod(0)
+    restarting["spec"] = {"initContainers": [{"name": "log-shipper", "restartPolicy": "Always"}]}
+    restarting["status"]["containerStatuses"] = [
+        {"name": "trainer", "state": {"waiting": {"reason": "PodInitializing"}}}
+    ]
+    restarting["status"]["initContainerStatuses"] = [
+        {"name": "log-shipper", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}
+    ]
+    (observation,) = observe(restarting)
+    assert not observation.trainer_failed and not observation.terminated
+    plain_init = pod(0)
+    plain_init["spec"] = {"initContainers": [{"name": "fetch-data"}]}
+    plain_init["status"]["initContainerStatuses"] = [
+        {"name": "fetch-data", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}
+    ]
+    plain_init["status"]["containerStatuses"] = [
+        {"name": "trainer", "state": {"waiting": {"reason": "PodInitializing"}}}
+    ]
+    (failed,) = observe(plain_init)
+    assert failed.trainer_failed and failed.exit_code == 1

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from tests.unit.kube_factories import job_object
 
-from ddp_operator.spec import DECLARED_FIELDS, SpecError, parse_job, unknown_fields
+from ddp_operator.spec import DECLARED_FIELDS, SpecError, parse_job, parse_network_peers, unknown_fields
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,10 @@ def test_defaults_fill_every_optional_field() -> None:
     assert job.run_policy.active_deadline_seconds is None
     assert job.checkpoint is None
     assert (job.rendezvous_port, job.metrics.enabled, job.metrics.port) == (29500, True, 9400)
+    assert job.network_policy.enabled is True
     assert (job.namespace, job.uid, job.generation) == ("team-a", "uid-1234", 1)
+    assert job.scheduling.gang == "Auto"
+    assert job.kueue is None
 
 
 def test_world_size_is_replicas_times_processes() -> None:
@@ -114,6 +117,11 @@ INVALID = [
     pytest.param({"rendezvousPort": 0}, "spec.rendezvousPort", id="rendezvous-port-zero"),
     pytest.param({"metrics": {"port": 70000}}, "spec.metrics.port", id="metrics-port-too-big"),
     pytest.param({"metrics": {"port": 29500}}, "spec.metrics.port", id="metrics-port-clashes"),
+    pytest.param({"networkPolicy": {"enabled": "no"}}, "spec.networkPolicy.enabled", id="netpol-not-bool"),
+    pytest.param({"networkPolicy": []}, "spec.networkPolicy", id="netpol-not-object"),
+    pytest.param({"scheduling": {"gang": "Always"}}, "spec.scheduling.gang", id="gang-unknown"),
+    pytest.param({"scheduling": {"gang": "auto"}}, "spec.scheduling.gang", id="gang-is-case-sensitive"),
+    pytest.param({"scheduling": "Workload"}, "spec.scheduling", id="scheduling-not-an-object"),
     pytest.param({"template": None}, "spec.template", id="template-missing"),
     pytest.param(_containers(), "spec.template.spec.containers", id="no-containers"),
     pytest.param(
@@ -193,6 +201,12 @@ def test_longest_valid_name_leaves_room_for_four_rank_digits() -> None:
             "spec.metrics.port",
             id="metrics",
         ),
+        pytest.param(
+            lambda m: m["spec"].update(networkPolicy={"enable": False}),
+            "spec.networkPolicy.enable",
+            "spec.networkPolicy.enabled",
+            id="network-policy",
+        ),
         pytest.param(lambda m: m.update(sepc={}), "sepc", "spec", id="top-level"),
     ],
 )
@@ -220,6 +234,87 @@ def test_declared_fields_match_the_crd_schema() -> None:
     expected = {"": set(schema["properties"]) | {"metadata"}}
     spec = schema["properties"]["spec"]
     expected["spec"] = set(spec["properties"])
-    for name in ("runPolicy", "template", "checkpoint", "metrics"):
+    for name in ("runPolicy", "template", "checkpoint", "metrics", "networkPolicy", "scheduling"):
         expected[f"spec.{name}"] = set(spec["properties"][name]["properties"])
     assert {path: set(fields) for path, fields in DECLARED_FIELDS.items()} == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "enabled"),
+    [
+        pytest.param(None, True, id="absent"),
+        pytest.param({}, True, id="empty"),
+        pytest.param({"enabled": True}, True, id="on"),
+        pytest.param({"enabled": False}, False, id="off"),
+    ],
+)
+def test_network_policy_field(raw: dict[str, Any] | None, enabled: bool) -> None:
+    spec = {} if raw is None else {"networkPolicy": raw}
+    assert parse_job(job_object(**spec)).network_policy.enabled is enabled
+
+
+MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+
+
+@pytest.mark.parametrize(
+    "peers",
+    [
+        pytest.param([], id="none"),
+        pytest.param([MONITORING], id="namespace"),
+        pytest.param(
+            [
+                {
+                    "namespaceSelector": {},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                }
+            ],
+            id="pods-anywhere",
+        ),
+        pytest.param(
+            [{"podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["prom"]}]}}],
+            id="expression",
+        ),
+        pytest.param([{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}], id="ip-block"),
+    ],
+)
+def test_network_peers_accepted(peers: list[dict[str, Any]]) -> None:
+    assert parse_network_peers(peers, "--flag") == tuple(peers)
+
+
+@pytest.mark.parametrize(
+    ("peers", "field"),
+    [
+        pytest.param({"namespaceSelector": {}}, "--flag", id="not-a-list"),
+        pytest.param([{}], "--flag[0]", id="empty-peer"),
+        pytest.param(["monitoring"], "--flag[0]", id="peer-not-object"),
+        pytest.param([MONITORING, {"namespace": {}}], "--flag[1].namespace", id="unknown-peer-field"),
+        pytest.param(
+            [{"podSelector": {"labels": {}}}], "--flag[0].podSelector.labels", id="unknown-selector-field"
+        ),
+        pytest.param(
+            [{"podSelector": {"matchLabels": {"app": 1}}}],
+            "--flag[0].podSelector.matchLabels",
+            id="label-not-string",
+        ),
+        pytest.param(
+            [{"podSelector": {"matchExpressions": [{"key": "a", "operator": "Is"}]}}],
+            "--flag[0].podSelector.matchExpressions[0].operator",
+            id="bad-operator",
+        ),
+        pytest.param(
+            [{"podSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}],
+            "--flag[0].podSelector.matchExpressions[0].values",
+            id="in-without-values",
+        ),
+        pytest.param([{"ipBlock": {"cidr": "ten"}}], "--flag[0].ipBlock.cidr", id="bad-cidr"),
+        pytest.param(
+            [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}],
+            "--flag[0].ipBlock",
+            id="ip-block-and-selector",
+        ),
+    ],
+)
+def test_network_peers_refused_naming_the_field(peers: Any, field: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_network_peers(peers, "--flag")
+    assert caught.value.field == field

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ddp_operator.controller import CounterWrites
+from ddp_operator.status_writes import CounterWrites
 
 pytestmark = pytest.mark.unit
 

@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from ddp_trainer.config import ConfigError, parse_args, parse_env, resolve_backend
-from ddp_trainer.exitcodes import EXIT_BAD_CONFIG, EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED, is_retryable
+from ddp_trainer.config import (
+    ConfigError,
+    InjectedFault,
+    parse_args,
+    parse_env,
+    parse_injected_fault,
+    resolve_backend,
+)
+from ddp_trainer.exitcodes import (
+    EXIT_BAD_CONFIG,
+    EXIT_OK,
+    EXIT_OWN_ERROR,
+    EXIT_PEER_LOST,
+    EXIT_STOPPED,
+    is_retryable,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -129,7 +145,50 @@ def test_cli_refuses_light_mode_with_powersgd() -> None:
         pytest.param(EXIT_BAD_CONFIG, False, id="bad-config"),
         pytest.param(EXIT_STOPPED, True, id="sigterm"),
         pytest.param(EXIT_PEER_LOST, True, id="peer-lost"),
+        pytest.param(EXIT_OWN_ERROR, False, id="own-error"),
     ],
 )
 def test_exit_codes_fall_on_the_right_side_of_the_restart_policy(code: int, retryable: bool) -> None:
     assert is_retryable(code) is retryable
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("1:rendezvous:kill", InjectedFault(1, "rendezvous", "kill"), id="kill-at-rendezvous"),
+        pytest.param("0:resume:kill", InjectedFault(0, "resume", "kill"), id="kill-at-resume"),
+        pytest.param("2:ddp:value-error", InjectedFault(2, "ddp", "value-error"), id="value-error-at-ddp"),
+        pytest.param("1:step=3:bad-shape", InjectedFault(1, "step", "bad-shape", step=3), id="bad-shape"),
+        pytest.param("1:step=0:exit=3", InjectedFault(1, "step", "exit", step=0, code=3), id="exit-code"),
+        pytest.param(
+            "1:final-barrier:kill", InjectedFault(1, "final-barrier", "kill"), id="kill-at-final-barrier"
+        ),
+    ],
+)
+def test_injected_fault_parses(text: str, expected: InjectedFault) -> None:
+    assert parse_injected_fault(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("1:step:kill", id="step-without-number"),
+        pytest.param("1:ddp=2:kill", id="number-on-another-point"),
+        pytest.param("1:ddp:exit", id="exit-without-code"),
+        pytest.param("1:ddp:kill=3", id="code-on-another-action"),
+        pytest.param("1:ddp:bad-shape", id="bad-shape-outside-the-loop"),
+        pytest.param("1:startup:kill", id="unknown-point"),
+        pytest.param("1:ddp:explode", id="unknown-action"),
+        pytest.param("-1:ddp:kill", id="negative-rank"),
+        pytest.param("1:ddp", id="two-parts"),
+    ],
+)
+def test_injected_fault_refuses(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_injected_fault(text)
+
+
+def test_injected_fault_matches_only_its_rank_point_and_step() -> None:
+    fault = InjectedFault(1, "step", "kill", step=3)
+    assert fault.at(1, "step", 3)
+    assert not fault.at(0, "step", 3) and not fault.at(1, "step", 4) and not fault.at(1, "ddp")

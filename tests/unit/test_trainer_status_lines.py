@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from ddp_trainer.idx import IdxFormatError, encode_idx, parse_idx, read_idx, write_idx
-from ddp_trainer.launcher import first_failure_code
 from ddp_trainer.progress import FinalResult, Progress, parse_final, parse_progress, parse_status_line
 
 pytestmark = pytest.mark.unit
@@ -76,21 +75,3 @@ def test_idx_round_trip(array: np.ndarray, tmp_path: Path) -> None:  # type: ign
 def test_idx_rejects_malformed_files(data: bytes) -> None:
     with pytest.raises(IdxFormatError):
         parse_idx(data)
-
-
-@pytest.mark.parametrize(
-    ("failures", "records", "expected"),
-    [
-        pytest.param({1: 3}, [{"rank": 1, "exit_code": 3, "time_ns": 10}], 3, id="one-worker-exit-3"),
-        pytest.param(
-            {0: 170, 1: 3},
-            [{"rank": 0, "exit_code": 170, "time_ns": 20}, {"rank": 1, "exit_code": 3, "time_ns": 10}],
-            3,
-            id="earliest-record-wins",
-        ),
-        pytest.param({0: -9}, [], 137, id="sigkill-without-record"),
-        pytest.param({}, [], 0, id="nothing-failed"),
-    ],
-)
-def test_first_failure_code(failures: dict[int, int], records: list[dict[str, int]], expected: int) -> None:
-    assert first_failure_code(failures, records) == expected

@@ -1,8 +1,10 @@
 """The containerized DDP trainer that every rank pod of a DDPJob runs, and its metrics library.
 
 ``ddp_trainer.instrument(ddp_model)`` adds the gradient-sync metrics to any DDP script, and
-``ddp_trainer.leave_process_group()`` ends the group so that exiting cannot abort the rank. They are
-loaded lazily, so that light modules (``ddp_trainer.progress``, ``ddp_trainer.config``) import without torch.
+``ddp_trainer.process_group_session()`` brackets the process group's life so that exiting cannot abort
+the rank (``ddp_trainer.leave_process_group()`` is the step it ends with, for scripts that end the
+group by hand). They are loaded lazily, so that light modules (``ddp_trainer.progress``,
+``ddp_trainer.config``) import without torch.
 """
 
 from __future__ import annotations
@@ -11,22 +13,33 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ddp_trainer.library import Instrumentation, instrument
-    from ddp_trainer.teardown import leave_process_group
+    from ddp_trainer.teardown import GroupSession, leave_process_group, process_group_session
 
 __version__ = "0.1.0"
-__all__ = ["Instrumentation", "__version__", "instrument", "leave_process_group"]
+__all__ = [
+    "GroupSession",
+    "Instrumentation",
+    "__version__",
+    "instrument",
+    "leave_process_group",
+    "process_group_session",
+]
+
+_LAZY = {
+    "instrument": "ddp_trainer.library",
+    "Instrumentation": "ddp_trainer.library",
+    "GroupSession": "ddp_trainer.teardown",
+    "leave_process_group": "ddp_trainer.teardown",
+    "process_group_session": "ddp_trainer.teardown",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("instrument", "Instrumentation"):
-        from ddp_trainer import library
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'ddp_trainer' has no attribute {name!r}")
+    import importlib
 
-        value = getattr(library, name)
-        globals()[name] = value
-        return value
-    if name == "leave_process_group":
-        from ddp_trainer import teardown
-
-        globals()[name] = teardown.leave_process_group
-        return teardown.leave_process_group
-    raise AttributeError(f"module 'ddp_trainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value

@@ -32,16 +32,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return launch_local_workers(env, config, arguments)
         from ddp_trainer.control import write_exit_record
-        from ddp_trainer.teardown import THREADS_OUTLIVED_GROUP, collective_threads, exit_without_finalizing
+        from ddp_trainer.teardown import exit_without_finalizing
         from ddp_trainer.trainer import run_worker
 
         code = run_worker(config, env)
         write_exit_record(env.rank, code)
-        if collective_threads():
-            # Something still holds the process group: a gloo thread releasing a work while the
-            # interpreter finalizes would abort this finished rank (see ddp_trainer.teardown).
-            print(f"ddp_trainer: {THREADS_OUTLIVED_GROUP}", file=sys.stderr, flush=True)
-        # The exit code is decided and everything that matters is on disk (checkpoints fsynced, the
+        # Whatever still holds the process group (see ddp_trainer.teardown), and even if nothing does:
+        # the exit code is decided and everything that matters is on disk (checkpoints fsynced, the
         # exit record written). Finalizing torch takes a noticeable time during which Python has reset
         # the signal handlers: a SIGTERM then (the operator or `ddpjob run` stopping the collateral
         # ranks of a failed attempt) would turn 170 into 143. Exit now instead.

@@ -2,6 +2,10 @@
 
 A complete checkpoint is a file named ``ckpt-<step>.pt``; a temporary file never has that name, so a
 crash in the middle of a write leaves at worst a stray ``.ckpt-*.tmp`` that the next write removes.
+
+A checkpoint holds only tensors and plain values (dicts, lists, numbers, strings), and is loaded with
+``torch.load(weights_only=True)``: unpickling anything else could run code from whoever can write to
+the volume, so a file that needs more is refused like a corrupt one.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def save_checkpoint(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
-    """Write ``state`` as the checkpoint of ``step`` and keep only the ``keep`` newest ones."""
+    """Write ``state`` (tensors and plain values only) as the checkpoint of ``step``; keep the ``keep``
+    newest ones."""
     directory.mkdir(parents=True, exist_ok=True)
     for stray in directory.glob(".ckpt-*.tmp"):
         stray.unlink(missing_ok=True)
@@ -63,8 +68,8 @@ def load_newest_checkpoint(directory: Path) -> tuple[dict[str, Any], Path] | Non
     """The newest checkpoint that loads; an unreadable one (a torn volume) falls back to the one before."""
     for _, path in reversed(complete_checkpoints(directory)):
         try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as error:  # a corrupt file must not stop the job from resuming an older one
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # a corrupt or unsafe file must not stop the job resuming an older one
             print(f"ddp_trainer: skipping unreadable checkpoint {path}: {error}", flush=True)
             continue
         if isinstance(state, dict) and state.get("format_version") == FORMAT_VERSION:

@@ -16,7 +16,8 @@ Backend = Literal["auto", "nccl", "gloo"]
 BACKENDS: Final = ("auto", "nccl", "gloo")
 COMM_HOOKS: Final = ("allreduce", "fp16", "bf16", "powersgd")
 SYNC_METRICS_MODES: Final = ("detailed", "light")
-WORKLOADS: Final = ("digits", "mnist", "synthetic")
+WORKLOADS: Final = ("digits", "mnist", "synthetic", "gcn")
+GRAPH_DATA: Final = ("generated", "ogbn-products")
 DEFAULT_MASTER_PORT: Final = 29500
 DEFAULT_MNIST_URL: Final = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 # Set by the trainer on the local workers it launches when NPROC_PER_NODE > 1.
@@ -203,6 +204,35 @@ class InjectedExit:
     code: int
 
 
+# Where a rank can be made to fail on purpose (testing): before the check-in barrier of the rendezvous,
+# before the checkpoint broadcast, before DDP's constructor (which broadcasts the parameters), at a
+# training step, before the final barrier.
+FAULT_POINTS: Final = ("rendezvous", "resume", "ddp", "step", "final-barrier")
+# How: vanish (SIGKILL, like a lost node), exit with a code without writing an exit record (a crash
+# in native code), raise a ValueError (a bug in the rank's own code), or feed the model a batch of the
+# wrong shape (a RuntimeError from torch that is not about a peer; steps only).
+FAULT_ACTIONS: Final = ("kill", "exit", "value-error", "bad-shape")
+
+
+@dataclass(frozen=True)
+class InjectedFault:
+    """Testing aid: global rank ``rank`` fails by ``action`` at ``point`` (at ``step`` for "step")."""
+
+    rank: int
+    point: str
+    action: str
+    step: int | None = None
+    code: int | None = None  # for "exit"
+
+    def at(self, rank: int, point: str, step: int | None = None) -> bool:
+        return self.rank == rank and self.point == point and self.step == step
+
+    def describe(self) -> str:
+        where = f"step {self.step}" if self.point == "step" else self.point
+        what = f"exit {self.code}" if self.action == "exit" else self.action
+        return f"{what} at {where}"
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The command line of ``python -m ddp_trainer``."""
@@ -232,9 +262,14 @@ class TrainConfig:
     synthetic_width: int
     synthetic_depth: int
     synthetic_samples: int
+    graph_data: str
+    graph_nodes: int
+    gcn_hidden: int
+    gcn_layers: int
     powersgd_rank: int
     throttle_ms: float
     inject_exit: InjectedExit | None
+    inject_fault: InjectedFault | None
 
 
 def _positive_int(text: str) -> int:
@@ -273,6 +308,38 @@ def _injected_exit(text: str) -> InjectedExit:
     return InjectedExit(rank=rank, step=step, code=code)
 
 
+def parse_injected_fault(text: str) -> InjectedFault:
+    """``RANK:POINT:ACTION``, POINT one of FAULT_POINTS (``step=N`` for a step), ACTION one of
+    FAULT_ACTIONS (``exit=CODE`` for an exit)."""
+    usage = (
+        f"expected RANK:POINT:ACTION with POINT in {', '.join(FAULT_POINTS)} (step=N) and ACTION in "
+        f"{', '.join(FAULT_ACTIONS)} (exit=CODE), got {text!r}"
+    )
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(usage)
+    rank_text, point_text, action_text = parts
+    point, _, step_text = point_text.partition("=")
+    action, _, code_text = action_text.partition("=")
+    try:
+        rank = int(rank_text)
+        step = int(step_text) if step_text else None
+        code = int(code_text) if code_text else None
+    except ValueError:
+        raise argparse.ArgumentTypeError(usage) from None
+    valid = (
+        rank >= 0
+        and point in FAULT_POINTS
+        and action in FAULT_ACTIONS
+        and (step is not None) == (point == "step")
+        and (code is not None) == (action == "exit")
+        and (action != "bad-shape" or point == "step")
+    )
+    if not valid:
+        raise argparse.ArgumentTypeError(usage)
+    return InjectedFault(rank=rank, point=point, action=action, step=step, code=code)
+
+
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     env = os.environ if env is None else env
     parser = argparse.ArgumentParser(
@@ -281,7 +348,8 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
             "DDP trainer of ddp-operator: joins the process group from the env contract (WORLD_SIZE, RANK, "
             "MASTER_ADDR, ...; see docs/trainer.md), trains a workload with DistributedDataParallel and "
             "exports gradient-sync metrics on DDP_METRICS_PORT. Exit codes: 0 done, 2 bad configuration, "
-            "143 stopped by SIGTERM after the checkpoint, 170 a peer was lost (retryable)."
+            "143 stopped by SIGTERM after the checkpoint, 170 a peer was lost or a collective stalled "
+            "(retryable), 1 an error of the trainer's own code (permanent)."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -291,7 +359,8 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         choices=WORKLOADS,
         default="digits",
         help="digits: scikit-learn's 8x8 digits (offline); mnist: MNIST from --data-dir, downloaded from "
-        "--mnist-url when missing; synthetic: an MLP on random data, sized by --synthetic-width/-depth",
+        "--mnist-url when missing; synthetic: an MLP on random data, sized by --synthetic-width/-depth; "
+        "gcn: a graph convolutional network on --graph-data, each rank on its shard of the training nodes",
     )
     add(
         "--max-steps",
@@ -373,7 +442,8 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     add(
         "--data-dir",
         default=env.get("DDP_DATA_DIR") or "/tmp/ddp-data",
-        help="where the mnist workload finds (or downloads) its IDX files",
+        help="where the mnist workload finds (or downloads) its IDX files, and gcn with --graph-data "
+        "ogbn-products the dataset (raw/ and split/ as OGB publishes it)",
     )
     add(
         "--mnist-url",
@@ -383,6 +453,15 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     add("--synthetic-width", type=_positive_int, default=1024, help="hidden width of the synthetic MLP")
     add("--synthetic-depth", type=_positive_int, default=8, help="linear layers of the synthetic MLP")
     add("--synthetic-samples", type=_positive_int, default=4096, help="samples in the synthetic training set")
+    add(
+        "--graph-data",
+        choices=GRAPH_DATA,
+        default="generated",
+        help="gcn: a generated products-like graph of --graph-nodes nodes, or ogbn-products from --data-dir",
+    )
+    add("--graph-nodes", type=_positive_int, default=20000, help="gcn: nodes of the generated graph")
+    add("--gcn-hidden", type=_positive_int, default=128, help="gcn: width of the hidden layers")
+    add("--gcn-layers", type=_positive_int, default=2, help="gcn: graph convolution layers")
     add("--powersgd-rank", type=_positive_int, default=2, help="matrix approximation rank of PowerSGD")
     add(
         "--throttle-ms",
@@ -396,6 +475,15 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         default=None,
         metavar="RANK:STEP:CODE",
         help="testing: global rank RANK exits with CODE when it reaches step STEP",
+    )
+    add(
+        "--inject-fault",
+        type=parse_injected_fault,
+        default=None,
+        metavar="RANK:POINT:ACTION",
+        help="testing: global rank RANK fails at POINT (rendezvous, resume, ddp, step=N, final-barrier) "
+        "by ACTION (kill: SIGKILL itself; exit=CODE: exit without an exit record; value-error: raise "
+        "ValueError; bad-shape: a batch of the wrong shape, at a step)",
     )
     return parser
 

@@ -1,23 +1,99 @@
 """Exit codes of ``python -m ddp_trainer``: the operator's restart policy reads them.
 
 Codes 1-127 are permanent failures for the ``ExitCode`` restart policy, 128 and above are retried, so
-every failure that is not the job's own fault (a signal, a lost peer) must land at 128 or above.
+every failure that is not the job's own fault (a signal, a lost peer) must land at 128 or above, and an
+error of the rank's own code (a shape error, CUDA out of memory, a bug) below it.
+
+Which is which is decided here, from the exception alone, without importing torch: gloo reports a
+vanished peer as a plain ``RuntimeError`` whose message names the broken connection ("Connection
+closed by peer", "Timed out waiting ... for recv operation"), NCCL and the rendezvous store as
+``torch.distributed.DistError`` subclasses.
 """
+
+from __future__ import annotations
 
 from typing import Final
 
 EXIT_OK: Final = 0
+# An error of the rank's own code (the traceback is on stderr): retrying the same code cannot help.
+EXIT_OWN_ERROR: Final = 1
 # Bad configuration (env contract or CLI): retrying cannot help.
 EXIT_BAD_CONFIG: Final = 2
 # Stopped by SIGTERM after every rank agreed to stop and rank 0 wrote its checkpoint (128 + 15).
 EXIT_STOPPED: Final = 143
-# A collective failed because a peer went away, the watchdog ended a rank stuck in a collective, or the
-# process group could not be formed within the init timeout: the gang has to be restarted as a whole.
+# A peer was lost at any point (rendezvous, checkpoint broadcast, DDP construction, the training loop,
+# the final barrier), the watchdog ended a rank stuck in a collective (a stall), or the process group
+# could not be formed within the init timeout: the gang has to be restarted as a whole.
 EXIT_PEER_LOST: Final = 170
 
 RETRYABLE_THRESHOLD: Final = 128
+
+# Codes a rank exits with because of something that happened to another rank or to the whole gang,
+# never because of its own code: when workers of one pod fail together, they are not the cause.
+COLLATERAL_CODES: Final = frozenset({EXIT_PEER_LOST, EXIT_STOPPED})
+
+# What gloo, NCCL and the TCP store say when the other end of a connection went away or never
+# answered (matched case-insensitively anywhere in the message).
+PEER_LOST_MESSAGES: Final = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "connection refused",
+    "broken pipe",
+    "timed out waiting",  # gloo: "Timed out waiting 300000ms for recv operation to complete"
+    "application timeout caused pair closure",
+    "socket timeout",
+    "the client socket has timed out",
+    "failed to recv",
+    "watchdog caught collective operation timeout",  # NCCL's collective timeout
+    "ncclremoteerror",
+    "remote process exited",
+    "communicator was aborted",
+    "nccl communicator is aborted",
+)
+# torch.distributed's own exception classes (by name, so that this module needs no torch).
+DIST_ERROR_CLASSES: Final = frozenset({"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"})
+# Errors a distributed class may still carry that are this rank's own doing (retrying cannot help).
+OWN_ERROR_MESSAGES: Final = ("out of memory", "ncclinvalidusage", "ncclinvalidargument")
+
+
+class PeerLostError(Exception):
+    """The process group could not be formed, or a collective found a peer gone: exit EXIT_PEER_LOST."""
 
 
 def is_retryable(exit_code: int) -> bool:
     """What the ``ExitCode`` restart policy decides for one rank's exit code."""
     return exit_code >= RETRYABLE_THRESHOLD
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """The error and what it was raised from or while handling, innermost last (cycles cut)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and all(current is not other for other in seen) and len(seen) < 16:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def _says_peer_lost(error: BaseException) -> bool:
+    if isinstance(error, PeerLostError):
+        return True
+    if not isinstance(error, RuntimeError):
+        return False
+    message = str(error).lower()
+    if any(marker in message for marker in OWN_ERROR_MESSAGES):
+        return False
+    if any(cls.__name__ in DIST_ERROR_CLASSES for cls in type(error).__mro__):
+        return True
+    return any(marker in message for marker in PEER_LOST_MESSAGES)
+
+
+def is_peer_lost(error: BaseException) -> bool:
+    """Whether ``error`` (or what it was raised from) says a peer went away or stopped answering."""
+    return any(_says_peer_lost(link) for link in _chain(error))
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The exit code of a rank that ends with ``error``: a lost peer is retried, anything else is the
+    rank's own error, permanent (a RuntimeError from torch included: a shape error, CUDA OOM)."""
+    return EXIT_PEER_LOST if is_peer_lost(error) else EXIT_OWN_ERROR

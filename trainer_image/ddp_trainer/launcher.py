@@ -1,8 +1,9 @@
 """NPROC_PER_NODE > 1: start the pod's local workers with torch.distributed's elastic launcher.
 
 Stock torchrun exits 1 whatever its workers' codes were; the operator's restart policy needs the code
-of the worker that failed first (a worker's 3 is permanent, a lost peer's 170 is retryable), so each
-worker records its exit code and time and this launcher exits with the earliest one.
+of the worker whose own failure it was (a worker's 3 is permanent, a lost peer's 170 is retryable), so
+each worker records its exit code and time, and this launcher exits with the first own failure, over
+its peers' collateral codes.
 """
 
 from __future__ import annotations
@@ -19,8 +20,12 @@ from typing import Any
 
 from ddp_trainer.config import WORKER_MARKER, DistEnv, TrainConfig
 from ddp_trainer.control import EXIT_RECORD_ENV
-from ddp_trainer.exitcodes import EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED
+from ddp_trainer.exitcodes import COLLATERAL_CODES, EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED
 from ddp_trainer.metrics import MULTIPROC_ENV
+
+# A worker ends with one of these because of the others: a lost peer, an agreed stop, or the stop
+# signals torch's agent sends the remaining workers once one has failed (128 + SIGTERM, + SIGINT).
+LAUNCHER_COLLATERAL_CODES = COLLATERAL_CODES | {128 + signal.SIGTERM, 128 + signal.SIGINT}
 
 
 def signal_exit_code(code: int) -> int:
@@ -29,23 +34,31 @@ def signal_exit_code(code: int) -> int:
 
 
 def first_failure_code(failures: Mapping[int, int], records: Sequence[Mapping[str, Any]]) -> int:
-    """The exit code of the worker that failed first.
+    """The exit code of the worker whose own failure came first.
 
     ``records`` are the workers' own exit records (rank, exit_code, time_ns); ``failures`` maps the
-    global rank of every failed worker the launcher saw to its exit code (-N for signal N). A worker
-    with a record is ordered by its time; one killed before it could write (SIGKILL) counts after them.
+    global rank of every failed worker the launcher saw to its exit code (-N for signal N). A worker's
+    own failure wins over every collateral code (LAUNCHER_COLLATERAL_CODES), recorded or not: a worker
+    killed (the OOM killer's SIGKILL) or crashed in native code cannot write a record, and its peers'
+    recorded 170s are only the echo of it. Within each kind, recorded workers come first, by time,
+    then the others by rank.
     """
-    timed = sorted(
-        (int(record["time_ns"]), int(record["rank"]), int(record["exit_code"]))
+    recorded = {
+        int(record["rank"]): (int(record["time_ns"]), int(record["exit_code"]))
         for record in records
         if int(record["exit_code"]) != 0
-    )
-    if timed:
-        return timed[0][2]
-    if failures:
-        rank = min(failures)
-        return signal_exit_code(failures[rank])
-    return EXIT_OK
+    }
+    # (collateral?, unrecorded?, time, rank, code): the smallest is the pod's exit code.
+    candidates = [
+        (code in LAUNCHER_COLLATERAL_CODES, False, time_ns, rank, code)
+        for rank, (time_ns, code) in recorded.items()
+    ]
+    candidates += [
+        (code in LAUNCHER_COLLATERAL_CODES, True, 0, rank, code)
+        for rank, code in ((rank, signal_exit_code(raw)) for rank, raw in failures.items())
+        if rank not in recorded
+    ]
+    return min(candidates)[-1] if candidates else EXIT_OK
 
 
 def _read_records(directory: Path) -> list[dict[str, Any]]:

@@ -1,76 +1,100 @@
 """The library API: gradient-sync metrics for any DDP script with one line.
 
     import ddp_trainer
-    metrics = ddp_trainer.instrument(ddp_model)   # before the first forward
 
-registers the timing comm hook (wrapping the chosen built-in hook) and serves /metrics. In detailed
-mode every series except ``ddp_samples_total``, ``ddp_step_duration_seconds`` and ``ddp_loss`` fills
-itself; call :meth:`Instrumentation.step` once per step for those (and, in light mode, for the step
-counters as well, since no hook sees the steps).
+    with ddp_trainer.process_group_session():          # before init_process_group
+        dist.init_process_group("gloo")
+        train()                                         # in it: instrument(ddp_model), step() per step
+
+``instrument(ddp_model)`` registers the timing comm hook (wrapping the chosen built-in hook) and serves
+/metrics. In detailed mode every series except ``ddp_samples_total``, ``ddp_step_duration_seconds``
+and ``ddp_loss`` fills itself; call :meth:`Instrumentation.step` once per step for those (and, in light
+mode, for the step counters as well, since no hook sees the steps). The built-in trainer
+(``python -m ddp_trainer``) uses exactly this API.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
-from prometheus_client import CollectorRegistry, generate_latest
 from torch.nn.parallel import DistributedDataParallel
 
-from ddp_trainer.metrics import RankMetrics, create_rank_metrics, multiprocess_dir, serve_registry
-from ddp_trainer.sync import SyncRecorder
-from ddp_trainer.teardown import release_group_defaults
+from ddp_trainer.metrics import MetricsEndpoint, RankMetrics, create_rank_metrics, open_endpoint
+from ddp_trainer.sync import LoggerAverages, SyncRecorder, SyncSettings, attach_recorder
+from ddp_trainer.teardown import active_session, release_group_defaults
 
 
 @dataclass
 class Instrumentation:
-    """What :func:`instrument` installed: the metrics of this rank and the server that exports them."""
+    """What :func:`instrument` installed: the metrics of this rank and the endpoint that exports them."""
 
     recorder: SyncRecorder
-    registry: CollectorRegistry | None
-    server: Any = None
-    port: int | None = None
-    _steps: int = field(default=0, init=False)
+    endpoint: MetricsEndpoint
+    # Whether close() stops the endpoint's server: only one that instrument() opened itself.
+    owns_endpoint: bool = True
+    steps: int = field(default=0, init=False)
+    closed: bool = field(default=False, init=False)
 
     @property
     def metrics(self) -> RankMetrics:
         return self.recorder.metrics
 
+    @property
+    def port(self) -> int | None:
+        server = self.endpoint.server
+        return None if server is None else int(server.server_port)
+
     def step(self, samples: int, seconds: float | None = None, loss: float | None = None) -> None:
         """Account a finished optimizer step (samples of this rank; optional duration and loss)."""
-        self._steps += 1
-        self.recorder.metrics.samples.inc(samples)
+        self.steps += 1
+        metrics = self.recorder.metrics
+        metrics.samples.inc(samples)
         if seconds is not None:
-            self.recorder.metrics.step_duration.observe(seconds)
-        if self.recorder.mode == "light":
-            self.recorder.account_light_step()
+            metrics.step_duration.observe(seconds)
+        self.recorder.step_done()
         if loss is not None:
-            self.recorder.metrics.loss.set(loss)
-        if self._steps % self.recorder.logger_sample_every == 0:
+            metrics.loss.set(loss)
+        if self.steps % self.recorder.settings.logger_sample_every == 0:
             self.recorder.refresh_from_logger()
+
+    def sample_logger(self) -> LoggerAverages | None:
+        """Copy DDP's logger averages into the gauges now; returns them (None before its first sample)."""
+        return self.recorder.refresh_from_logger()
+
+    def allreduce_p50_seconds(self) -> float | None:
+        """Median service time of the recent bucket allreduces (None in light mode)."""
+        return self.recorder.allreduce_p50_seconds()
+
+    def flush(self) -> LoggerAverages | None:
+        """Bring every series up to date: wait for timings still pending, copy the logger's averages."""
+        self.recorder.flush()
+        return self.recorder.refresh_from_logger()
 
     def render(self) -> str:
         """The Prometheus text exposition of this rank's series (what /metrics serves)."""
-        self.recorder.resolve_ready_events(wait=True)
-        self.recorder.refresh_from_logger()
-        if self.registry is None:
+        from prometheus_client import generate_latest
+
+        self.flush()
+        if self.endpoint.registry is None:
             raise RuntimeError("in multiprocess mode the launcher's endpoint renders the metrics")
-        return generate_latest(self.registry).decode()
+        return generate_latest(self.endpoint.registry).decode()
 
     def close(self) -> None:
-        """Stop serving /metrics and let go of the DDP model and the process group.
+        """Stop serving /metrics (if instrument() started the server) and let go of the DDP model.
 
-        Call it before ``destroy_process_group()`` (or :func:`ddp_trainer.leave_process_group`): a
-        group that something still holds outlives its destruction, and its threads can then abort the
-        process at exit (see ``ddp_trainer.teardown``).
+        A :func:`ddp_trainer.process_group_session` calls it on its way out; call it yourself before
+        ``destroy_process_group()`` otherwise: a group that something still holds outlives its
+        destruction, and its threads can then abort the process at exit (see ``ddp_trainer.teardown``).
+        Calling it again does nothing.
         """
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
+        if self.closed:
+            return
+        self.closed = True
+        if self.owns_endpoint:
+            self.endpoint.close()
         self.recorder.detach()
         release_group_defaults()
 
@@ -91,36 +115,46 @@ def instrument(
     mode: str = "detailed",
     port: int | None = None,
     host: str | None = None,
+    endpoint: MetricsEndpoint | None = None,
     logger_sample_every: int = 10,
     powersgd_rank: int = 2,
-    process_group: Any = None,
+    process_group: dist.ProcessGroup | None = None,
 ) -> Instrumentation:
     """Install gradient-sync metrics on ``ddp_model`` and serve them on ``port``.
 
     ``port``: None reads ``DDP_METRICS_PORT`` (plus ``LOCAL_RANK``); 0 serves nothing (use
     :meth:`Instrumentation.render`). ``host``: None reads ``DDP_METRICS_HOST``, else all addresses.
-    Call it once, after wrapping the model in DDP and before its first forward.
+    ``endpoint``: an endpoint opened earlier (:func:`ddp_trainer.metrics.open_endpoint`, e.g. to find a
+    taken port before joining the group); its series go there, and ``port`` and ``host`` are unused.
+    Call it once, after wrapping the model in DDP and before its first forward. Inside a
+    :func:`ddp_trainer.process_group_session` the session closes it.
     """
-    rank = dist.get_rank(process_group) if process_group is not None else dist.get_rank()
-    world_size = dist.get_world_size(process_group) if process_group is not None else dist.get_world_size()
+    rank = dist.get_rank(process_group)
+    world_size = dist.get_world_size(process_group)
     backend = str(dist.get_backend(process_group))
-    registry = None if multiprocess_dir() else CollectorRegistry(auto_describe=True)
+    owns_endpoint = endpoint is None
+    if endpoint is None:
+        chosen_port = _default_port() if port is None else (port or None)
+        bind = host if host is not None else (os.environ.get("DDP_METRICS_HOST") or "0.0.0.0")
+        endpoint = open_endpoint(bind, chosen_port)
     metrics = create_rank_metrics(
-        rank, backend, comm_hook, torch.__version__, registry, per_allreduce=mode == "detailed"
+        rank, backend, comm_hook, torch.__version__, endpoint.registry, per_allreduce=mode == "detailed"
     )
-    recorder = SyncRecorder(
-        metrics,
+    settings = SyncSettings(
         world_size=world_size,
         comm_hook=comm_hook,
-        mode=mode,
         logger_sample_every=logger_sample_every,
         powersgd_rank=powersgd_rank,
         process_group=process_group,
     )
-    recorder.install(ddp_model)
-    chosen_port = _default_port() if port is None else (port or None)
-    server = None
-    if chosen_port is not None and registry is not None:
-        bind = host if host is not None else (os.environ.get("DDP_METRICS_HOST") or "0.0.0.0")
-        server = serve_registry(registry, bind, chosen_port)
-    return Instrumentation(recorder=recorder, registry=registry, server=server, port=chosen_port)
+    try:
+        recorder = attach_recorder(ddp_model, metrics, settings, mode)
+    except ValueError:
+        if owns_endpoint:
+            endpoint.close()
+        raise
+    instrumentation = Instrumentation(recorder=recorder, endpoint=endpoint, owns_endpoint=owns_endpoint)
+    session = active_session()
+    if session is not None:
+        session.on_leave(instrumentation.close)
+    return instrumentation

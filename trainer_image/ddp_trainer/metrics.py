@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
+from wsgiref.simple_server import WSGIServer
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -43,32 +45,23 @@ STEP_BUCKETS: Final = (1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
+# Bytes per element that a compressing comm hook sends, whatever the gradients' own dtype: fp16 and
+# bf16 both cast the bucket to a 2-byte type (a bucket already in that type is sent as it is).
+COMPRESSED_ELEMENT_BYTES: Final[Mapping[str, int]] = {"fp16": 2, "bf16": 2}
+
+
 def multiprocess_dir() -> str | None:
     return os.environ.get(MULTIPROC_ENV) or None
 
 
-@dataclass(frozen=True)
-class RankMetrics:
-    """The series of one global rank (every metric's ``rank`` child)."""
+def payload_bytes(comm_hook: str, gradient_bytes: int, elements: int) -> int:
+    """Payload of reducing ``elements`` gradient elements that take ``gradient_bytes`` uncompressed.
 
-    sync_steps: Any
-    allreduce_bytes: Any
-    gradient_bytes: Any
-    allreduce_calls: Any
-    allreduce_service_seconds: Any
-    samples: Any
-    step_duration: Any
-    allreduce_duration: Any
-    buckets: Any
-    bucket_cap_bytes: Any
-    world_size: Any
-    backward_compute_seconds: Any
-    backward_comm_seconds: Any
-    backward_overlap_seconds: Any
-    comm_overlap_ratio: Any
-    last_sync_timestamp: Any
-    loss: Any
-    registry: CollectorRegistry | None
+    Counted from the element count, not as a fraction of the gradient bytes: fp16 compression of fp64
+    gradients sends a quarter of them, of fp16 gradients all of them. PowerSGD is counted by its hook.
+    """
+    element_bytes = COMPRESSED_ELEMENT_BYTES.get(comm_hook)
+    return gradient_bytes if element_bytes is None else elements * element_bytes
 
 
 class Absent:
@@ -79,6 +72,30 @@ class Absent:
 
     def observe(self, amount: float) -> None:
         pass
+
+
+@dataclass(frozen=True)
+class RankMetrics:
+    """The series of one global rank (every metric's ``rank`` child)."""
+
+    sync_steps: Counter
+    allreduce_bytes: Counter
+    gradient_bytes: Counter
+    allreduce_calls: Counter
+    allreduce_service_seconds: Counter | Absent
+    samples: Counter
+    step_duration: Histogram
+    allreduce_duration: Histogram | Absent
+    buckets: Gauge
+    bucket_cap_bytes: Gauge
+    world_size: Gauge
+    backward_compute_seconds: Gauge
+    backward_comm_seconds: Gauge
+    backward_overlap_seconds: Gauge
+    comm_overlap_ratio: Gauge
+    last_sync_timestamp: Gauge
+    loss: Gauge
+    registry: CollectorRegistry | None
 
 
 def create_rank_metrics(
@@ -95,10 +112,10 @@ def create_rank_metrics(
     """
     label = {"rank": str(rank)}
 
-    def counter(name: str, doc: str) -> Any:
+    def counter(name: str, doc: str) -> Counter:
         return Counter(name, doc, ["rank"], registry=registry).labels(**label)
 
-    def gauge(name: str, doc: str) -> Any:
+    def gauge(name: str, doc: str) -> Gauge:
         return Gauge(name, doc, ["rank"], registry=registry, multiprocess_mode="mostrecent").labels(**label)
 
     build_info = Gauge(
@@ -169,13 +186,44 @@ def create_rank_metrics(
     return metrics
 
 
-def serve_registry(registry: CollectorRegistry, host: str, port: int) -> Any:
+def serve_registry(registry: CollectorRegistry, host: str, port: int) -> WSGIServer:
     """Serve ``registry`` on http://host:port/metrics from a daemon thread; returns the server."""
     server, _thread = prometheus_client.start_http_server(port, addr=host, registry=registry)
     return server
 
 
-def serve_multiprocess(directory: str, host: str, port: int) -> Any:
+def stop_server(server: WSGIServer | None) -> None:
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass
+class MetricsEndpoint:
+    """Where a process's series live and who serves them.
+
+    ``registry`` is None in multiprocess mode (the launcher's endpoint reads the workers' files);
+    ``server`` is None when nothing is served (no port, or multiprocess mode).
+    """
+
+    registry: CollectorRegistry | None
+    server: WSGIServer | None = None
+
+    def close(self) -> None:
+        stop_server(self.server)
+        self.server = None
+
+
+def open_endpoint(host: str, port: int | None) -> MetricsEndpoint:
+    """A fresh registry, served on ``host:port`` when a port is given (OSError when it is taken)."""
+    if multiprocess_dir():
+        return MetricsEndpoint(registry=None)
+    registry = CollectorRegistry(auto_describe=True)
+    server = serve_registry(registry, host, port) if port else None
+    return MetricsEndpoint(registry=registry, server=server)
+
+
+def serve_multiprocess(directory: str, host: str, port: int) -> WSGIServer:
     """Serve the combined series of every worker that writes to ``directory``."""
     from prometheus_client import multiprocess
 

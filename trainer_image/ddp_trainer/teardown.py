@@ -14,6 +14,11 @@ happens when the last reference to the group goes, and two things keep one alive
 ``destroy_process_group()``: the DDP model (its reducer holds the group) and
 ``torch.distributed.nn.functional``, whose collectives take ``group=group.WORLD`` as a default that
 Python evaluates once, when DDP first imports the module (after the group exists).
+
+The whole protocol is one context manager, :func:`process_group_session`: entered before
+``init_process_group``, it imports those modules early; on its way out it closes every
+:func:`ddp_trainer.instrument` opened inside it (which lets go of the model), releases captured
+defaults, and ends the group while the interpreter is alive. The built-in trainer uses it too.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import gc
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -94,6 +100,68 @@ def leave_process_group(timeout: float = 10.0) -> bool:
         closer.join(timeout=timeout)
     gc.collect()
     return collective_threads() in (0, None)
+
+
+class GroupSession:
+    """The lifetime of one process group, from before ``init_process_group`` to its end.
+
+    Whatever must let go of the group before it ends (an instrumentation's recorder and server)
+    registers a closer with :meth:`on_leave`; :func:`ddp_trainer.instrument` does so by itself.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        # After leaving: True when no gloo thread outlived the group, False when one did, None when
+        # /proc cannot tell or the session was abandoned.
+        self.left: bool | None = None
+        self.abandoned = False
+        self._closers: list[Callable[[], None]] = []
+
+    def on_leave(self, close: Callable[[], None]) -> None:
+        """Call ``close`` when the session ends, before the group does (last registered, first called)."""
+        self._closers.append(close)
+
+    def abandon(self) -> None:
+        """Do not end the group: this process is about to exit at once and skip finalization.
+
+        For a rank whose own code failed: ending the group closes its connections, and the peers would
+        then fail (and report their collateral exit) before this rank has recorded its own.
+        """
+        self.abandoned = True
+
+    def leave(self) -> None:
+        if self.abandoned:
+            return
+        while self._closers:
+            self._closers.pop()()
+        self.left = leave_process_group(self.timeout)
+
+
+_sessions: list[GroupSession] = []
+
+
+def active_session() -> GroupSession | None:
+    """The innermost :func:`process_group_session` this process is in, if any."""
+    return _sessions[-1] if _sessions else None
+
+
+@contextlib.contextmanager
+def process_group_session(timeout: float = 10.0) -> Iterator[GroupSession]:
+    """Bracket a process group's life so that exiting afterwards cannot abort the process.
+
+    Enter it before ``init_process_group`` and let go of the DDP model inside it (train in a function
+    called from the block, or ``del`` the model): the group ends on the way out, its worker threads
+    joined within ``timeout`` seconds, whether the block returned or raised. ``session.left`` then
+    says whether the threads are gone; if not, end the process with :func:`exit_without_finalizing`.
+    """
+    import_group_defaults_early()
+    session = GroupSession(timeout)
+    _sessions.append(session)
+    try:
+        yield session
+    finally:
+        _sessions.remove(session)
+        session.leave()
 
 
 def exit_without_finalizing(code: int) -> NoReturn:

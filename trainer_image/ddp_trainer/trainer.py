@@ -10,6 +10,8 @@ import signal
 import socket
 import sys
 import time
+import traceback
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -17,7 +19,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from prometheus_client import CollectorRegistry
 from torch import nn
 from torch._C._distributed_c10d import TCPStore
 from torch.nn.parallel import DistributedDataParallel
@@ -26,16 +27,12 @@ from torch.utils.data import DistributedSampler
 from ddp_trainer.checkpoint import load_newest_checkpoint, save_checkpoint
 from ddp_trainer.config import ConfigError, DistEnv, TrainConfig, resolve_backend
 from ddp_trainer.control import StopFlag, Watchdog
-from ddp_trainer.exitcodes import EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED
-from ddp_trainer.metrics import create_rank_metrics, multiprocess_dir, serve_registry
+from ddp_trainer.exitcodes import EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED, PeerLostError, exit_code_for
+from ddp_trainer.library import Instrumentation, instrument
+from ddp_trainer.metrics import MetricsEndpoint, open_endpoint
 from ddp_trainer.progress import FinalResult, Progress, format_status_line
-from ddp_trainer.sync import SyncRecorder
-from ddp_trainer.teardown import import_group_defaults_early, leave_process_group
+from ddp_trainer.teardown import THREADS_OUTLIVED_GROUP, GroupSession, process_group_session
 from ddp_trainer.workloads import Workload, build_workload
-
-
-class PeerLostError(Exception):
-    """The process group could not be formed or a collective failed: exit EXIT_PEER_LOST."""
 
 
 class InjectedExitError(Exception):
@@ -57,6 +54,19 @@ def log(message: str) -> None:
     print(f"ddp_trainer: {message}", file=sys.stderr, flush=True)
 
 
+def maybe_inject_fault(config: TrainConfig, rank: int, point: str, step: int | None = None) -> None:
+    """Testing aid (--inject-fault): fail here if this rank was told to. "bad-shape" is the loop's."""
+    fault = config.inject_fault
+    if fault is None or not fault.at(rank, point, step) or fault.action == "bad-shape":
+        return
+    log(f"rank {rank}: injected fault: {fault.describe()}")
+    if fault.action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)  # vanish like a lost node: no cleanup, no exit record
+    if fault.action == "exit" and fault.code is not None:
+        os._exit(fault.code)  # like a crash in native code: no exit record
+    raise ValueError(f"injected fault on rank {rank}: {fault.describe()}")
+
+
 def setup(env: DistEnv, config: TrainConfig) -> DistContext:
     """Join the process group from the env contract; raises PeerLostError after ``--init-timeout``."""
     backend = resolve_backend(env.backend, torch.cuda.is_available())
@@ -66,7 +76,6 @@ def setup(env: DistEnv, config: TrainConfig) -> DistContext:
     else:
         device = torch.device("cpu")
     endpoint = f"{env.master_addr}:{env.master_port}"
-    import_group_defaults_early()
     try:
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             # Started by our launcher: torch's elastic agent hosts the store, env:// finds it.
@@ -95,6 +104,7 @@ def setup(env: DistEnv, config: TrainConfig) -> DistContext:
                 world_size=env.world_size,
                 timeout=timedelta(seconds=config.init_timeout),
             )
+        maybe_inject_fault(config, env.rank, "rendezvous")
         # Forming the group is what the init timeout bounds: every rank checks in here.
         dist.barrier()
     except Exception as error:
@@ -143,6 +153,12 @@ def _set_collective_timeout(seconds: float) -> None:
         set_timeout(timedelta(seconds=seconds))
 
 
+def _peer_lost_message(rank: int, error: Exception) -> str:
+    if isinstance(error, PeerLostError):
+        return str(error)
+    return f"rank {rank}: a collective failed, a peer is gone: {type(error).__name__}: {_first_line(error)}"
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else ""
@@ -165,8 +181,7 @@ class Trainer:
         env: DistEnv,
         context: DistContext,
         stop: StopFlag,
-        registry: CollectorRegistry | None,
-        metrics_server: Any = None,
+        endpoint: MetricsEndpoint,
     ) -> None:
         self.config = config
         self.env = env
@@ -175,28 +190,20 @@ class Trainer:
         self.is_rank0 = context.rank == 0
         self.watchdog = Watchdog(config.watchdog_timeout, context.rank)
         self.checkpoint_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
-        self.registry = registry
-        self.metrics_server = metrics_server
+        self.endpoint = endpoint
 
     # --- building ------------------------------------------------------------------------------------
-    def _collective(self, what: str) -> Any:
+    def _collective(self, what: str) -> AbstractContextManager[None]:
         return self.watchdog.guard(what)
 
-    def _recorder(self) -> SyncRecorder:
-        config, ctx = self.config, self.ctx
-        metrics = create_rank_metrics(
-            ctx.rank,
-            ctx.backend,
-            config.comm_hook,
-            torch.__version__,
-            self.registry,
-            per_allreduce=config.sync_metrics == "detailed",
-        )
-        return SyncRecorder(
-            metrics,
-            world_size=ctx.world_size,
+    def _instrument(self, ddp: DistributedDataParallel) -> Instrumentation:
+        """The library's metrics on our own model, exported on the endpoint opened before the rendezvous."""
+        config = self.config
+        return instrument(
+            ddp,
             comm_hook=config.comm_hook,
             mode=config.sync_metrics,
+            endpoint=self.endpoint,
             logger_sample_every=config.logger_sample_every,
             powersgd_rank=config.powersgd_rank,
         )
@@ -209,6 +216,7 @@ class Trainer:
             if found is not None:
                 holder[0] = found[0]
                 log(f"rank 0 resumes from {found[1]}")
+        maybe_inject_fault(self.config, self.ctx.rank, "resume")
         with self._collective("the checkpoint broadcast"):
             dist.broadcast_object_list(
                 holder, src=0, device=self.ctx.device if self.ctx.backend == "nccl" else None
@@ -232,13 +240,15 @@ class Trainer:
                 log("the checkpoint was written with another world size: the data order will differ")
             if self.is_rank0:
                 print(format_status_line("resumed", {"step": step, "epoch": epoch}), flush=True)
-        ddp = DistributedDataParallel(
-            model,
-            device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-            bucket_cap_mb=config.bucket_cap_mb,
-        )
-        recorder = self._recorder()
-        recorder.install(ddp)
+        maybe_inject_fault(config, ctx.rank, "ddp")
+        # DDP's constructor checks the parameter shapes across ranks and broadcasts rank 0's parameters.
+        with self._collective("DDP construction"):
+            ddp = DistributedDataParallel(
+                model,
+                device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                bucket_cap_mb=config.bucket_cap_mb,
+            )
+        metrics = self._instrument(ddp)
 
         features, labels = workload.train.tensors
         sampler: DistributedSampler[Any] = DistributedSampler(
@@ -260,29 +270,34 @@ class Trainer:
                     if step >= total_steps:
                         break
                     self._maybe_inject_exit(step)
+                    maybe_inject_fault(config, ctx.rank, "step", step)
                     indices = torch.tensor(
                         order[batch_index * config.batch_size : (batch_index + 1) * config.batch_size]
                     )
                     inputs = features[indices].to(ctx.device, non_blocking=True)
                     targets = labels[indices].to(ctx.device, non_blocking=True)
+                    if self._bad_shape_at(step):
+                        inputs = inputs[..., :-1]  # one feature short: the model's own shape error
                     started = time.perf_counter()
                     with self._collective("a training step"):
                         optimizer.zero_grad(set_to_none=True)
                         loss = loss_fn(ddp(inputs), targets)
                         loss.backward()
                         optimizer.step()
+                    seconds = time.perf_counter() - started
                     step += 1
                     position = batch_index + 1
-                    recorder.after_step(len(indices), time.perf_counter() - started)
                     window_steps += 1
                     last = step >= total_steps
-                    if step % config.progress_every == 0 or last:
+                    logged = step % config.progress_every == 0 or last
+                    if logged:
                         loss_value = float(loss.item())
-                        recorder.metrics.loss.set(loss_value)
-                        averages = recorder.refresh_from_logger()
+                    metrics.step(len(indices), seconds, loss=loss_value if logged else None)
+                    if logged:
+                        averages = metrics.sample_logger()
                         if self.is_rank0:
                             elapsed = max(time.perf_counter() - window_start, 1e-9)
-                            p50 = recorder.allreduce_p50_seconds()
+                            p50 = metrics.allreduce_p50_seconds()
                             print(
                                 Progress(
                                     step=step,
@@ -293,7 +308,7 @@ class Trainer:
                                     * ctx.world_size
                                     / elapsed,
                                     allreduce_p50_ms=None if p50 is None else p50 * 1000.0,
-                                    overlap=averages.get("ratio"),
+                                    overlap=None if averages is None else averages.ratio,
                                 ).line(),
                                 flush=True,
                             )
@@ -308,8 +323,7 @@ class Trainer:
                         time.sleep(config.throttle_ms / 1000.0)
                 else:
                     epoch, position = epoch + 1, 0
-            recorder.resolve_ready_events(wait=True)
-            recorder.refresh_from_logger()
+            metrics.flush()
             if stop_requested:
                 path = self._checkpoint(ddp, optimizer, step, epoch, position)
                 if self.is_rank0:
@@ -318,17 +332,11 @@ class Trainer:
                         flush=True,
                     )
                 return EXIT_STOPPED
-            path = self._checkpoint(ddp, optimizer, step, epoch, position)
+            self._checkpoint(ddp, optimizer, step, epoch, position, final=True)
             self._report(ddp, workload, loss_value, step)
-        except InjectedExitError as injected:
-            return injected.code
-        except RuntimeError as error:  # gloo and NCCL report a vanished peer as RuntimeError subclasses
-            log(
-                f"rank {ctx.rank}: a collective failed, a peer is gone: {type(error).__name__}: {_first_line(error)}"
-            )
-            return EXIT_PEER_LOST
+        # An error goes up to run_worker, which tells a lost peer from this rank's own error.
         finally:
-            recorder.detach()
+            metrics.close()  # lets go of the model; the endpoint stays up for the linger
         self._linger()
         return EXIT_OK
 
@@ -337,6 +345,13 @@ class Trainer:
         if injected is not None and injected.rank == self.ctx.rank and injected.step == step:
             log(f"rank {self.ctx.rank}: injected exit {injected.code} at step {step}")
             raise InjectedExitError(injected.code)
+
+    def _bad_shape_at(self, step: int) -> bool:
+        fault = self.config.inject_fault
+        bad = fault is not None and fault.action == "bad-shape" and fault.at(self.ctx.rank, "step", step)
+        if bad:
+            log(f"rank {self.ctx.rank}: injected fault: a batch of the wrong shape at step {step}")
+        return bad
 
     def _agree_to_stop(self) -> bool:
         flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.ctx.device)
@@ -351,12 +366,17 @@ class Trainer:
         step: int,
         epoch: int,
         position: int,
+        final: bool = False,
     ) -> str | None:
-        """Rank 0 writes; every rank waits at a barrier until it has, so a stop never races the write."""
-        if self.checkpoint_dir is None:
+        """Rank 0 writes; every rank waits at a barrier until it has, so a stop never races the write.
+
+        The ``final`` barrier is held even without a checkpoint directory: the ranks leave together, so
+        a rank that exits 0 knows that every peer finished its steps (and one lost here is a lost peer).
+        """
+        if self.checkpoint_dir is None and not final:
             return None
         path: str | None = None
-        if self.is_rank0:
+        if self.is_rank0 and self.checkpoint_dir is not None:
             state = {
                 "step": step,
                 "epoch": epoch,
@@ -368,7 +388,9 @@ class Trainer:
                 "workload": self.config.workload,
             }
             path = str(save_checkpoint(self.checkpoint_dir, step, state, self.config.keep_checkpoints))
-        with self._collective("the checkpoint barrier"):
+        if final:
+            maybe_inject_fault(self.config, self.ctx.rank, "final-barrier")
+        with self._collective("the final barrier" if final else "the checkpoint barrier"):
             dist.barrier()
         return path
 
@@ -390,7 +412,7 @@ class Trainer:
         print(FinalResult(accuracy=accuracy, loss=loss_value, steps=steps).line(), flush=True)
 
     def _linger(self) -> None:
-        if self.metrics_server is not None and self.config.metrics_linger > 0:
+        if self.endpoint.server is not None and self.config.metrics_linger > 0:
             print(
                 f"ddp_trainer: serving /metrics for {self.config.metrics_linger:g} s more (SIGTERM ends it)",
                 flush=True,
@@ -398,15 +420,10 @@ class Trainer:
             self.stop.event.wait(self.config.metrics_linger)
 
 
-def open_metrics_endpoint(config: TrainConfig, env: DistEnv) -> tuple[CollectorRegistry | None, Any]:
+def open_metrics_endpoint(config: TrainConfig, env: DistEnv) -> MetricsEndpoint:
     """This rank's registry and server; under a launcher the shared files are the registry."""
-    if multiprocess_dir():
-        return None, None
-    registry = CollectorRegistry(auto_describe=True)
-    if not env.metrics_port:
-        return registry, None
     try:
-        return registry, serve_registry(registry, config.metrics_host, env.metrics_port)
+        return open_endpoint(config.metrics_host, env.metrics_port)
     except OSError as error:
         raise ConfigError(
             "DDP_METRICS_PORT",
@@ -415,17 +432,12 @@ def open_metrics_endpoint(config: TrainConfig, env: DistEnv) -> tuple[CollectorR
         ) from None
 
 
-def close_server(server: Any) -> None:
-    if server is not None:
-        server.shutdown()
-        server.server_close()
-
-
 def run_worker(config: TrainConfig, env: DistEnv) -> int:
-    """Everything one rank does: setup, train, and always ``destroy_process_group()``.
+    """Everything one rank does: setup, train, end the group; returns the exit code.
 
     The metrics endpoint opens first, so a port conflict is a configuration error (exit 2) found
-    before this rank makes its peers wait for it.
+    before this rank makes its peers wait for it. An error is either a lost peer (170, retried) or
+    this rank's own (1, permanent), wherever it happens: see :func:`ddp_trainer.exitcodes.exit_code_for`.
     """
     stop = StopFlag()
     # Until the group is formed there is nothing to checkpoint, and the rank may sit in a rendezvous
@@ -433,15 +445,42 @@ def run_worker(config: TrainConfig, env: DistEnv) -> int:
     # by the default action (reported as 143), instead of after the pod's whole grace period.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_DFL)
-    registry, server = open_metrics_endpoint(config, env)
+    endpoint = open_metrics_endpoint(config, env)
+    try:
+        # The session ends the group on the way out; by then the Trainer and its DDP model are gone,
+        # so the group's threads can be joined while the interpreter is alive.
+        with process_group_session() as session:
+            code = _train_in_group(config, env, stop, endpoint, session)
+    finally:
+        endpoint.close()
+    if session.left is False:
+        # Something still holds the group: a gloo thread releasing a work while the interpreter
+        # finalizes would abort this finished rank, so the caller must exit without finalizing.
+        log(THREADS_OUTLIVED_GROUP)
+    return code
+
+
+def _train_in_group(
+    config: TrainConfig, env: DistEnv, stop: StopFlag, endpoint: MetricsEndpoint, session: GroupSession
+) -> int:
     try:
         context = setup(env, config)
         stop.install()
-        return Trainer(config, env, context, stop, registry, server).train()
-    except PeerLostError as error:
-        log(str(error))
-        return EXIT_PEER_LOST
-    finally:
-        close_server(server)
-        # Here the Trainer and its DDP model are gone, so the group's threads can be joined now.
-        leave_process_group()
+        return Trainer(config, env, context, stop, endpoint).train()
+    except InjectedExitError as injected:
+        # The testing aid stands for this rank's own failure with that code: it exits first, as below.
+        session.abandon()
+        return injected.code
+    except Exception as error:
+        code = exit_code_for(error)
+        if code == EXIT_PEER_LOST:
+            log(_peer_lost_message(env.rank, error))
+            return code
+        log(
+            f"rank {env.rank}: an error of this rank's own code (exit {code}, permanent):\n"
+            + "".join(traceback.format_exception(error)).rstrip()
+        )
+        # Exit before the peers can notice: ending the group would close its connections, and they
+        # could record their collateral 170 before this rank has recorded its own code.
+        session.abandon()
+        return code

@@ -1,4 +1,4 @@
-"""The three workloads: digits (offline, real data), mnist (IDX files) and synthetic (an MLP)."""
+"""The workloads: digits (offline, real data), mnist (IDX files), synthetic (an MLP) and gcn (ddp_trainer.gcn)."""
 
 from __future__ import annotations
 
@@ -112,6 +112,13 @@ def synthetic_data(width: int, samples: int, seed: int) -> tuple[TensorDataset, 
 
 def build_workload(config: TrainConfig) -> Workload:
     """The data and the freshly initialized model (seeded: every rank builds the same one)."""
+    if config.workload == "gcn":
+        # Imported here: the graph code is only loaded by the workload that needs it.
+        from ddp_trainer.gcn import build_gcn_workload, load_graph
+
+        graph = load_graph(config.graph_data, Path(config.data_dir), config.graph_nodes)
+        gcn = build_gcn_workload(graph, config.gcn_hidden, config.gcn_layers, config.seed)
+        return Workload(name=config.workload, model=gcn.model, train=gcn.train, test=gcn.test)
     if config.workload == "digits":
         train, test = digits_data()
     elif config.workload == "mnist":

@@ -83,14 +83,18 @@ watches); the same rules go into the ClusterRole (cluster-wide) or each namespac
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
   verbs: ["create", "get"]
+# One NetworkPolicy per job (its rank pods admit their own job and Prometheus): created once, get checks
+# an existing one is ours, patched when the metrics port or --metrics-allow-from changed.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create", "get", "patch"]
+# The in-tree gang (scheduling.k8s.io, Kubernetes 1.36+, when served): one Workload and one PodGroup per
+# attempt, created before its pods, read back after a 409, deleted with the attempt.
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["workloads", "podgroups"]
+  verbs: ["create", "get", "list", "delete"]
 # One Event per phase change.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-{{- if .Values.peering.enabled }}
-# kopf peering: operators announce themselves in the peering object and the oldest one works.
-- apiGroups: ["kopf.dev"]
-  resources: [{{ if include "ddp-operator.clusterwide" . }}"clusterkopfpeerings"{{ else }}"kopfpeerings"{{ end }}]
-  verbs: ["get", "list", "watch", "patch"]
-{{- end }}
 {{- end }}

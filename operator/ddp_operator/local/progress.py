@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ddp_operator.local import promtext
+from ddp_operator import promtext
 
 STEPS = "ddp_sync_steps_total"
 SAMPLES = "ddp_samples_total"

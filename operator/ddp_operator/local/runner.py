@@ -1,6 +1,6 @@
 """The attempt loop of `ddpjob run`: start a gang, watch it, restart it like the operator would.
 
-The decisions are the operator's own (``policies.failure``): the first failure of an attempt decides,
+The decisions are the operator's own (``policies.attempt``): the first failure of an attempt decides,
 a retryable one restarts the whole gang as a new attempt (new rendezvous port, DDPJOB_ATTEMPT + 1)
 that resumes from the newest checkpoint, until backoffLimit is spent.
 """
@@ -27,6 +27,8 @@ from ddp_operator.local.progress import ProgressTracker, RankResult, render_line
 from ddp_operator.local.scrape import Scraper
 from ddp_operator.local.supervisor import Exit, Gang
 from ddp_operator.policies import failure
+from ddp_operator.policies.attempt import judge_attempt
+from ddp_operator.policies.deadline import REASON_DEADLINE
 from ddp_operator.spec import JobSpec
 
 # Exit codes of `ddpjob run` (documented in docs/local-run.md).
@@ -38,7 +40,6 @@ EXIT_INVALID: Final = 2
 OUTCOME_SUCCEEDED: Final = "Succeeded"
 OUTCOME_FAILED: Final = "Failed"
 OUTCOME_INTERRUPTED: Final = "Interrupted"
-REASON_DEADLINE: Final = "DeadlineExceeded"
 
 # The trainer's `final accuracy=... loss=... steps=...` line (ddp_trainer.progress.FinalResult).
 _FINAL = re.compile(r"^final accuracy=(?P<accuracy>\S+)(?: loss=(?P<loss>\S+))?(?: steps=(?P<steps>\S+))?")
@@ -270,21 +271,27 @@ class LocalJobRunner:
                     result.reason = REASON_DEADLINE
                     result.message = f"activeDeadlineSeconds {job.run_policy.active_deadline_seconds} reached"
                     break
-                failures = [
-                    failure.RankFailure(rank=e.rank, finish_key=e.finished_at, exit_code=e.exit_code)
-                    for e in sorted(exits.values(), key=lambda e: e.finished_at)
-                    if e.exit_code != 0
-                ]
-                if not failures:
+                verdict = judge_attempt(
+                    job.restart_policy,
+                    job.run_policy.backoff_limit,
+                    restarts,
+                    self.attempt,
+                    job.replicas,
+                    failures=[
+                        failure.RankFailure(rank=e.rank, finish_key=e.finished_at, exit_code=e.exit_code)
+                        for e in exits.values()
+                        if e.exit_code != 0
+                    ],
+                    succeeded_ranks=[e.rank for e in exits.values() if e.exit_code == 0],
+                )
+                if verdict.outcome == "succeeded":
                     result.outcome = OUTCOME_SUCCEEDED
                     result.exit_code = EXIT_SUCCEEDED
-                    result.message = f"all {job.replicas} pod(s) exited 0"
+                    result.reason = verdict.reason
+                    result.message = verdict.message
                     break
-                verdict = failure.judge_failures(
-                    job.restart_policy, job.run_policy.backoff_limit, restarts, failures, self.attempt
-                )
                 self.console.note(verdict.message)
-                if not verdict.retry:
+                if verdict.outcome != "retry":
                     result.reason = verdict.reason
                     result.message = verdict.message
                     break
@@ -305,7 +312,7 @@ class LocalJobRunner:
         signum = self.stop.signum or signal.SIGINT
         name = signal.Signals(signum).name
         result.outcome = OUTCOME_INTERRUPTED
-        result.exit_code = 128 + signum
+        result.exit_code = failure.exit_code_of_signal(signum)
         result.reason = name
         result.message = (
             f"stopped by {name}{when}; checkpoints in {checkpoint_dir} "

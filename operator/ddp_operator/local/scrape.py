@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 
-from ddp_operator.local import promtext
+from ddp_operator import promtext
 from ddp_operator.local.progress import PodMetrics, ProgressTracker, pod_metrics
 
 

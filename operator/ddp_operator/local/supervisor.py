@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddp_operator.local.plan import ProcessSpec
+from ddp_operator.policies.failure import exit_code_from_returncode
 
 
 @dataclass(frozen=True)
@@ -27,11 +28,6 @@ class Exit:
     rank: int
     exit_code: int
     finished_at: float  # time.time(), like a container's finishedAt
-
-
-def exit_code_of(returncode: int) -> int:
-    """Popen reports death by signal N as -N; a kubelet (and a shell) says 128+N."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 def _session_processes(session_id: int, proc_root: Path) -> list[tuple[int, int]]:
@@ -139,7 +135,7 @@ class Gang:
 
     def _wait(self, process: RankProcess) -> None:
         returncode = process.popen.wait()
-        finished = Exit(process.spec.rank, exit_code_of(returncode), time.time())
+        finished = Exit(process.spec.rank, exit_code_from_returncode(returncode), time.time())
         # The main process is gone: nothing else in its session may outlive it (a container's PID 1).
         _signal_session(process.session_id, signal.SIGKILL)
         process.exit = finished

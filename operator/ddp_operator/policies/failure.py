@@ -27,6 +27,8 @@ REASON_EVICTED: Final = "Evicted"
 REASON_PREEMPTED: Final = "Preempted"
 REASON_POD_DELETED: Final = "PodDeleted"
 REASON_POD_FAILED: Final = "PodFailed"
+# No synchronized step for stallTimeoutSeconds: a hung collective, retried like a lost peer.
+REASON_STALLED: Final = "Stalled"
 
 FIRST_SIGNAL_CODE: Final = 128
 
@@ -61,6 +63,8 @@ class RankFailure:
     def describe(self) -> str:
         if self.disruption == REASON_POD_DELETED:
             return f"rank {self.rank}'s pod was deleted"
+        if self.disruption == REASON_STALLED:
+            return f"the gang stalled (rank {self.rank} furthest behind)"
         if self.disruption:
             return f"rank {self.rank}'s pod was {self.disruption.lower()}"
         if self.exit_code is not None:
@@ -69,9 +73,14 @@ class RankFailure:
         return f"rank {self.rank}'s pod failed ({self.container_reason or 'no exit code'})"
 
 
+def exit_code_of_signal(signum: int) -> int:
+    """How a kubelet (and a shell) reports a process ended by signal N: 128 + N."""
+    return FIRST_SIGNAL_CODE + signum
+
+
 def exit_code_from_returncode(returncode: int) -> int:
-    """A local process's return code as a container would report it: killed by signal N is 128 + N."""
-    return FIRST_SIGNAL_CODE - returncode if returncode < 0 else returncode
+    """A local process's return code as a container would report it (Popen says -N for signal N)."""
+    return exit_code_of_signal(-returncode) if returncode < 0 else returncode
 
 
 def looks_permanent(failure: RankFailure) -> bool:

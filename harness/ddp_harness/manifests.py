@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddp_operator.cluster.kwok_stages import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
+from ddp_harness.kwok_stages import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
+from ddp_harness.processes import LOCALHOST as LOCALHOST
+from ddp_harness.processes import StateLayout
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"
-LOCALHOST = "127.0.0.1"
 
 # What kube-controller-manager runs: what the operator and the tests rely on, nothing that needs a kubelet.
 CONTROLLERS = (
@@ -70,7 +71,7 @@ class Ports:
 
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(StateLayout):
     """Where a cluster's files live, all under one state directory."""
 
     state_dir: Path
@@ -113,15 +114,6 @@ class Layout:
 
     def component_kubeconfig(self, component: str) -> Path:
         return self.state_dir / f"{component}.kubeconfig"
-
-    def log_file(self, component: str) -> Path:
-        return self.log_dir / f"{component}.log"
-
-    def cert(self, name: str) -> Path:
-        return self.pki_dir / f"{name}.crt"
-
-    def key(self, name: str) -> Path:
-        return self.pki_dir / f"{name}.key"
 
 
 # (bin_dir, layout, ports) -> argv
@@ -255,15 +247,23 @@ def apiserver_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
     ]
 
 
-def controller_manager_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
-    kubeconfig_path = layout.component_kubeconfig("kube-controller-manager")
+def _control_loop_base(bin_dir: Path, layout: Layout, name: str, secure_port: int) -> list[str]:
+    """The binary and the flags the controller-manager and the scheduler share: their kubeconfig for
+    the API, authentication and authorization, and their HTTPS endpoint on loopback."""
+    kubeconfig_path = layout.component_kubeconfig(name)
     return [
-        str(bin_dir / "kube-controller-manager"),
+        str(bin_dir / name),
         f"--kubeconfig={kubeconfig_path}",
         f"--authentication-kubeconfig={kubeconfig_path}",
         f"--authorization-kubeconfig={kubeconfig_path}",
         f"--bind-address={LOCALHOST}",
-        f"--secure-port={ports.controller_manager}",
+        f"--secure-port={secure_port}",
+    ]
+
+
+def controller_manager_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
+    return [
+        *_control_loop_base(bin_dir, layout, "kube-controller-manager", ports.controller_manager),
         "--leader-elect=false",
         f"--controllers={','.join(CONTROLLERS)}",
         f"--service-account-private-key-file={layout.key('sa')}",
@@ -278,14 +278,8 @@ def controller_manager_command(bin_dir: Path, layout: Layout, ports: Ports) -> l
 
 
 def scheduler_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
-    kubeconfig_path = layout.component_kubeconfig("kube-scheduler")
     return [
-        str(bin_dir / "kube-scheduler"),
-        f"--kubeconfig={kubeconfig_path}",
-        f"--authentication-kubeconfig={kubeconfig_path}",
-        f"--authorization-kubeconfig={kubeconfig_path}",
-        f"--bind-address={LOCALHOST}",
-        f"--secure-port={ports.scheduler}",
+        *_control_loop_base(bin_dir, layout, "kube-scheduler", ports.scheduler),
         "--leader-elect=false",
         "--profiling=false",
     ]

@@ -1,35 +1,52 @@
-"""`ddpjob cluster up | down | status`: the local control plane from the command line."""
+"""`ddp-harness`: the test harness from the command line.
+
+    ddp-harness cluster up [--real-node] | down | status
+
+The product's own command, `ddpjob`, has no harness subcommands: the harness is not in its wheel."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from ddp_operator.cluster.binaries import BinariesError
-from ddp_operator.cluster.manifests import NodeShape
-from ddp_operator.cluster.node_manifests import RealNodeOptions
-from ddp_operator.cluster.pki import PkiError
-from ddp_operator.cluster.runtime import ClusterError, ClusterOptions, default_state_dir, down, status, up
+from ddp_harness.binaries import BinariesError
+from ddp_harness.cluster import ClusterOptions, down, status, up
+from ddp_harness.hack import HackDirError
+from ddp_harness.manifests import NodeShape
+from ddp_harness.node_manifests import RealNodeOptions
+from ddp_harness.pki import PkiError
+from ddp_harness.processes import ClusterError, default_state_dir
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddp-harness",
+        description="The test harness of ddp-operator: a local Kubernetes cluster for tests and demos.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    cluster = commands.add_parser(
+        "cluster",
+        help="a local Kubernetes control plane (and optionally one real node) as processes on this machine",
+    )
+    _configure_cluster(cluster)
+    return parser
 
 
-def configure_parser(parser: argparse.ArgumentParser) -> None:
+def _configure_cluster(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="cluster_action", metavar="ACTION", required=True)
     shape = NodeShape()
 
@@ -46,25 +63,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "up", help="start etcd, apiserver, controller-manager, scheduler, kwok and fake GPU nodes"
     )
     add_state_dir(p_up)
-    p_up.add_argument("--nodes", type=_non_negative, default=4, help="fake GPU nodes [4]")
-    p_up.add_argument(
-        "--gpus-per-node",
-        type=_non_negative,
-        default=shape.gpus,
-        help=f"nvidia.com/gpu per node [{shape.gpus}]",
-    )
-    p_up.add_argument(
-        "--pods-per-node", type=_positive, default=shape.pods, help=f"pod capacity per node [{shape.pods}]"
-    )
-    p_up.add_argument(
-        "--cpus-per-node", type=_positive, default=shape.cpus, help=f"cpu per node [{shape.cpus}]"
-    )
-    p_up.add_argument(
-        "--memory-per-node-gi",
-        type=_positive,
-        default=shape.memory_gi,
-        help=f"memory per node, GiB [{shape.memory_gi}]",
-    )
+    p_up.add_argument("--nodes", type=_int_at_least(0), default=4, help="fake GPU nodes [4]")
+    # The capacity of every fake node: (NodeShape field, flag, what it is, the smallest value).
+    for field_name, flag, what, minimum in (
+        ("gpus", "--gpus-per-node", "nvidia.com/gpu per node", 0),
+        ("pods", "--pods-per-node", "pod capacity per node", 1),
+        ("cpus", "--cpus-per-node", "cpu per node", 1),
+        ("memory_gi", "--memory-per-node-gi", "memory per node, GiB", 1),
+    ):
+        default = getattr(shape, field_name)
+        p_up.add_argument(flag, type=_int_at_least(minimum), default=default, help=f"{what} [{default}]")
     p_up.add_argument(
         "--bin-dir",
         type=Path,
@@ -144,7 +152,8 @@ def _status(args: argparse.Namespace) -> int:
     return 0 if all(r.running for r in rows) else 3
 
 
-def main(args: argparse.Namespace) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.cluster_action == "up":
             return _up(args)
@@ -153,6 +162,10 @@ def main(args: argparse.Namespace) -> int:
                 print(f"no cluster in {args.state_dir or default_state_dir()}", file=sys.stderr)
             return 0
         return _status(args)
-    except (ClusterError, BinariesError, PkiError) as exc:
-        print(f"ddpjob cluster {args.cluster_action}: {exc}", file=sys.stderr)
+    except (ClusterError, BinariesError, PkiError, HackDirError) as exc:
+        print(f"ddp-harness cluster {args.cluster_action}: {exc}", file=sys.stderr)
         return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

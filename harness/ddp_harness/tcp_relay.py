@@ -1,4 +1,4 @@
-"""A TCP relay: `python -m ddp_operator.cluster.tcp_relay LISTEN_HOST:PORT TARGET_HOST:PORT`.
+"""A TCP relay: `python -m ddp_harness.tcp_relay LISTEN_HOST:PORT TARGET_HOST:PORT`.
 
 The local apiserver listens on loopback only. Pods reach it through the `kubernetes` Service, whose
 endpoint is this relay on the real node's bridge address: bytes are copied both ways unchanged, so TLS
@@ -61,7 +61,7 @@ async def serve(listen: tuple[str, int], target: tuple[str, int], ready: asyncio
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(
-            "usage: python -m ddp_operator.cluster.tcp_relay LISTEN_HOST:PORT TARGET_HOST:PORT",
+            "usage: python -m ddp_harness.tcp_relay LISTEN_HOST:PORT TARGET_HOST:PORT",
             file=sys.stderr,
         )
         return 2

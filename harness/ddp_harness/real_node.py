@@ -10,40 +10,47 @@ soon as it exists, so `stop` works from another process."""
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
+import tarfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ddp_operator.cluster import node_manifests as nm
-from ddp_operator.cluster.manifests import LOCALHOST, kubeconfig
-from ddp_operator.cluster.node_manifests import RealNodeOptions as RealNodeOptions
-from ddp_operator.cluster.runtime import (
+from ddp_harness import node_manifests as nm
+from ddp_harness.control_plane import LocalCluster
+from ddp_harness.hack import HackDirError, hack_file
+from ddp_harness.manifests import kubeconfig
+from ddp_harness.node_manifests import RealNodeOptions as RealNodeOptions
+from ddp_harness.pki import sign_leaf
+from ddp_harness.processes import (
+    LOCALHOST,
     ClusterError,
+    ComponentsRecord,
     ComponentState,
     ComponentStatus,
+    Progress,
+    cache_dir,
+    component_statuses,
+    free_ports,
+    http_status,
     is_running,
-    rss_bytes,
+    node_ready,
+    spawn,
     stop_components,
+    tcp_open,
+    unix_socket_alive,
     wait_for,
+    write_json,
 )
 
-if TYPE_CHECKING:
-    from ddp_operator.cluster.runtime import LocalCluster
-
-Progress = Callable[[str], None]
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
-BUILD_SCRIPT = REPO_ROOT / "hack" / "build-node-binaries.sh"
+BUILD_SCRIPT = "build-node-binaries.sh"
 NODE_BINARIES = ("kubelet", "kube-proxy", "coredns", "crictl", "pause")
 HOST_COMMANDS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "iptables-save", "ip")
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
@@ -56,8 +63,7 @@ class RealNodeError(ClusterError):
 
 
 def default_image_store() -> Path:
-    cache = Path(os.environ.get("DDP_CACHE") or Path.home() / ".cache" / "ddp-operator")
-    return cache / "node-containerd"
+    return cache_dir() / "node-containerd"
 
 
 def default_cni_bin_dir() -> Path:
@@ -68,7 +74,7 @@ def default_cni_bin_dir() -> Path:
 
 
 @dataclass(frozen=True)
-class NodeState:
+class NodeState(ComponentsRecord):
     """What `start` added, in the order it added it; `stop` undoes it."""
 
     name: str
@@ -83,15 +89,6 @@ class NodeState:
     chains_before: dict[str, list[str]] = field(default_factory=dict)
     netns_before: list[str] = field(default_factory=list)
     sysctls_changed: dict[str, str] = field(default_factory=dict)  # path -> value before
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> NodeState:
-        raw = json.loads(text)
-        raw["components"] = [ComponentState(**c) for c in raw["components"]]
-        return cls(**raw)
 
 
 @dataclass(frozen=True)
@@ -116,85 +113,30 @@ def _run(
     return result
 
 
-def _start_ticks(pid: int) -> int:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return -1
-    return int(text[text.rindex(")") + 2 :].split()[19])
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((LOCALHOST, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def _http_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (urllib.error.URLError, OSError):
-        return 0
-
-
-def _tcp_open(host: str, port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
-        return True
-    return False
-
-
-def _openssl_leaf(
-    layout: nm.NodeLayout,
-    ca_cert: Path,
-    ca_key: Path,
-    name: str,
-    subject: str,
-    usage: str,
-    sans: Sequence[str] = (),
-) -> None:
-    extensions = [
-        "basicConstraints=critical,CA:FALSE",
-        "keyUsage=critical,digitalSignature,keyEncipherment",
-        f"extendedKeyUsage={usage}",
-    ]
-    if sans:
-        extensions.append("subjectAltName=" + ",".join(sans))
-    _run(
-        [
-            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", str(layout.key(name)), "-out", str(layout.cert(name)),
-            "-subj", subject, "-days", "3650", "-CA", str(ca_cert), "-CAkey", str(ca_key),
-            *[arg for ext in extensions for arg in ("-addext", ext)],
-        ]
-    )  # fmt: skip
-    layout.key(name).chmod(0o600)
-
-
 # ---- preflight --------------------------------------------------------------------------------------
+
+
+def _build_script() -> str:
+    """How to build the node's binaries, for messages: the script's path, or where to find it."""
+    try:
+        return str(hack_file(BUILD_SCRIPT))
+    except HackDirError as exc:
+        return f"hack/{BUILD_SCRIPT} ({exc})"
 
 
 def missing_prerequisites(bin_dir: Path, cni_bin_dir: Path) -> list[str]:
     """Everything a real node needs that this machine lacks, each with how to get it."""
+    build_script = _build_script()
     problems = []
     if os.geteuid() != 0:
         problems.append("root: the node creates a bridge, iptables rules and mounts (run as root)")
     for name in NODE_BINARIES:
         if not os.access(bin_dir / name, os.X_OK):
-            problems.append(f"{bin_dir / name}: run {BUILD_SCRIPT}")
+            problems.append(f"{bin_dir / name}: run {build_script}")
     for command in HOST_COMMANDS:
         if shutil.which(command) is None:
             problems.append(
-                f"`{command}` on PATH: {BUILD_SCRIPT} installs Debian's containerd, runc, iptables"
+                f"`{command}` on PATH: {build_script} installs Debian's containerd, runc, iptables"
             )
     for plugin in CNI_PLUGINS:
         if not (cni_bin_dir / plugin).is_file():
@@ -211,11 +153,15 @@ def ensure_node_binaries(bin_dir: Path, *, build: bool) -> None:
     if not missing:
         return
     if not build:
-        raise RealNodeError(f"missing in {bin_dir}: {', '.join(missing)}; run {BUILD_SCRIPT}")
+        raise RealNodeError(f"missing in {bin_dir}: {', '.join(missing)}; run {_build_script()}")
+    try:
+        build_script = hack_file(BUILD_SCRIPT)
+    except HackDirError as exc:
+        raise RealNodeError(f"missing in {bin_dir}: {', '.join(missing)}; {exc}") from None
     env = dict(os.environ)
     env.setdefault("DDP_K8S_PREFIX", str(bin_dir.parent))
-    if subprocess.run(["bash", str(BUILD_SCRIPT)], env=env, check=False).returncode != 0:
-        raise RealNodeError(f"{BUILD_SCRIPT} failed; its output above says why")
+    if subprocess.run(["bash", str(build_script)], env=env, check=False).returncode != 0:
+        raise RealNodeError(f"{build_script} failed; its output above says why")
 
 
 # ---- the node's record ------------------------------------------------------------------------------
@@ -240,38 +186,16 @@ class _Recorder:
         self.save()
 
     def save(self) -> None:
-        tmp = self.layout.state_file.with_suffix(".tmp")
-        tmp.write_text(self.state.to_json())
-        tmp.replace(self.layout.state_file)
+        self.state.save(self.layout.state_file)
 
     def start(self, name: str, command: list[str], ports: dict[str, int]) -> ComponentState:
-        log = self.layout.log_file(name)
-        with log.open("ab") as out:
-            proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.layout.node_dir,
-                start_new_session=True,
-            )
-        component = ComponentState(
-            name=name,
-            pid=proc.pid,
-            start_ticks=_start_ticks(proc.pid),
-            ports=ports,
-            log=str(log),
-            command=command,
-        )
+        component = spawn(name, command, self.layout.log_file(name), ports, self.layout.node_dir)
         self.update(components=[*self.state.components, component])
         return component
 
 
 def read_state(state_dir: Path) -> NodeState | None:
-    path = state_dir / "node" / "node.json"
-    if not path.is_file():
-        return None
-    return NodeState.from_json(path.read_text())
+    return NodeState.load(state_dir / "node" / "node.json")
 
 
 def _wait(what: str, check: Callable[[], bool], deadline: float, watch: Sequence[ComponentState]) -> None:
@@ -289,9 +213,6 @@ def ensure_pause_image(bin_dir: Path) -> None:
     """The sandbox image: our static pause binary as the only file, imported into Docker."""
     if _run(["docker", "image", "inspect", nm.PAUSE_IMAGE], check=False).returncode == 0:
         return
-    import io
-    import tarfile
-
     payload = io.BytesIO()
     with tarfile.open(fileobj=payload, mode="w") as tar:
         tar.add(str(bin_dir / "pause"), arcname="pause")
@@ -365,17 +286,6 @@ def _node_status(cluster: LocalCluster, name: str) -> dict[str, Any] | None:
     return body if code == 200 and isinstance(body, dict) else None
 
 
-def _node_ready(node: dict[str, Any] | None) -> bool:
-    if node is None:
-        return False
-    conditions = node.get("status", {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n")
-
-
 def start(cluster: LocalCluster, options: RealNodeOptions, progress: Progress = lambda _: None) -> RealNode:
     """Start the node against a running control plane and wait for it to be Ready with DNS, Service
     routing and the apiserver relay working; on failure, undo everything and raise RealNodeError."""
@@ -392,9 +302,9 @@ def start(cluster: LocalCluster, options: RealNodeOptions, progress: Progress = 
     if Path(f"/sys/class/net/{network.bridge}").exists():
         raise RealNodeError(
             f"interface {network.bridge} exists: another real node runs (or was not torn down): "
-            f"`ddpjob cluster down`, or `ip link del {network.bridge}`"
+            f"`ddp-harness cluster down`, or `ip link del {network.bridge}`"
         )
-    if layout.containerd_socket.exists() and _unix_socket_alive(layout.containerd_socket):
+    if layout.containerd_socket.exists() and unix_socket_alive(layout.containerd_socket):
         raise RealNodeError(f"a containerd already serves {layout.containerd_socket}")
 
     started = time.monotonic()
@@ -429,14 +339,6 @@ def start(cluster: LocalCluster, options: RealNodeOptions, progress: Progress = 
     return RealNode(options.name, network, layout, seconds_to_ready)
 
 
-def _unix_socket_alive(path: Path) -> bool:
-    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(1)
-        s.connect(str(path))
-        return True
-    return False
-
-
 def _start_node(
     cluster: LocalCluster,
     options: RealNodeOptions,
@@ -451,22 +353,20 @@ def _start_node(
     bin_dir = cluster.bin_dir
     started = time.monotonic()
     apiserver_port = int(cluster.apiserver.rsplit(":", 1)[1])
-    ports = nm.NodePorts(*_free_ports(7))
+    ports = nm.NodePorts(*free_ports(7))
 
     # Certificates and kubeconfigs, signed by the cluster's CA.
-    ca_cert, ca_key = cluster.ca_cert, cluster.ca_key
-    _openssl_leaf(
-        layout, ca_cert, ca_key, "kubelet", f"/O=system:nodes/CN=system:node:{options.name}", "clientAuth"
-    )
-    _openssl_leaf(
-        layout, ca_cert, ca_key, "kubelet-serving", f"/CN={options.name}", "serverAuth",
+    ca_cert, ca = cluster.ca_cert, cluster.layout
+    sign_leaf(layout, ca, "kubelet", f"/O=system:nodes/CN=system:node:{options.name}", "clientAuth")
+    sign_leaf(
+        layout, ca, "kubelet-serving", f"/CN={options.name}", "serverAuth",
         (f"IP:{network.gateway}", f"DNS:{options.name}", f"IP:{LOCALHOST}"),
     )  # fmt: skip
-    _openssl_leaf(layout, ca_cert, ca_key, "kube-proxy", f"/CN={nm.KUBE_PROXY_USER}", "clientAuth")
-    _openssl_leaf(layout, ca_cert, ca_key, "coredns", f"/CN={nm.COREDNS_USER}", "clientAuth")
+    sign_leaf(layout, ca, "kube-proxy", f"/CN={nm.KUBE_PROXY_USER}", "clientAuth")
+    sign_leaf(layout, ca, "coredns", f"/CN={nm.COREDNS_USER}", "clientAuth")
     for component, user in (("kubelet", f"system:node:{options.name}"), ("kube-proxy", nm.KUBE_PROXY_USER),
                             ("coredns", nm.COREDNS_USER)):  # fmt: skip
-        _write_json(
+        write_json(
             layout.kubeconfig(component),
             kubeconfig(cluster.apiserver, ca_cert, layout.cert(component), layout.key(component), user),
         )
@@ -476,9 +376,9 @@ def _start_node(
     upstream = nm.upstream_nameservers(host_resolv)
     layout.resolv_conf.write_text(nm.node_resolv_conf(upstream))
     layout.containerd_config.write_text(nm.containerd_config(layout, network, cni_bin_dir))
-    _write_json(layout.cni_conf_dir / "10-ddp-pods.conflist", nm.cni_conflist(network, layout))
-    _write_json(layout.kubelet_config, nm.kubelet_config(layout, network, ports, ca_cert))
-    _write_json(layout.kube_proxy_config, nm.kube_proxy_config(layout, network, ports, options.name))
+    write_json(layout.cni_conf_dir / "10-ddp-pods.conflist", nm.cni_conflist(network, layout))
+    write_json(layout.kubelet_config, nm.kubelet_config(layout, network, ports, ca_cert))
+    write_json(layout.kube_proxy_config, nm.kube_proxy_config(layout, network, ports, options.name))
     layout.corefile.write_text(nm.corefile(network, ports, layout.kubeconfig("coredns"), upstream))
     volume_dirs = [layout.volumes_dir / f"pv-{i}" for i in range(options.volumes)]
     for d in volume_dirs:
@@ -528,7 +428,7 @@ def _start_node(
     )
     _wait(
         f"node {options.name} to turn Ready",
-        lambda: _node_ready(_node_status(cluster, options.name)),
+        lambda: node_ready(_node_status(cluster, options.name)),
         deadline,
         [containerd, kubelet],
     )
@@ -566,17 +466,17 @@ def _start_node(
     every = [containerd, kubelet, proxy, coredns, relay]
     _wait(
         "kube-proxy's first sync",
-        lambda: _http_status(f"http://{LOCALHOST}:{ports.kube_proxy_healthz}/healthz") == 200,
+        lambda: http_status(f"http://{LOCALHOST}:{ports.kube_proxy_healthz}/healthz") == 200,
         deadline,
         every,
     )
     _wait(
         "CoreDNS ready",
-        lambda: _http_status(f"http://{LOCALHOST}:{ports.coredns_ready}/ready") == 200,
+        lambda: http_status(f"http://{LOCALHOST}:{ports.coredns_ready}/ready") == 200,
         deadline,
         every,
     )
-    _wait("the apiserver relay", lambda: _tcp_open(network.gateway, apiserver_port), deadline, every)
+    _wait("the apiserver relay", lambda: tcp_open(network.gateway, apiserver_port), deadline, every)
     step("kube-proxy, CoreDNS and the apiserver relay ready")
     return seconds_to_ready
 
@@ -613,13 +513,12 @@ def _revive_containerd(state: NodeState, layout: nm.NodeLayout) -> ComponentStat
     containers that still run, so their sandboxes can be removed through CRI."""
     if not layout.containerd_config.is_file():
         return None
-    log = layout.log_file("containerd")
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [shutil.which("containerd") or "containerd", "--config", str(layout.containerd_config)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    revived = ComponentState("containerd", proc.pid, _start_ticks(proc.pid), {}, str(log), [])
+    revived = spawn(
+        "containerd",
+        [shutil.which("containerd") or "containerd", "--config", str(layout.containerd_config)],
+        layout.log_file("containerd"),
+        {},
+    )
     deadline = time.monotonic() + 30
     while _run(_ctr(layout, "version"), check=False).returncode != 0:
         if time.monotonic() > deadline or not is_running(revived):
@@ -701,14 +600,6 @@ def stop(state_dir: Path, *, progress: Progress = lambda _: None) -> bool:
 
 
 def status(state_dir: Path) -> list[ComponentStatus]:
-    """The node's components as `ddpjob cluster status` lists them; empty without a node."""
+    """The node's components as `ddp-harness cluster status` lists them; empty without a node."""
     state = read_state(state_dir)
-    if state is None:
-        return []
-    rows = []
-    for c in state.components:
-        running = is_running(c)
-        rows.append(
-            ComponentStatus(c.name, c.pid, running, rss_bytes(c.pid) if running else 0, c.ports, c.log)
-        )
-    return rows
+    return [] if state is None else component_statuses(state.components)

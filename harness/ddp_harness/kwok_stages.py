@@ -7,13 +7,22 @@ Stages (each a rule "objects matching this selector get this status next"):
   silent; removing the annotation makes it Ready again.
 - pod-ready: a pod scheduled onto a fake node becomes Running and Ready.
 - pod-complete-by-annotation: a test ends a pod by annotating it with `kwok.ddp.dev/exit-code` (and
-  optionally `kwok.ddp.dev/reason`); every container is terminated with that code, the pod phase is
-  Succeeded for 0 and Failed otherwise.
+  optionally `kwok.ddp.dev/reason`, and `kwok.ddp.dev/finished-at`: when the process ended, which a
+  late report carries); every container is terminated with that code, the pod phase is Succeeded for
+  0 and Failed otherwise.
 - pod-delete: a pod marked for deletion goes away at once (the kubelet's final delete).
+
+The fault model of a real cluster (``ReportLatency``): each node's kubelet reports pod changes (start,
+end) after a latency of its own plus jitter, so reports of one gang arrive late and out of order; and a
+lost node's kubelet reports nothing at all: pods annotated `kwok.ddp.dev/node-lost` (the harness marks a
+lost node's pods with the node) are never started, ended or finally deleted, so a deleted one stays
+Terminating until the node comes back, as on a real cluster.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 KWOK_API_VERSION = "kwok.x-k8s.io/v1alpha1"
@@ -24,6 +33,7 @@ FAKE_NODE_ANNOTATION_VALUE = "fake"
 NODE_LOST_ANNOTATION = "kwok.ddp.dev/node-lost"
 EXIT_CODE_ANNOTATION = "kwok.ddp.dev/exit-code"
 REASON_ANNOTATION = "kwok.ddp.dev/reason"
+FINISHED_AT_ANNOTATION = "kwok.ddp.dev/finished-at"
 
 _NOT_DELETING = {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}
 _EXIT_CODE_KEY = f'.metadata.annotations["{EXIT_CODE_ANNOTATION}"]'
@@ -153,10 +163,12 @@ startTime: {{ $now | Quote }}
 """
 
 # The exit code comes from the annotation verbatim, so a non-numeric value fails kwok's render loudly.
-_POD_COMPLETE = """\
+_POD_COMPLETE = (
+    """\
 {{ $now := Now }}
 {{ $annotations := or .metadata.annotations dict }}
 {{ $code := index $annotations "EXIT_CODE" }}
+{{ $finishedAt := or (index $annotations "FINISHED_AT") $now }}
 {{ $reason := "Error" }}
 {{ if eq $code "0" }}{{ $reason = "Completed" }}{{ end }}
 {{ with index $annotations "REASON" }}{{ $reason = . }}{{ end }}
@@ -188,7 +200,7 @@ containerStatuses:
       exitCode: {{ $code }}
       reason: {{ $reason | Quote }}
       startedAt: {{ $startedAt | Quote }}
-      finishedAt: {{ $now | Quote }}
+      finishedAt: {{ $finishedAt | Quote }}
 {{ end }}
 {{ if eq $code "0" }}
 phase: Succeeded
@@ -196,7 +208,23 @@ phase: Succeeded
 phase: Failed
 {{ end }}
 startTime: {{ $startedAt | Quote }}
-""".replace("EXIT_CODE", EXIT_CODE_ANNOTATION).replace("REASON", REASON_ANNOTATION)
+""".replace("EXIT_CODE", EXIT_CODE_ANNOTATION)
+    .replace("REASON", REASON_ANNOTATION)
+    .replace("FINISHED_AT", FINISHED_AT_ANNOTATION)
+)
+
+
+@dataclass(frozen=True)
+class ReportLatency:
+    """How late each fake node's kubelet reports: node i after i x ``step_ms`` plus up to ``jitter_ms``."""
+
+    step_ms: int = 300
+    jitter_ms: int = 900
+
+    def delay(self, node_index: int) -> dict[str, int]:
+        base = node_index * self.step_ms
+        # kwok picks the delay uniformly between durationMilliseconds and jitterDurationMilliseconds.
+        return {"durationMilliseconds": base, "jitterDurationMilliseconds": base + self.jitter_ms}
 
 
 def _stage(
@@ -211,8 +239,33 @@ def _stage(
     return {"apiVersion": KWOK_API_VERSION, "kind": "Stage", "metadata": {"name": name}, "spec": spec}
 
 
-def kwok_stages(heartbeat_interval_ms: int = 10_000) -> list[dict[str, Any]]:
-    """The full Stage set (node and pod lifecycles) that kwok runs with."""
+def _per_node(
+    name: str,
+    selector: list[dict[str, Any]],
+    next_: dict[str, Any],
+    nodes: Sequence[str],
+    latency: ReportLatency | None,
+) -> list[dict[str, Any]]:
+    """One stage, or one per node with that node's report latency."""
+    if latency is None or not nodes:
+        return [_stage(name, "Pod", selector, next_)]
+    return [
+        _stage(
+            f"{name}-{node}",
+            "Pod",
+            [*selector, {"key": ".spec.nodeName", "operator": "In", "values": [node]}],
+            next_,
+            delay=latency.delay(index),
+        )
+        for index, node in enumerate(nodes)
+    ]
+
+
+def kwok_stages(
+    heartbeat_interval_ms: int = 10_000, nodes: Sequence[str] = (), latency: ReportLatency | None = None
+) -> list[dict[str, Any]]:
+    """The full Stage set (node and pod lifecycles) that kwok runs with; with ``latency``, the pod
+    stages of each node in ``nodes`` report after that node's latency."""
     ready_not_true = {
         "key": '.status.conditions.[] | select( .type == "Ready" ) | .status',
         "operator": "NotIn",
@@ -222,6 +275,8 @@ def kwok_stages(heartbeat_interval_ms: int = 10_000) -> list[dict[str, Any]]:
     ready_not_unknown = {**ready_not_true, "values": ["Unknown"]}
     alive = {"key": _NODE_LOST_KEY, "operator": "DoesNotExist"}
     lost = {"key": _NODE_LOST_KEY, "operator": "Exists"}
+    # A pod of a lost node (marked like its node): its kubelet reports nothing, deletions included.
+    kubelet_alive = alive
     return [
         _stage("node-initialize", "Node", [alive, ready_not_true], {"statusTemplate": _NODE_INITIALIZE}),
         _stage("node-lost", "Node", [lost, ready_not_unknown], {"statusTemplate": _NODE_LOST}),
@@ -236,31 +291,35 @@ def kwok_stages(heartbeat_interval_ms: int = 10_000) -> list[dict[str, Any]]:
             },
             immediateNextStage=True,
         ),
-        _stage(
+        *_per_node(
             "pod-ready",
-            "Pod",
             [
                 _NOT_DELETING,
+                kubelet_alive,
                 {"key": _EXIT_CODE_KEY, "operator": "DoesNotExist"},
                 {"key": ".status.phase", "operator": "In", "values": ["Pending"]},
                 ready_not_true,
             ],
             {"statusTemplate": _POD_READY},
+            nodes,
+            latency,
         ),
-        _stage(
+        *_per_node(
             "pod-complete-by-annotation",
-            "Pod",
             [
                 _NOT_DELETING,
+                kubelet_alive,
                 {"key": _EXIT_CODE_KEY, "operator": "Exists"},
                 {"key": ".status.phase", "operator": "In", "values": ["Pending", "Running"]},
             ],
             {"statusTemplate": _POD_COMPLETE},
+            nodes,
+            latency,
         ),
         _stage(
             "pod-delete",
             "Pod",
-            [{"key": ".metadata.deletionTimestamp", "operator": "Exists"}],
+            [{"key": ".metadata.deletionTimestamp", "operator": "Exists"}, kubelet_alive],
             {"delete": True},
         ),
     ]

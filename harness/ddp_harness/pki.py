@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ddp_operator.cluster.manifests import LOCALHOST, Layout
+from ddp_harness.manifests import Layout
+from ddp_harness.processes import LOCALHOST, StateLayout
 
 _EC_KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 _VALID_DAYS = "3650"
@@ -60,7 +62,16 @@ def _openssl(*args: str) -> None:
         raise PkiError(f"openssl {args[0]} failed: {result.stderr.strip()}")
 
 
-def _leaf(layout: Layout, name: str, subject: str, usages: str, sans: tuple[str, ...] = ()) -> None:
+def sign_leaf(
+    layout: StateLayout,
+    ca: StateLayout,
+    name: str,
+    subject: str,
+    usages: str,
+    sans: Sequence[str] = (),
+) -> None:
+    """A key and a certificate, layout.key(name) and layout.cert(name), signed by ca's "ca" pair;
+    usages is the extendedKeyUsage (serverAuth, clientAuth)."""
     extensions = [
         "basicConstraints=critical,CA:FALSE",
         "keyUsage=critical,digitalSignature,keyEncipherment",
@@ -73,9 +84,10 @@ def _leaf(layout: Layout, name: str, subject: str, usages: str, sans: tuple[str,
         "req", "-x509", *_EC_KEY,
         "-keyout", str(layout.key(name)), "-out", str(layout.cert(name)),
         "-subj", subject, "-days", _VALID_DAYS,
-        "-CA", str(layout.cert("ca")), "-CAkey", str(layout.key("ca")),
+        "-CA", str(ca.cert("ca")), "-CAkey", str(ca.key("ca")),
         *addext,
     )  # fmt: skip
+    layout.key(name).chmod(0o600)
 
 
 def generate_pki(layout: Layout) -> None:
@@ -89,10 +101,10 @@ def generate_pki(layout: Layout) -> None:
         "-addext", "basicConstraints=critical,CA:TRUE",
         "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
     )  # fmt: skip
-    _leaf(layout, "apiserver", "/CN=kube-apiserver", "serverAuth", APISERVER_SANS)
+    sign_leaf(layout, layout, "apiserver", "/CN=kube-apiserver", "serverAuth", APISERVER_SANS)
     for identity in CLIENT_IDENTITIES:
         organization = f"/O={identity.group}" if identity.group else ""
-        _leaf(layout, identity.name, f"{organization}/CN={identity.user}", "clientAuth")
+        sign_leaf(layout, layout, identity.name, f"{organization}/CN={identity.user}", "clientAuth")
     _openssl(
         "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(layout.key("sa"))
     )

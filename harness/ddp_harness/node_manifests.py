@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddp_operator.cluster.manifests import LOCALHOST
+from ddp_harness.processes import LOCALHOST, StateLayout
 
 # The `kubernetes` Service's ClusterIP and the DNS Service's: both inside the control plane's
 # --service-cluster-ip-range (manifests.SERVICE_CLUSTER_IP_RANGE).
@@ -92,7 +92,7 @@ class NodePorts:
 
 @dataclass(frozen=True)
 class RealNodeOptions:
-    """What `ddpjob cluster up --real-node` starts (real_node.start)."""
+    """What `ddp-harness cluster up --real-node` starts (real_node.start)."""
 
     name: str = "ddp-node"
     network: NodeNetwork = field(default_factory=NodeNetwork)
@@ -109,7 +109,7 @@ DEFAULT_RUN_DIR = Path("/run/ddp-containerd")
 
 
 @dataclass(frozen=True)
-class NodeLayout:
+class NodeLayout(StateLayout):
     """Where the node's files live: under the cluster's state directory, except containerd's socket
     and runtime state (run_dir) and its image store (image_store), which persists across clusters so
     the large trainer image is imported once."""
@@ -133,15 +133,6 @@ class NodeLayout:
     @property
     def log_dir(self) -> Path:
         return self.state_dir / "logs"
-
-    def log_file(self, component: str) -> Path:
-        return self.log_dir / f"{component}.log"
-
-    def cert(self, name: str) -> Path:
-        return self.pki_dir / f"{name}.crt"
-
-    def key(self, name: str) -> Path:
-        return self.pki_dir / f"{name}.key"
 
     def kubeconfig(self, component: str) -> Path:
         return self.node_dir / f"{component}.kubeconfig"
@@ -419,7 +410,7 @@ def relay_command(python: str, listen_host: str, port: int, target_host: str) ->
     return [
         python,
         "-m",
-        "ddp_operator.cluster.tcp_relay",
+        "ddp_harness.tcp_relay",
         f"{listen_host}:{port}",
         f"{target_host}:{port}",
     ]

@@ -1,0 +1,421 @@
+"""The local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok,
+started as processes on this machine, and the handle clients use to reach them.
+
+Every component runs in its own process group, listens on 127.0.0.1 on a free port, and logs to its
+own file. What was started is recorded in the state directory's cluster.json, which `status` and
+`down` read, so they work from another process. cluster.py puts this and the real node together."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddp_harness import manifests, processes
+from ddp_harness.kwok_stages import NODE_LOST_ANNOTATION, ReportLatency, kwok_stages
+from ddp_harness.manifests import Layout, NodeShape, Ports
+from ddp_harness.pki import CLIENT_IDENTITIES, generate_pki
+from ddp_harness.processes import LOCALHOST, ClusterError, ComponentsRecord, ComponentState, Progress
+
+# Start order.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+_COMMANDS: dict[str, Callable[[Path, Layout, Ports], list[str]]] = {
+    "etcd": manifests.etcd_command,
+    "kube-apiserver": manifests.apiserver_command,
+    "kube-controller-manager": manifests.controller_manager_command,
+    "kube-scheduler": manifests.scheduler_command,
+    "kwok": manifests.kwok_command,
+}
+# Stopped in waves: the apiserver's clients, then the apiserver, then etcd (an apiserver whose etcd is
+# gone, or with clients still watching, takes long to shut down).
+STOP_WAVES = (("kwok", "kube-scheduler", "kube-controller-manager"), ("kube-apiserver",), ("etcd",))
+
+
+class KubectlError(subprocess.CalledProcessError):
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{self.stderr or ''}".rstrip()
+
+
+@dataclass(frozen=True)
+class ClusterState(ComponentsRecord):
+    state_dir: str
+    bin_dir: str
+    kubeconfig: str
+    audit_log: str
+    apiserver: str
+    nodes: list[str]
+    components: list[ComponentState]
+
+
+# ---- the API, over plain HTTPS with the admin certificate -------------------------------------------
+
+
+class ApiClient:
+    """Just enough of a Kubernetes client for bringing the cluster up (no dependency on the kubernetes
+    package, which the operator extra brings)."""
+
+    def __init__(self, server: str, layout: Layout) -> None:
+        self.server = server
+        self._ctx = ssl.create_default_context(cafile=str(layout.cert("ca")))
+        self._ctx.load_cert_chain(str(layout.cert("admin")), str(layout.key("admin")))
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.server + path, data=data, method=method)
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, context=self._ctx, timeout=timeout) as resp:
+                raw = resp.read()
+                status = resp.status
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            status = exc.code
+        except (urllib.error.URLError, OSError) as exc:  # not listening yet, reset, timed out
+            return 0, str(exc)
+        try:
+            return status, json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            return status, raw.decode(errors="replace")
+
+
+def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
+    return processes.http_status(url, ctx) == 200
+
+
+# ---- the handle --------------------------------------------------------------------------------------
+
+
+class LocalCluster:
+    """A running local control plane: paths for clients, and kubectl bound to its kubeconfig."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.state.state_dir)
+
+    @property
+    def bin_dir(self) -> Path:
+        return Path(self.state.bin_dir)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return Path(self.state.kubeconfig)
+
+    @property
+    def audit_log(self) -> Path:
+        return Path(self.state.audit_log)
+
+    @property
+    def kubectl(self) -> Path:
+        return self.bin_dir / "kubectl"
+
+    @property
+    def helm(self) -> Path:
+        return self.bin_dir / "helm"
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.state_dir)
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.layout.cert("ca")
+
+    @property
+    def ca_key(self) -> Path:
+        return self.layout.key("ca")
+
+    @property
+    def apiserver(self) -> str:
+        return self.state.apiserver
+
+    @property
+    def node_names(self) -> list[str]:
+        return list(self.state.nodes)
+
+    def env(self) -> dict[str, str]:
+        """os.environ with KUBECONFIG pointing at this cluster and its binaries first on PATH."""
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
+    def kubectl_run(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this cluster; with check, a non-zero exit raises KubectlError (stderr in
+        its message)."""
+        cmd = [str(self.kubectl), f"--kubeconfig={self.kubeconfig}", *args]
+        result = subprocess.run(
+            cmd, input=input, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and result.returncode != 0:
+            raise KubectlError(result.returncode, cmd, result.stdout, result.stderr)
+        return result
+
+    def helm_run(
+        self, *args: str, check: bool = True, timeout: float = 120.0
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.helm), f"--kubeconfig={self.kubeconfig}", *args]
+        result = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, check=False, env=self.env()
+        )
+        if check and result.returncode != 0:
+            raise KubectlError(result.returncode, cmd, result.stdout, result.stderr)
+        return result
+
+    def get_json(self, *args: str) -> Any:
+        """`kubectl get ARGS -o json`, parsed."""
+        return json.loads(self.kubectl_run("get", *args, "-o", "json").stdout)
+
+    def apply_json(self, obj: Any, *args: str) -> subprocess.CompletedProcess[str]:
+        """`kubectl apply -f -` with the object (or a v1 List) given as a dict."""
+        return self.kubectl_run("apply", "-f", "-", *args, input=json.dumps(obj))
+
+    def create_namespace(self, name: str, timeout_s: float = 30.0) -> None:
+        """Create a namespace and wait for its default service account, without which the apiserver
+        refuses pods (the controller-manager creates it a moment after the namespace)."""
+        self.kubectl_run("create", "namespace", name)
+        deadline = time.monotonic() + timeout_s
+        while self.kubectl_run("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise ClusterError(f"namespace {name} has no default service account after {timeout_s} s")
+            time.sleep(processes.POLL_S)
+
+    def api(self) -> ApiClient:
+        return ApiClient(self.apiserver, self.layout)
+
+    def running_components(self) -> list[str]:
+        return [c.name for c in self.state.components if processes.is_running(c)]
+
+    # ---- faults a real cluster has ----------------------------------------------------------------
+
+    def _mark_lost(self, node: str, lost: bool) -> None:
+        mark = f"{NODE_LOST_ANNOTATION}=true" if lost else f"{NODE_LOST_ANNOTATION}-"
+        if not lost:
+            self.kubectl_run("annotate", "node", node, "--overwrite", mark)
+        # Pods before the node when losing it: the kubelet goes silent before its node is noticed, so
+        # no eviction can reach a pod that kwok would still confirm.
+        pods = self.get_json("pods", "-A", "--field-selector", f"spec.nodeName={node}")["items"]
+        for pod in pods:
+            meta = pod["metadata"]
+            self.kubectl_run(
+                "annotate", "pod", meta["name"], "-n", meta["namespace"], "--overwrite", mark, check=False
+            )
+        if lost:
+            self.kubectl_run("annotate", "node", node, "--overwrite", mark)
+
+    def lose_node(self, node: str) -> None:
+        """The node's kubelet goes silent: the node turns Unknown (then tainted, its pods evicted), and
+        nothing on it reports again; a pod deleted there stays Terminating until ``restore_node``."""
+        self._mark_lost(node, True)
+
+    def restore_node(self, node: str) -> None:
+        """The kubelet is back: the node turns Ready and confirms the deletions it missed."""
+        self._mark_lost(node, False)
+
+    def restart_component(self, name: str, timeout_s: float = 60.0) -> ComponentState:
+        """SIGKILL one component and start it again with the same command (an apiserver crash, say)."""
+        old = next(c for c in self.state.components if c.name == name)
+        processes.kill(old)
+        new = processes.spawn(old.name, old.command, Path(old.log), old.ports, self.state_dir)
+        self.state = dataclasses.replace(
+            self.state, components=[new if c.name == name else c for c in self.state.components]
+        )
+        self.state.save(self.layout.state_file)
+        if name == "kube-apiserver":
+            processes.wait_for(
+                "kube-apiserver /readyz after its restart",
+                lambda: self.api().request("GET", "/readyz")[0] == 200,
+                time.monotonic() + timeout_s,
+                [new],
+            )
+        return new
+
+
+# ---- start / stop ------------------------------------------------------------------------------------
+
+
+def read_state(state_dir: Path) -> ClusterState | None:
+    return ClusterState.load(Layout(state_dir).state_file)
+
+
+def _write_config(layout: Layout, ports: Ports, nodes: Sequence[str], latency: ReportLatency | None) -> None:
+    server = manifests.apiserver_url(ports)
+    ca = layout.cert("ca")
+    processes.write_json(
+        layout.kubeconfig,
+        manifests.kubeconfig(server, ca, layout.cert("admin"), layout.key("admin"), "ddp-admin"),
+    )
+    for identity in CLIENT_IDENTITIES:
+        if identity.name in COMPONENTS:
+            config = manifests.kubeconfig(
+                server, ca, layout.cert(identity.name), layout.key(identity.name), identity.user
+            )
+            processes.write_json(layout.component_kubeconfig(identity.name), config)
+    layout.kubeconfig.chmod(0o600)
+    processes.write_json(layout.audit_policy, manifests.audit_policy())
+    # JSON is YAML: one document per Stage.
+    stages = kwok_stages(nodes=nodes, latency=latency)
+    layout.kwok_config.write_text("---\n".join(json.dumps(stage) + "\n" for stage in stages))
+
+
+def _component_ports(name: str, ports: Ports) -> dict[str, int]:
+    return {
+        "etcd": {"client": ports.etcd_client, "peer": ports.etcd_peer},
+        "kube-apiserver": {"https": ports.apiserver},
+        "kube-controller-manager": {"https": ports.controller_manager},
+        "kube-scheduler": {"https": ports.scheduler},
+        "kwok": {"http": ports.kwok},
+    }[name]
+
+
+class _Starter:
+    """Starts components one by one, recording each in the state file as soon as it runs, so a failed
+    `up` can still be cleaned by `down`."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        bin_dir: Path,
+        ports: Ports,
+        nodes: list[str],
+        extra_flags: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        self.extra_flags = dict(extra_flags or {})
+        self.layout = layout
+        self.bin_dir = bin_dir
+        self.ports = ports
+        self.components: list[ComponentState] = []
+        self.nodes = nodes
+
+    def state(self) -> ClusterState:
+        return ClusterState(
+            state_dir=str(self.layout.state_dir),
+            bin_dir=str(self.bin_dir),
+            kubeconfig=str(self.layout.kubeconfig),
+            audit_log=str(self.layout.audit_log),
+            apiserver=manifests.apiserver_url(self.ports),
+            nodes=list(self.nodes),
+            components=list(self.components),
+        )
+
+    def save(self) -> None:
+        self.state().save(self.layout.state_file)
+
+    def start(self, name: str) -> ComponentState:
+        command = [*_COMMANDS[name](self.bin_dir, self.layout, self.ports), *self.extra_flags.get(name, ())]
+        component = processes.spawn(
+            name,
+            command,
+            self.layout.log_file(name),
+            _component_ports(name, self.ports),
+            self.layout.state_dir,
+        )
+        self.components.append(component)
+        self.save()
+        return component
+
+
+def start(
+    layout: Layout,
+    bin_dir: Path,
+    node_count: int,
+    node_shape: NodeShape,
+    deadline: float,
+    progress: Progress = lambda _: None,
+    latency: ReportLatency | None = None,
+    extra_flags: Mapping[str, Sequence[str]] | None = None,
+) -> LocalCluster:
+    """Start every component in an empty state directory, with node_count fake GPU nodes, and return
+    the handle once all are healthy; on failure, stop what was started (logs stay) and raise."""
+    started = time.monotonic()
+    layout.log_dir.mkdir(parents=True, exist_ok=True)
+    ports = Ports(*processes.free_ports(6))
+    nodes = [manifests.node_name(i) for i in range(node_count)]
+    starter = _Starter(layout, bin_dir, ports, nodes, extra_flags)
+    starter.save()  # from here on the directory is recognisably ours, for `down` and the next `up`
+    generate_pki(layout)
+    _write_config(layout, ports, nodes, latency)
+
+    def step(message: str) -> None:
+        progress(f"{message} ({time.monotonic() - started:.1f} s)")
+
+    try:
+        etcd = starter.start("etcd")
+        etcd_url = f"http://{LOCALHOST}:{ports.etcd_client}/health"
+        processes.wait_for("etcd", lambda: _http_ok(etcd_url), deadline, [etcd])
+        step(f"etcd ready on {LOCALHOST}:{ports.etcd_client}")
+
+        apiserver = starter.start("kube-apiserver")
+        api = ApiClient(manifests.apiserver_url(ports), layout)
+        processes.wait_for(
+            "kube-apiserver /readyz",
+            lambda: api.request("GET", "/readyz")[0] == 200,
+            deadline,
+            [etcd, apiserver],
+        )
+        step(f"kube-apiserver ready on {manifests.apiserver_url(ports)}")
+
+        others = [starter.start(name) for name in COMPONENTS[2:]]
+        for name in nodes:
+            code, body = api.request("POST", "/api/v1/nodes", manifests.fake_gpu_node(name, node_shape))
+            if code != 201:
+                raise ClusterError(f"creating node {name} failed ({code}): {body}")
+        step(f"created {len(nodes)} fake GPU nodes")
+
+        def nodes_ready() -> bool:
+            code, body = api.request("GET", "/api/v1/nodes")
+            ready = (
+                {n["metadata"]["name"] for n in body.get("items", []) if processes.node_ready(n)}
+                if code == 200
+                else set()
+            )
+            return set(nodes) <= ready
+
+        def default_service_account() -> bool:
+            return api.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200
+
+        every = starter.components
+        processes.wait_for("the fake nodes to turn Ready (kwok)", nodes_ready, deadline, every)
+        step("nodes Ready")
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE  # the components' own self-signed serving certs
+        for c in others:
+            if "https" in c.ports:
+                url = f"https://{LOCALHOST}:{c.ports['https']}/healthz"
+                processes.wait_for(
+                    f"{c.name} /healthz", functools.partial(_http_ok, url, insecure), deadline, every
+                )
+        processes.wait_for(
+            "the default service account (controller-manager)", default_service_account, deadline, every
+        )
+        step("controller-manager and scheduler healthy")
+    except BaseException:
+        processes.stop_components(starter.components, STOP_WAVES)
+        raise
+    return LocalCluster(starter.state())
+
+
+def stop(state: ClusterState, progress: Progress = lambda _: None) -> None:
+    """Stop every recorded component; raises ClusterError naming those that would not stop."""
+    for name in processes.stop_components(state.components, STOP_WAVES):
+        progress(f"{name} did not stop on SIGTERM and was killed")
+    still = [c.name for c in state.components if processes.is_running(c)]
+    if still:
+        raise ClusterError(f"could not stop {', '.join(still)}; state kept in {state.state_dir}")

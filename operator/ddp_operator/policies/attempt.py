@@ -1,0 +1,47 @@
+"""The one attempt judge: the failure and success policies together, for the operator and `ddpjob run`.
+
+Any failure decides the attempt (``failure.judge_failures``: the first by when it happened, retried or
+not under the restart policy and backoffLimit); without one, the attempt succeeded once every rank
+exited 0 (``success``), and is still running otherwise. The operator feeds it pod observations, the
+local runner process exits: the rules, reasons and messages are the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from ddp_operator.policies import failure, success
+
+Outcome = Literal["running", "succeeded", "retry", "failed"]
+
+
+@dataclass(frozen=True)
+class AttemptVerdict:
+    outcome: Outcome
+    reason: str = ""
+    message: str = ""
+
+
+STILL_RUNNING: Final = AttemptVerdict("running")
+
+
+def judge_attempt(
+    restart_policy: str,
+    backoff_limit: int,
+    restarts: int,
+    attempt: int,
+    replicas: int,
+    failures: Sequence[failure.RankFailure],
+    succeeded_ranks: Collection[int],
+) -> AttemptVerdict:
+    """Succeeded, retry the gang as attempt + 1, failed, or still running."""
+    if failures:
+        verdict = failure.judge_failures(restart_policy, backoff_limit, restarts, failures, attempt)
+        return AttemptVerdict("retry" if verdict.retry else "failed", verdict.reason, verdict.message)
+    if frozenset(succeeded_ranks) >= frozenset(range(replicas)):
+        return AttemptVerdict(
+            "succeeded", success.REASON_SUCCEEDED, success.success_message(replicas, attempt)
+        )
+    return STILL_RUNNING

@@ -1,0 +1,73 @@
+"""No import circle in our packages, late (function-level) imports included: a circle dodged by
+importing late is still a circle. The product and the harness are checked alike."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {"ddp_operator": "operator", "ddp_trainer": "trainer_image", "ddp_harness": "harness"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package, base in PACKAGES.items():
+        for path in (ROOT / base / package).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT / base).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the modules of ours it imports anywhere in its body (`from pkg import sub` is an edge
+    to pkg.sub, not to pkg)."""
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                submodules = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+                targets |= submodules
+                if len(submodules) < len(node.names):
+                    targets.add(node.module)
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+        graph[name] = (targets & modules.keys()) - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found: list[list[str]] = []
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(module: str) -> None:
+        visiting.append(module)
+        for target in sorted(graph[module]):
+            if target in visiting:
+                found.append([*visiting[visiting.index(target) :], target])
+            elif target not in done:
+                visit(target)
+        visiting.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b", "a"]]
+
+
+def test_no_import_circle_in_our_packages() -> None:
+    graph = _import_graph()
+    assert "ddp_harness.real_node" in graph and "ddp_operator.cli" in graph
+    assert _cycles(graph) == []

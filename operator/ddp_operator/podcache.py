@@ -3,7 +3,8 @@
 kopf would watch every pod of a namespace and filter labels on the client, so the operator's cost would
 grow with pods that are not ours. This cache is an informer of its own instead: one LIST per watched
 namespace (or one cluster-wide) with a server-side label selector, then a WATCH from that list's
-resourceVersion, relisting only when the apiserver answers 410 Gone. Reconciles read the cache and never
+resourceVersion, resuming it from the last version seen when a connection breaks and relisting only
+when the apiserver answers 410 Gone. Reconciles read the cache and never
 LIST. `synced` is set once every scope has been listed: before that, a job with pods would look like a
 job whose pods vanished, so the controller waits for it.
 
@@ -157,30 +158,38 @@ class PodCache:
         self._stop.set()
 
     def _informer(self, loop: asyncio.AbstractEventLoop, scope: str | None) -> None:
-        """List, then watch until 410; repeat. Runs on a watch thread until `stop()`."""
+        """List once, then watch from the last resourceVersion seen, across broken connections (an
+        apiserver restart, a proxy timeout) as client-go's reflector does; list again only when the
+        apiserver answers 410 Gone (that version is compacted away). Runs on a watch thread until
+        `stop()`."""
         backoff = 0.5
+        version: str | None = None
+        where = scope or "all namespaces"
         while not self._stop.is_set():
             try:
-                items, version = self._api.list_pods_blocking(scope, self._selector)
-                loop.call_soon_threadsafe(self._replace_scope, scope, items)
-                backoff = 0.5
-                while not self._stop.is_set():
-                    for event in self._api.watch_pods_blocking(scope, self._selector, version):
-                        if self._stop.is_set():
-                            return
-                        obj = event.get("object") or {}
-                        new_version = (obj.get("metadata") or {}).get("resourceVersion")
-                        if new_version:
-                            version = str(new_version)
-                        if event.get("type") == "BOOKMARK":
-                            continue
-                        self.events_seen += 1
-                        loop.call_soon_threadsafe(self._apply, str(event.get("type")), obj)
+                if version is None:
+                    items, version = self._api.list_pods_blocking(scope, self._selector)
+                    loop.call_soon_threadsafe(self._replace_scope, scope, items)
+                for event in self._api.watch_pods_blocking(scope, self._selector, version):
+                    if self._stop.is_set():
+                        return
+                    backoff = 0.5
+                    obj = event.get("object") or {}
+                    new_version = (obj.get("metadata") or {}).get("resourceVersion")
+                    if new_version:
+                        version = str(new_version)
+                    if event.get("type") == "BOOKMARK":
+                        continue
+                    self.events_seen += 1
+                    loop.call_soon_threadsafe(self._apply, str(event.get("type")), obj)
             except ResourceVersionGone:
-                logger.info("pod watch of %s expired (410); listing again", scope or "all namespaces")
+                logger.info("pod watch of %s expired (410); listing again", where)
+                version = None
             except (ApiError, OSError, ValueError, Exception) as error:
                 if self._stop.is_set():
                     return
-                logger.warning("pod watch of %s failed: %s; retrying", scope or "all namespaces", error)
+                logger.warning(
+                    "pod watch of %s failed: %s; resuming from %s", where, error, version or "a list"
+                )
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)

@@ -27,7 +27,14 @@ from torch.utils.data import DistributedSampler
 from ddp_trainer.checkpoint import load_newest_checkpoint, save_checkpoint
 from ddp_trainer.config import ConfigError, DistEnv, TrainConfig, resolve_backend
 from ddp_trainer.control import StopFlag, Watchdog
-from ddp_trainer.exitcodes import EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED, PeerLostError, exit_code_for
+from ddp_trainer.exitcodes import (
+    EXIT_BAD_CONFIG,
+    EXIT_OK,
+    EXIT_PEER_LOST,
+    EXIT_STOPPED,
+    PeerLostError,
+    exit_code_for,
+)
 from ddp_trainer.library import Instrumentation, instrument
 from ddp_trainer.metrics import MetricsEndpoint, open_endpoint
 from ddp_trainer.progress import FinalResult, Progress, format_status_line
@@ -471,6 +478,12 @@ def _train_in_group(
         # The testing aid stands for this rank's own failure with that code: it exits first, as below.
         session.abandon()
         return injected.code
+    except ConfigError as error:
+        # Bad input found once in the group (a dataset the user mounted): one line, no traceback, and
+        # the usage code, which the ExitCode policy reads as permanent.
+        log(f"bad configuration: {error}")
+        session.abandon()
+        return EXIT_BAD_CONFIG
     except Exception as error:
         code = exit_code_for(error)
         if code == EXIT_PEER_LOST:

@@ -16,6 +16,7 @@ from ddp_operator.local.progress import (
     pod_metrics,
     render_line,
     render_summary,
+    straggler_note,
 )
 
 pytestmark = pytest.mark.unit
@@ -189,10 +190,11 @@ def test_summary_table() -> None:
         "samples",
         "allreduce",
         "p50",
+        "compute",
         "loss",
     ]
-    assert lines[3].split() == ["0", "1", "demo-1-0", "137", "(SIGKILL)", "-", "-", "-", "-", "-"]
-    assert lines[4].split() == ["1", "0", "demo-0-1", "0", "20", "640", "2.0KiB", "-", "0.1000"]
+    assert lines[3].split() == ["0", "1", "demo-1-0", "137", "(SIGKILL)", "-", "-", "-", "-", "-", "-"]
+    assert lines[4].split() == ["1", "0", "demo-0-1", "0", "20", "640", "2.0KiB", "-", "-", "0.1000"]
     assert lines[-3:] == ["attempts: 2 (restarts: 1)", "held-out accuracy: 0.95", "outcome: Succeeded"]
 
 
@@ -234,3 +236,64 @@ def test_scraper_forgets_exited_ranks_but_keeps_their_numbers() -> None:
     scraper.scrape_once()
     assert asked == [10, 11, 10]
     assert set(scraper.snapshot()) == {0, 1}
+
+
+def progress_exposition(
+    steps: int, samples: int, target: int, straggler: int = -1, slowdown: float = math.nan
+) -> str:
+    return f"""\
+ddp_sync_steps_total{{rank="0"}} {steps}.0
+ddp_samples_total{{rank="0"}} {samples}.0
+ddp_target_steps{{rank="0"}} {target}.0
+ddp_compute_seconds{{rank="0"}} 0.0125
+ddp_straggler_rank{{rank="0"}} {straggler}.0
+ddp_straggler_slowdown{{rank="0"}} {slowdown}
+ddp_loss{{rank="0"}} 0.5
+"""
+
+
+# (first scrape at t=0, second at t=10) -> what the line shows for the step and the straggler.
+LINE_CASES = {
+    "total unknown": ((10, 0), (30, 0), -1, math.nan, "| step 30 |", None),
+    "percent and ETA": ((10, 100), (30, 100), -1, math.nan, "| step 30/100 (30%, ETA 35s) |", None),
+    "long ETA": ((10, 5000), (30, 5000), -1, math.nan, "| step 30/5000 (0%, ETA 41m25s) |", None),
+    "a straggler": ((10, 100), (30, 100), 2, 2.5, "| step 30/100", "| straggler rank 2 (2.50x) |"),
+    "slowest, not slow enough": ((10, 100), (30, 100), 1, 1.2, "| step 30/100", None),
+}
+
+
+@pytest.mark.parametrize("case", LINE_CASES, ids=list(LINE_CASES))
+def test_progress_line_shows_percent_eta_and_the_straggler(case: str) -> None:
+    (step0, target0), (step1, target1), straggler, slowdown, shown, named = LINE_CASES[case]
+    tracker = ProgressTracker(pods_total=1)
+    tracker.record(0.0, {0: pod_metrics(promtext.parse(progress_exposition(step0, step0 * 8, target0)))})
+    later = progress_exposition(step1, step1 * 8, target1, straggler, slowdown)
+    tracker.record(10.0, {0: pod_metrics(promtext.parse(later))})
+    line = render_line(tracker.view(), attempt=0)
+    assert shown in line
+    if named is None:
+        assert "straggler" not in line
+    else:
+        assert named in line
+
+
+@pytest.mark.parametrize(
+    ("straggler", "slowdown", "note"),
+    [
+        (2, 3.0, "straggler: rank 2, 3.00x the median rank's compute time per step (rank 0's last exchange)"),
+        (2, 1.1, None),
+        (-1, math.nan, None),
+    ],
+)
+def test_summary_names_the_last_attempts_straggler(straggler: int, slowdown: float, note: str | None) -> None:
+    rank_zero = pod_metrics(promtext.parse(progress_exposition(30, 240, 30, straggler, slowdown)))
+    results = [
+        RankResult(0, 0, "demo-0-0", 170, PodMetrics(steps=3.0, straggler_rank=1, straggler_slowdown=9.0)),
+        RankResult(1, 0, "demo-0-1", 0, rank_zero),
+        RankResult(1, 1, "demo-1-1", 0, PodMetrics(steps=30.0)),
+    ]
+    assert straggler_note(results) == note
+    assert render_summary(results, "Succeeded", attempts=2).splitlines()[3].split()[-2:] == [
+        "12.5ms",
+        "0.5000",
+    ]

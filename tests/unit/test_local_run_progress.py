@@ -252,23 +252,51 @@ ddp_loss{{rank="0"}} 0.5
 """
 
 
-# (first scrape at t=0, second at t=10) -> what the line shows for the step and the straggler.
+# Scrapes at t=0, 5 and 10 (window 10 s): (step, total, straggler rank, slowdown) each -> what the line
+# shows for the step and the straggler. Step 0: no series yet. The step rate runs from the first round
+# that saw a step; a straggler is shown once it lasted the window.
+NONE = (-1, math.nan)
 LINE_CASES = {
-    "total unknown": ((10, 0), (30, 0), -1, math.nan, "| step 30 |", None),
-    "percent and ETA": ((10, 100), (30, 100), -1, math.nan, "| step 30/100 (30%, ETA 35s) |", None),
-    "long ETA": ((10, 5000), (30, 5000), -1, math.nan, "| step 30/5000 (0%, ETA 41m25s) |", None),
-    "a straggler": ((10, 100), (30, 100), 2, 2.5, "| step 30/100", "| straggler rank 2 (2.50x) |"),
-    "slowest, not slow enough": ((10, 100), (30, 100), 1, 1.2, "| step 30/100", None),
+    "total unknown": ([(0, 0, *NONE), (10, 0, *NONE), (30, 0, *NONE)], "| step 30 |", None),
+    "before training": (
+        [(0, 100, *NONE), (0, 100, *NONE), (0, 100, *NONE)],
+        "| step - |",
+        None,
+    ),
+    "percent and ETA": (
+        [(0, 100, *NONE), (10, 100, *NONE), (30, 100, *NONE)],
+        "| step 30/100 (30%, ETA 18s) |",
+        None,
+    ),
+    "the rate from the first step seen": (
+        [(0, 5000, *NONE), (10, 5000, *NONE), (30, 5000, *NONE)],
+        "| step 30/5000 (0%, ETA 20m42s) |",
+        None,
+    ),
+    "a lasting straggler": (
+        [(0, 100, 2, 2.5), (10, 100, 2, 2.5), (30, 100, 2, 2.5)],
+        "| step 30/100",
+        "| straggler rank 2 (2.50x) |",
+    ),
+    "a new straggler": ([(0, 100, *NONE), (10, 100, 2, 2.5), (30, 100, 2, 2.5)], "| step 30/100", None),
+    "another rank": ([(0, 100, 1, 2.5), (10, 100, 2, 2.5), (30, 100, 2, 2.5)], "| step 30/100", None),
+    "slowest, not slow enough": (
+        [(0, 100, 1, 1.2), (10, 100, 1, 1.2), (30, 100, 1, 1.2)],
+        "| step 30/100",
+        None,
+    ),
 }
 
 
 @pytest.mark.parametrize("case", LINE_CASES, ids=list(LINE_CASES))
 def test_progress_line_shows_percent_eta_and_the_straggler(case: str) -> None:
-    (step0, target0), (step1, target1), straggler, slowdown, shown, named = LINE_CASES[case]
-    tracker = ProgressTracker(pods_total=1)
-    tracker.record(0.0, {0: pod_metrics(promtext.parse(progress_exposition(step0, step0 * 8, target0)))})
-    later = progress_exposition(step1, step1 * 8, target1, straggler, slowdown)
-    tracker.record(10.0, {0: pod_metrics(promtext.parse(later))})
+    rounds, shown, named = LINE_CASES[case]
+    tracker = ProgressTracker(pods_total=1, window_seconds=10)
+    for when, (step, target, straggler, slowdown) in zip((0.0, 5.0, 10.0), rounds, strict=True):
+        text = progress_exposition(step, step * 8, target, straggler, slowdown)
+        if step == 0:  # no step synchronized yet: the trainer's counter exists but reads 0
+            text = text.replace('ddp_sync_steps_total{rank="0"} 0.0\n', "")
+        tracker.record(when, {0: pod_metrics(promtext.parse(text))})
     line = render_line(tracker.view(), attempt=0)
     assert shown in line
     if named is None:

@@ -107,6 +107,8 @@ class ProgressTracker:
         # (time, samples of all pods, allreduce buckets of all pods, the furthest step, the total)
         self._history: deque[tuple[float, float, dict[float, float], float | None, float | None]] = deque()
         self.latest: dict[int, PodMetrics] = {}
+        # The slowest rank as rank 0 names it, and since when (shown once it lasted the window).
+        self._straggler: progress.StragglerSighting | None = None
 
     def record(self, now: float, pods: Mapping[int, PodMetrics]) -> None:
         """Record one scrape round; pods that did not answer keep their last known numbers."""
@@ -114,6 +116,7 @@ class ProgressTracker:
         total_samples = sum(p.samples or 0.0 for p in self.latest.values())
         steps = [p.steps for p in self.latest.values() if p.steps is not None]
         targets = [p.target_steps for p in self.latest.values() if p.target_steps]
+        self._straggler = _follow(self._straggler, self.latest.get(0), now)
         self._history.append(
             (
                 now,
@@ -134,8 +137,10 @@ class ProgressTracker:
         done: dict[str, object] = {}
         if self._history:
             newest_time, newest_samples, newest_buckets, newest_step, target = self._history[-1]
-            oldest_time, oldest_samples, oldest_buckets, oldest_step, _ = self._history[0]
-            done = _completion(newest_time, newest_step, oldest_time, oldest_step, target)
+            oldest_time, oldest_samples, oldest_buckets, _, _ = self._history[0]
+            # The step rate from the oldest round that saw a step (none before training started).
+            stepped = next((h for h in self._history if h[3] is not None), self._history[-1])
+            done = _completion(newest_time, newest_step, stepped[0], stepped[3], target)
             if newest_time > oldest_time and newest_samples >= oldest_samples:
                 rate = (newest_samples - oldest_samples) / (newest_time - oldest_time)
             recent = promtext.subtract(newest_buckets, oldest_buckets)
@@ -154,13 +159,21 @@ class ProgressTracker:
             target_steps=_optional_int(done.get("target")),
             percent_complete=_optional_int(done.get("percentComplete")),
             seconds_remaining=_optional_int(done.get("estimatedSecondsRemaining")),
-            straggler=_straggler(self.latest.get(0)),
+            straggler=self._persistent_straggler(),
         )
+
+    def _persistent_straggler(self) -> progress.StragglerSighting | None:
+        sighting = self._straggler
+        if sighting is None or not self._history:
+            return None
+        lasted = (self._history[-1][0] - (sighting.since - _EPOCH).total_seconds()) >= self.window_seconds
+        return sighting if lasted else None
 
     def reset(self) -> None:
         """A new attempt: counters restart from zero in new processes."""
         self._history.clear()
         self.latest.clear()
+        self._straggler = None
 
 
 def _optional_int(value: object) -> int | None:
@@ -188,16 +201,22 @@ def _completion(
     return {**shown, "target": int(target)}
 
 
-def _straggler(rank_zero: PodMetrics | None) -> progress.StragglerSighting | None:
-    """The slowest rank, as rank 0 named it, when it is slower than the operator's threshold."""
+def _follow(
+    previous: progress.StragglerSighting | None, rank_zero: PodMetrics | None, now: float
+) -> progress.StragglerSighting | None:
+    """The slowest rank as rank 0 named it, when slower than the operator's threshold, and since when."""
     if rank_zero is None:
         return None
     scrape = progress.RankZeroScrape(
-        taken_at=_EPOCH,
+        taken_at=_EPOCH + timedelta(seconds=now),
         straggler_rank=rank_zero.straggler_rank,
         straggler_slowdown=rank_zero.straggler_slowdown,
     )
-    return progress.follow_straggler(None, scrape, STRAGGLER_THRESHOLD)
+    return progress.follow_straggler(previous, scrape, STRAGGLER_THRESHOLD)
+
+
+def _straggler(rank_zero: PodMetrics | None) -> progress.StragglerSighting | None:
+    return _follow(None, rank_zero, 0.0)
 
 
 def format_duration(seconds: int | None) -> str:

@@ -110,16 +110,12 @@ class Instrumentation:
             metrics.compute_seconds.set(compute)
         settings = self.recorder.settings
         world = settings.world_size
-        if world == 1:
-            combined = [compute or 0.0, *flags]
-        else:
-            values = torch.zeros(world + len(flags), dtype=torch.float64)
-            values[self.rank] = compute or 0.0
-            if flags:
-                values[world:] = torch.tensor(list(flags), dtype=torch.float64)
-            values = values.to(self.device)
+        combined = [0.0] * world + [float(flag) for flag in flags]
+        combined[self.rank] = compute or 0.0
+        if world > 1:
+            values = torch.tensor(combined, dtype=torch.float64, device=self.device)
             dist.all_reduce(values, op=dist.ReduceOp.MAX, group=settings.process_group)
-            combined = [float(v) for v in values.cpu().tolist()]
+            combined = values.tolist() if values.device.type == "cpu" else values.cpu().tolist()
         self.rank_compute_seconds = combined[:world]
         self.straggler = slowest(self.rank_compute_seconds)
         if metrics.straggler is not None:

@@ -80,12 +80,20 @@ def test_rank_zero_names_the_rank_slowed_in_its_own_step(gangs: Gangs, slow_rank
     assert samples(text, "ddp_target_steps")["0"] == 0  # until SIGTERM: no total known
 
 
-def test_the_built_in_trainer_exports_its_total_and_every_ranks_compute_time(gangs: Gangs) -> None:
-    gang = gangs.ranks(
-        2,
-        ["--max-steps", "30", "--stop-check-every", "5", "--progress-every", "10", "--metrics-linger", "120"],
-        metrics_ranks=[0, 1],
-    )
+@pytest.mark.parametrize("mode", ["detailed", "light"])
+def test_the_built_in_trainer_exports_its_total_and_every_ranks_compute_time(gangs: Gangs, mode: str) -> None:
+    # Light mode has no hook: its compute time is the DDP logger's, sampled every 10 steps.
+    args = [
+        "--max-steps",
+        "30",
+        "--stop-check-every",
+        "5",
+        "--progress-every",
+        "10",
+        "--metrics-linger",
+        "120",
+    ]
+    gang = gangs.ranks(2, [*args, "--sync-metrics", mode], metrics_ranks=[0, 1])
     texts = []
     for process in gang:
         process.wait_for_stdout(LINGERING)

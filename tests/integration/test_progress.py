@@ -121,7 +121,11 @@ def test_status_shows_progress_and_the_straggler_and_a_stall_restarts_the_gang(
     ).start()
     try:
         job = ddpjob(
-            "watched", REPLICAS, restart_policy="OnFailure", run_policy={"stallTimeoutSeconds": STALL_TIMEOUT}
+            "watched",
+            REPLICAS,
+            restart_policy="OnFailure",
+            run_policy={"stallTimeoutSeconds": STALL_TIMEOUT},
+            pod_spec={"terminationGracePeriodSeconds": 2},  # the stalled attempt's pods go quickly
         )
         job["spec"]["metrics"] = {"port": free_port()}
         kube.apply(job, namespace)
@@ -182,9 +186,16 @@ def test_status_shows_progress_and_the_straggler_and_a_stall_restarts_the_gang(
                 assert log.count(DUMP_HEADER) == 1, log[-3000:]
                 assert 'Thread "MainThread"' in log and "straggler_ddp.py" in log
             assert stalled_at > 0
-        running_ranks(kube, namespace, "watched", REPLICAS, attempt=1)
-        final = kube.status(namespace, "watched")
-        assert final["attempt"] == 1 and final["restarts"] == 1
+        final = wait_for(
+            "attempt 1 Running",
+            lambda: (
+                (st := kube.status(namespace, "watched")).get("attempt") == 1
+                and st.get("phase") == "Running"
+                and st
+            ),
+            timeout=180,
+        )
+        assert final["restarts"] == 1
     finally:
         operator.stop()
         print(f"--- operator log ---\n{operator.log_tail(80)}")

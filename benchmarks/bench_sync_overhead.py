@@ -4,10 +4,14 @@ Two gloo ranks on this machine. Step time of the same MLP under four DDP set-ups
 rounds (every round runs every mode, in a rotating order) and summarized by medians:
   plain       DDP's C++ allreduce, no Python hook, no metrics
   torch-hook  torch's own Python allreduce_hook
-  detailed    our timing comm hook (docs/metrics.md)
-  light       no Python hook, metrics from DDP's logger
-Then the bus bandwidth our hook reports (payload / service time x 2(n-1)/n) against a raw, timed
-dist.all_reduce of the same size, at 1, 4 and 25 MiB.
+  detailed    our timing comm hook (docs/metrics.md), no straggler exchange
+  exchange    detailed plus the straggler exchange every --exchange-every steps (instrument()'s default)
+  light       no Python hook, metrics from DDP's logger (with the exchange, as instrument() sets it up)
+A step's time includes Instrumentation.step(), where the exchange runs. Then the exchange itself
+(one allreduce of world_size floats, and of world_size + 1 with the trainer's stop flag riding in it)
+against the trainer's old 1-element stop-flag allreduce, and the bus bandwidth our hook reports
+(payload / service time x 2(n-1)/n) against a raw, timed dist.all_reduce of the same size, at 1, 4
+and 25 MiB.
 
     python benchmarks/bench_sync_overhead.py [--rounds 7 --steps 10 --width 1024 --depth 8]
 """
@@ -31,17 +35,23 @@ from torch.nn.parallel import DistributedDataParallel
 from ddp_trainer import Instrumentation, instrument, process_group_session
 from ddp_trainer.workloads import mlp
 
-MODES = ("plain", "torch-hook", "detailed", "light")
+MODES = ("plain", "torch-hook", "detailed", "exchange", "light")
 SIZES_MIB = (1, 4, 25)
 
 
-def build(mode: str, model: nn.Module) -> tuple[DistributedDataParallel, Instrumentation | None]:
+def build(
+    mode: str, model: nn.Module, exchange_every: int
+) -> tuple[DistributedDataParallel, Instrumentation | None]:
     ddp = DistributedDataParallel(model)
     metrics = None
     if mode == "torch-hook":
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
-    elif mode in ("detailed", "light"):
-        metrics = instrument(ddp, mode=mode, port=0)  # a registry of its own, no server
+    elif mode in ("detailed", "exchange", "light"):
+        # A registry of its own, no server; "detailed" without the exchange, as issue 2 measured it.
+        every = 0 if mode == "detailed" else exchange_every
+        metrics = instrument(
+            ddp, mode="light" if mode == "light" else "detailed", port=0, exchange_every=every
+        )
     return ddp, metrics
 
 
@@ -56,10 +66,9 @@ def step_times(
         optimizer.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(ddp(inputs), targets).backward()
         optimizer.step()
-        elapsed = time.perf_counter() - started
         if metrics is not None:
-            metrics.step(len(targets), elapsed)
-        times.append(elapsed)
+            metrics.step(len(targets), time.perf_counter() - started)
+        times.append(time.perf_counter() - started)
     return times
 
 
@@ -98,6 +107,33 @@ def bus_bandwidth(rank: int, world: int, mib: int, repeats: int) -> tuple[float,
     return statistics.median(measured), statistics.median(raw)
 
 
+def exchange_cost(world: int, calls: int) -> dict[str, float]:
+    """Median seconds of one exchange (with and without a flag riding in it) and of a 1-float allreduce."""
+    model = DistributedDataParallel(nn.Linear(8, 2))
+    metrics = instrument(model, port=0, exchange_every=0)
+    flag = torch.zeros(1)
+    timed: dict[str, list[float]] = {
+        "stop-flag allreduce (1 float)": [],
+        "exchange": [],
+        "exchange + flag": [],
+    }
+    for _ in range(calls):
+        dist.barrier()
+        started = time.perf_counter()
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        timed["stop-flag allreduce (1 float)"].append(time.perf_counter() - started)
+        dist.barrier()
+        started = time.perf_counter()
+        metrics.exchange()
+        timed["exchange"].append(time.perf_counter() - started)
+        dist.barrier()
+        started = time.perf_counter()
+        metrics.exchange([0.0])
+        timed["exchange + flag"].append(time.perf_counter() - started)
+    metrics.close()
+    return {name: statistics.median(values) for name, values in timed.items()}
+
+
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
@@ -114,7 +150,7 @@ def measure(rank: int, world: int, args: argparse.Namespace, results: Any) -> No
     for mode in MODES:
         model = mlp(args.width, args.depth)
         model.load_state_dict(template.state_dict())
-        setups[mode] = build(mode, model)
+        setups[mode] = build(mode, model, args.exchange_every)
     generator = torch.Generator().manual_seed(rank)
     batch = (
         torch.randn(args.batch, args.width, generator=generator),
@@ -128,9 +164,14 @@ def measure(rank: int, world: int, args: argparse.Namespace, results: Any) -> No
         for mode in order:
             dist.barrier()
             per_mode[mode].append(statistics.median(step_times(*setups[mode], batch, args.steps)))
+    exchange = exchange_cost(world, args.exchange_calls)
     bandwidth = {mib: bus_bandwidth(rank, world, mib, args.repeats) for mib in SIZES_MIB}
     if rank == 0:
-        results.update(steps={m: statistics.median(v) for m, v in per_mode.items()}, bandwidth=bandwidth)
+        results.update(
+            steps={m: statistics.median(v) for m, v in per_mode.items()},
+            bandwidth=bandwidth,
+            exchange=exchange,
+        )
 
 
 def main() -> None:
@@ -143,6 +184,10 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=15, help="allreduces per size for the bandwidth")
+    parser.add_argument(
+        "--exchange-every", type=int, default=10, help="steps between exchanges (mode exchange)"
+    )
+    parser.add_argument("--exchange-calls", type=int, default=200, help="exchanges timed one by one")
     args = parser.parse_args()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -150,7 +195,7 @@ def main() -> None:
     manager = mp.Manager()
     results = manager.dict()
     mp.spawn(worker, args=(2, port, args, results), nprocs=2)
-    steps, bandwidth = results["steps"], results["bandwidth"]
+    steps, bandwidth, exchange = results["steps"], results["bandwidth"], results["exchange"]
     print(
         f"torch {torch.__version__}, gloo, 2 ranks, {args.depth}x{args.width} MLP, batch {args.batch}/rank, "
         f"{args.rounds} interleaved rounds x {args.steps} steps, medians"
@@ -163,6 +208,14 @@ def main() -> None:
             f"| {mode} | {steps[mode] * 1e3:.2f} | {steps[mode] / steps['plain'] - 1:+.1%} | "
             f"{steps[mode] / steps['torch-hook'] - 1:+.1%} |"
         )
+    print()
+    print(f"Straggler exchange, medians of {args.exchange_calls} calls after a barrier:")
+    print()
+    print(f"| collective | time (us) | per step at every {args.exchange_every} steps, vs detailed's step |")
+    print("|---|---:|---:|")
+    for name, seconds in exchange.items():
+        share = seconds / args.exchange_every / steps["detailed"]
+        print(f"| {name} | {seconds * 1e6:.0f} | {share:.3%} |")
     print()
     print("| size | bus bandwidth, our hook (GB/s) | raw dist.all_reduce (GB/s) | ratio |")
     print("|---|---:|---:|---:|")

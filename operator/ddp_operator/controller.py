@@ -341,6 +341,9 @@ class Controller:
                 await self._post_event(
                     body, decision.event.type, decision.event.reason, decision.event.message
                 )
+        # Events of what the new status shows without a phase change (a straggler), once it is stored.
+        for notice in decision.notices:
+            await self._post_event(body, notice.type, notice.reason, notice.message)
         return body
 
     def _log_transition(

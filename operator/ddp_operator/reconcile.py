@@ -649,9 +649,18 @@ def _rule_stalled(live: _LiveAttempt) -> Decision | None:
         return None
     limit = live.job.run_policy.stall_timeout_seconds
     steps = live.progress.rank_steps
-    nodes = {p.rank: p.node for p in live.current}
-    behind = sorted(steps, key=lambda rank: (steps[rank], rank))[:3] if steps else []
-    where = ", ".join(f"rank {r} (step {steps[r]}) on node {nodes.get(r) or 'unknown'}" for r in behind)
+    per_pod = live.job.nproc_per_node
+    # Keyed by each pod's first global rank, as the scraper reads every pod's endpoint.
+    nodes = {p.rank * per_pod: p.node for p in live.current if p.rank is not None}
+    # A pod whose endpoint did not answer while the others did (a SIGSTOPped or wedged process) is the
+    # likeliest culprit: it comes first.
+    silent = sorted(r for r in nodes if r not in steps) if steps else []
+    behind = (silent + sorted(steps, key=lambda rank: (steps[rank], rank)))[:3]
+    where = ", ".join(
+        f"rank {r} ({f'step {steps[r]}' if r in steps else 'its metrics did not answer'}) "
+        f"on node {nodes.get(r) or 'unknown'}"
+        for r in behind
+    )
     stalled = RankFailure(
         rank=behind[0] if behind else 0, finish_key=live.now.timestamp(), disruption=REASON_STALLED
     )

@@ -377,6 +377,9 @@ def test_grafana_dashboard_charts_the_trainer_metrics(helm: Path) -> None:
         "ddp_allreduce_service_seconds_total",
         "ddp_comm_overlap_ratio",
         "ddp_step_duration_seconds_bucket",
+        "ddp_rank_compute_seconds",
+        "ddp_straggler_slowdown",
+        "ddp_straggler_rank",
     ):
         assert metric in exprs, metric
     assert all("rank" in panel["title"] for panel in dashboard["panels"])

@@ -138,8 +138,14 @@ class Gangs:
     started: list[TrainerProcess] = field(default_factory=list)
 
     def start(
-        self, name: str, env: Mapping[str, str], args: Sequence[str], metrics_port: int | None = None
+        self,
+        name: str,
+        env: Mapping[str, str],
+        args: Sequence[str],
+        metrics_port: int | None = None,
+        program: Sequence[str] | None = None,
     ) -> TrainerProcess:
+        """``program`` (default: the built-in trainer on loopback) with ``args``."""
         full_env = base_env()
         full_env.update(env)
         if metrics_port is not None:
@@ -147,7 +153,7 @@ class Gangs:
         out, err = self.workdir / f"{name}.out", self.workdir / f"{name}.err"
         with open(out, "wb") as stdout, open(err, "wb") as stderr:
             process = subprocess.Popen(
-                [PYTHON, "-m", "ddp_trainer", "--metrics-host", "127.0.0.1", *args],
+                [*(program or [PYTHON, "-m", "ddp_trainer", "--metrics-host", "127.0.0.1"]), *args],
                 env=full_env,
                 stdout=stdout,
                 stderr=stderr,
@@ -164,6 +170,7 @@ class Gangs:
         metrics_ranks: Sequence[int] = (),
         tag: str = "rank",
         env: Mapping[str, str] | None = None,
+        program: Sequence[str] | None = None,
     ) -> list[TrainerProcess]:
         """One process per rank (NPROC_PER_NODE 1), as the operator starts them."""
         port = free_port()
@@ -173,10 +180,11 @@ class Gangs:
                 "WORLD_SIZE": str(world_size),
                 "RANK": str(rank),
                 "MASTER_PORT": str(port),
+                "LOCAL_RANK": "0",
                 **(env or {}),
             }
             metrics_port = free_port() if rank in metrics_ranks else None
-            gang.append(self.start(f"{tag}{rank}", rank_env, args, metrics_port))
+            gang.append(self.start(f"{tag}{rank}", rank_env, args, metrics_port, program))
         return gang
 
     def pods(

@@ -16,6 +16,7 @@ from ddp_operator.local.progress import (
     pod_metrics,
     render_line,
     render_summary,
+    straggler_note,
 )
 
 pytestmark = pytest.mark.unit
@@ -189,10 +190,11 @@ def test_summary_table() -> None:
         "samples",
         "allreduce",
         "p50",
+        "compute",
         "loss",
     ]
-    assert lines[3].split() == ["0", "1", "demo-1-0", "137", "(SIGKILL)", "-", "-", "-", "-", "-"]
-    assert lines[4].split() == ["1", "0", "demo-0-1", "0", "20", "640", "2.0KiB", "-", "0.1000"]
+    assert lines[3].split() == ["0", "1", "demo-1-0", "137", "(SIGKILL)", "-", "-", "-", "-", "-", "-"]
+    assert lines[4].split() == ["1", "0", "demo-0-1", "0", "20", "640", "2.0KiB", "-", "-", "0.1000"]
     assert lines[-3:] == ["attempts: 2 (restarts: 1)", "held-out accuracy: 0.95", "outcome: Succeeded"]
 
 
@@ -234,3 +236,92 @@ def test_scraper_forgets_exited_ranks_but_keeps_their_numbers() -> None:
     scraper.scrape_once()
     assert asked == [10, 11, 10]
     assert set(scraper.snapshot()) == {0, 1}
+
+
+def progress_exposition(
+    steps: int, samples: int, target: int, straggler: int = -1, slowdown: float = math.nan
+) -> str:
+    return f"""\
+ddp_sync_steps_total{{rank="0"}} {steps}.0
+ddp_samples_total{{rank="0"}} {samples}.0
+ddp_target_steps{{rank="0"}} {target}.0
+ddp_compute_seconds{{rank="0"}} 0.0125
+ddp_straggler_rank{{rank="0"}} {straggler}.0
+ddp_straggler_slowdown{{rank="0"}} {slowdown}
+ddp_loss{{rank="0"}} 0.5
+"""
+
+
+# Scrapes at t=0, 5 and 10 (window 10 s): (step, total, straggler rank, slowdown) each -> what the line
+# shows for the step and the straggler. Step 0: no series yet. The step rate runs from the first round
+# that saw a step; a straggler is shown once it lasted the window.
+NONE = (-1, math.nan)
+LINE_CASES = {
+    "total unknown": ([(0, 0, *NONE), (10, 0, *NONE), (30, 0, *NONE)], "| step 30 |", None),
+    "before training": (
+        [(0, 100, *NONE), (0, 100, *NONE), (0, 100, *NONE)],
+        "| step - |",
+        None,
+    ),
+    "percent and ETA": (
+        [(0, 100, *NONE), (10, 100, *NONE), (30, 100, *NONE)],
+        "| step 30/100 (30%, ETA 18s) |",
+        None,
+    ),
+    "the rate from the first step seen": (
+        [(0, 5000, *NONE), (10, 5000, *NONE), (30, 5000, *NONE)],
+        "| step 30/5000 (0%, ETA 20m42s) |",
+        None,
+    ),
+    "a lasting straggler": (
+        [(0, 100, 2, 2.5), (10, 100, 2, 2.5), (30, 100, 2, 2.5)],
+        "| step 30/100",
+        "| straggler rank 2 (2.50x) |",
+    ),
+    "a new straggler": ([(0, 100, *NONE), (10, 100, 2, 2.5), (30, 100, 2, 2.5)], "| step 30/100", None),
+    "another rank": ([(0, 100, 1, 2.5), (10, 100, 2, 2.5), (30, 100, 2, 2.5)], "| step 30/100", None),
+    "slowest, not slow enough": (
+        [(0, 100, 1, 1.2), (10, 100, 1, 1.2), (30, 100, 1, 1.2)],
+        "| step 30/100",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", LINE_CASES, ids=list(LINE_CASES))
+def test_progress_line_shows_percent_eta_and_the_straggler(case: str) -> None:
+    rounds, shown, named = LINE_CASES[case]
+    tracker = ProgressTracker(pods_total=1, window_seconds=10)
+    for when, (step, target, straggler, slowdown) in zip((0.0, 5.0, 10.0), rounds, strict=True):
+        text = progress_exposition(step, step * 8, target, straggler, slowdown)
+        if step == 0:  # no step synchronized yet: the trainer's counter exists but reads 0
+            text = text.replace('ddp_sync_steps_total{rank="0"} 0.0\n', "")
+        tracker.record(when, {0: pod_metrics(promtext.parse(text))})
+    line = render_line(tracker.view(), attempt=0)
+    assert shown in line
+    if named is None:
+        assert "straggler" not in line
+    else:
+        assert named in line
+
+
+@pytest.mark.parametrize(
+    ("straggler", "slowdown", "note"),
+    [
+        (2, 3.0, "straggler: rank 2, 3.00x the median rank's compute time per step (rank 0's last exchange)"),
+        (2, 1.1, None),
+        (-1, math.nan, None),
+    ],
+)
+def test_summary_names_the_last_attempts_straggler(straggler: int, slowdown: float, note: str | None) -> None:
+    rank_zero = pod_metrics(promtext.parse(progress_exposition(30, 240, 30, straggler, slowdown)))
+    results = [
+        RankResult(0, 0, "demo-0-0", 170, PodMetrics(steps=3.0, straggler_rank=1, straggler_slowdown=9.0)),
+        RankResult(1, 0, "demo-0-1", 0, rank_zero),
+        RankResult(1, 1, "demo-1-1", 0, PodMetrics(steps=30.0)),
+    ]
+    assert straggler_note(results) == note
+    assert render_summary(results, "Succeeded", attempts=2).splitlines()[3].split()[-2:] == [
+        "12.5ms",
+        "0.5000",
+    ]

@@ -92,25 +92,50 @@ RUNNING = {
 
 
 @pytest.mark.parametrize(
-    ("timeout", "step", "changed", "now", "phase"),
+    ("timeout", "step", "changed", "now", "phase", "rank_steps", "named"),
     [
-        pytest.param(60, 120, 100, 159, "Running", id="inside-the-timeout"),
-        pytest.param(60, 120, 100, 161, "Restarting", id="no-step-for-the-timeout"),
-        pytest.param(60, 0, 0, 500, "Running", id="training-never-started"),
-        pytest.param(None, 120, 100, 500, "Running", id="no-stall-timeout"),
+        pytest.param(60, 120, 100, 159, "Running", {0: 120, 1: 119}, "", id="inside-the-timeout"),
+        pytest.param(
+            60,
+            120,
+            100,
+            161,
+            "Restarting",
+            {0: 120, 1: 119},
+            "rank 1 (step 119)",
+            id="no-step-for-the-timeout",
+        ),
+        pytest.param(
+            60,
+            120,
+            100,
+            161,
+            "Restarting",
+            {0: 120},
+            "rank 1 (its metrics did not answer)",
+            id="a-silent-rank-comes-first",
+        ),
+        pytest.param(60, 0, 0, 500, "Running", {}, "", id="training-never-started"),
+        pytest.param(None, 120, 100, 500, "Running", {}, "", id="no-stall-timeout"),
     ],
 )
 def test_a_stall_restarts_the_gang_once_training_started(
-    timeout: int | None, step: int, changed: float, now: float, phase: str
+    timeout: int | None,
+    step: int,
+    changed: float,
+    now: float,
+    phase: str,
+    rank_steps: dict[int, int],
+    named: str,
 ) -> None:
     job = job_spec(**with_run_policy(stallTimeoutSeconds=timeout)) if timeout else job_spec()
-    seen = observed(step, changed, rank_steps={0: step, 1: step - 1})
+    seen = observed(step, changed, rank_steps=rank_steps)
     decision = decide(job, RUNNING, observe(pod(0), pod(1)), at(now), observed=seen)
     assert decision.status["phase"] == phase
     if phase == "Restarting":
         (restarting,) = [c for c in decision.status["conditions"] if c["type"] == "Restarting"]
         assert restarting["reason"] == "Stalled"
-        assert "furthest behind: rank 1 (step 119)" in restarting["message"]
+        assert f"furthest behind: {named}" in restarting["message"]
         assert decision.status["restarts"] == 1 and set(decision.delete_pods) == {"mnist-0-0", "mnist-1-0"}
     elif timeout and step:
         assert decision.requeue_after == pytest.approx(changed + timeout - now)

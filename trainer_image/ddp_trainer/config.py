@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from ddp_trainer.straggler import parse_stall_timeout
+
 Backend = Literal["auto", "nccl", "gloo"]
 BACKENDS: Final = ("auto", "nccl", "gloo")
 COMM_HOOKS: Final = ("allreduce", "fp16", "bf16", "powersgd")
@@ -54,6 +56,8 @@ class DistEnv:
     namespace: str | None
     attempt: int
     launched_worker: bool
+    # DDP_STALL_TIMEOUT_SECONDS (runPolicy.stallTimeoutSeconds): when to dump stacks; None: never.
+    stall_timeout: float | None = None
 
     @property
     def launches_workers(self) -> bool:
@@ -169,6 +173,12 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
             "DDP_METRICS_PORT", f"{metrics_port} is not a TCP port", "set DDP_METRICS_PORT to 1..65535"
         )
     attempt = _int(env, "DDPJOB_ATTEMPT", "set DDPJOB_ATTEMPT to the attempt number (>= 0)", default=0)
+    try:
+        stall_timeout = parse_stall_timeout(env.get("DDP_STALL_TIMEOUT_SECONDS"))
+    except ValueError as error:
+        raise ConfigError(
+            "DDP_STALL_TIMEOUT_SECONDS", str(error), "set it to a positive number of seconds, or unset it"
+        ) from None
     return DistEnv(
         world_size=world_size,
         nnodes=nnodes,
@@ -185,6 +195,7 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
         namespace=env.get("DDPJOB_NAMESPACE") or None,
         attempt=attempt,
         launched_worker=launched_worker,
+        stall_timeout=stall_timeout,
     )
 
 

@@ -11,11 +11,19 @@
 and ``ddp_loss`` fills itself; call :meth:`Instrumentation.step` once per step for those (and, in light
 mode, for the step counters as well, since no hook sees the steps). The built-in trainer
 (``python -m ddp_trainer``) uses exactly this API.
+
+Every ``exchange_every`` calls of ``step()`` the ranks exchange their compute times per step in one
+small allreduce (so every rank must call ``step()`` once per step), and rank 0 exports every rank's
+time and names the slowest (``ddp_straggler_rank``). With ``DDP_STALL_TIMEOUT_SECONDS`` set (the
+operator sets it from ``runPolicy.stallTimeoutSeconds``) a watch thread writes every thread's stack
+to stderr once no step has completed for 3/4 of it (``ddp_trainer.stall``).
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -23,8 +31,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer.metrics import MetricsEndpoint, RankMetrics, create_rank_metrics, open_endpoint
+from ddp_trainer.stall import STALL_ENV, StallWatch
+from ddp_trainer.straggler import Straggler, parse_stall_timeout, slowest
 from ddp_trainer.sync import LoggerAverages, SyncRecorder, SyncSettings, attach_recorder
 from ddp_trainer.teardown import active_session, release_group_defaults
+
+# Steps between two exchanges of the ranks' compute times (one allreduce of world_size floats).
+DEFAULT_EXCHANGE_EVERY = 10
 
 
 @dataclass
@@ -35,8 +48,19 @@ class Instrumentation:
     endpoint: MetricsEndpoint
     # Whether close() stops the endpoint's server: only one that instrument() opened itself.
     owns_endpoint: bool = True
+    rank: int = 0
+    # step() exchanges compute times every this many steps (0: only when exchange() is called).
+    exchange_every: int = DEFAULT_EXCHANGE_EVERY
+    # Where the exchange's tensor lives (the model's device: NCCL reduces device memory only).
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    stall: StallWatch | None = None
     steps: int = field(default=0, init=False)
     closed: bool = field(default=False, init=False)
+    # time.monotonic() of the last step() (None before the first).
+    last_step_at: float | None = field(default=None, init=False)
+    # What the last exchange showed: every rank's compute time (0: none measured) and the slowest.
+    rank_compute_seconds: list[float] = field(default_factory=list, init=False)
+    straggler: Straggler | None = field(default=None, init=False)
 
     @property
     def metrics(self) -> RankMetrics:
@@ -59,6 +83,47 @@ class Instrumentation:
             metrics.loss.set(loss)
         if self.steps % self.recorder.settings.logger_sample_every == 0:
             self.recorder.refresh_from_logger()
+        self.last_step_at = time.monotonic()
+        if self.exchange_every and self.steps % self.exchange_every == 0:
+            self.exchange()
+
+    def set_total_steps(self, total_steps: int | None) -> None:
+        """The run's total steps (``ddp_target_steps``; None or 0: unknown), for percent done and ETA."""
+        self.recorder.metrics.target_steps.set(total_steps or 0)
+
+    def last_progress(self) -> float | None:
+        """time.monotonic() of the last completed step, by step() or by the comm hook."""
+        times = [t for t in (self.last_step_at, self.recorder.last_sync_at) if t is not None]
+        return max(times) if times else None
+
+    def exchange(self, flags: Sequence[float] = ()) -> list[float]:
+        """Exchange compute times with every rank (one allreduce, MAX); returns ``flags`` combined by MAX.
+
+        A collective: every rank calls it at the same step boundary (``step()`` does every
+        ``exchange_every`` steps). ``flags`` rides along in the same tensor, so a caller that already
+        combines something per step boundary (the built-in trainer's stop flag) pays no second
+        collective. Rank 0 then exports every rank's time and the straggler.
+        """
+        compute = self.recorder.take_compute()
+        metrics = self.recorder.metrics
+        if compute is not None:
+            metrics.compute_seconds.set(compute)
+        settings = self.recorder.settings
+        world = settings.world_size
+        combined = [0.0] * world + [float(flag) for flag in flags]
+        combined[self.rank] = compute or 0.0
+        if world > 1:
+            values = torch.tensor(combined, dtype=torch.float64, device=self.device)
+            dist.all_reduce(values, op=dist.ReduceOp.MAX, group=settings.process_group)
+            combined = values.tolist() if values.device.type == "cpu" else values.cpu().tolist()
+        self.rank_compute_seconds = combined[:world]
+        self.straggler = slowest(self.rank_compute_seconds)
+        if metrics.straggler is not None:
+            found = self.straggler
+            metrics.straggler.show(
+                self.rank_compute_seconds, None if found is None else (found.rank, found.slowdown)
+            )
+        return combined[world:]
 
     def sample_logger(self) -> LoggerAverages | None:
         """Copy DDP's logger averages into the gauges now; returns them (None before its first sample)."""
@@ -93,6 +158,8 @@ class Instrumentation:
         if self.closed:
             return
         self.closed = True
+        if self.stall is not None:
+            self.stall.stop()
         if self.owns_endpoint:
             self.endpoint.close()
         self.recorder.detach()
@@ -119,6 +186,9 @@ def instrument(
     logger_sample_every: int = 10,
     powersgd_rank: int = 2,
     process_group: dist.ProcessGroup | None = None,
+    total_steps: int | None = None,
+    exchange_every: int = DEFAULT_EXCHANGE_EVERY,
+    stall_timeout: float | None = None,
 ) -> Instrumentation:
     """Install gradient-sync metrics on ``ddp_model`` and serve them on ``port``.
 
@@ -128,7 +198,19 @@ def instrument(
     taken port before joining the group); its series go there, and ``port`` and ``host`` are unused.
     Call it once, after wrapping the model in DDP and before its first forward. Inside a
     :func:`ddp_trainer.process_group_session` the session closes it.
+
+    ``total_steps``: the run's total steps when known (``ddp_target_steps``: percent done and ETA in
+    the DDPJob's status). ``exchange_every``: steps between exchanges of the ranks' compute times (0:
+    never from ``step()``; call :meth:`Instrumentation.exchange` yourself). ``stall_timeout``: seconds;
+    None reads ``DDP_STALL_TIMEOUT_SECONDS``, 0 turns the stack dumps off.
     """
+    if exchange_every < 0:
+        raise ValueError(f"exchange_every must be >= 0, got {exchange_every}")
+    if stall_timeout is None:
+        try:
+            stall_timeout = parse_stall_timeout(os.environ.get(STALL_ENV))
+        except ValueError as error:
+            raise ValueError(f"{STALL_ENV}: {error}") from None
     rank = dist.get_rank(process_group)
     world_size = dist.get_world_size(process_group)
     backend = str(dist.get_backend(process_group))
@@ -153,7 +235,18 @@ def instrument(
         if owns_endpoint:
             endpoint.close()
         raise
-    instrumentation = Instrumentation(recorder=recorder, endpoint=endpoint, owns_endpoint=owns_endpoint)
+    device = next((p.device for p in ddp_model.parameters()), torch.device("cpu"))
+    instrumentation = Instrumentation(
+        recorder=recorder,
+        endpoint=endpoint,
+        owns_endpoint=owns_endpoint,
+        rank=rank,
+        exchange_every=exchange_every,
+        device=device if backend == "nccl" else torch.device("cpu"),
+    )
+    instrumentation.set_total_steps(total_steps)
+    if stall_timeout:
+        instrumentation.stall = StallWatch(stall_timeout, rank, instrumentation.last_progress).start()
     session = active_session()
     if session is not None:
         session.on_leave(instrumentation.close)

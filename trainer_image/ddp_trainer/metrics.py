@@ -75,6 +75,27 @@ class Absent:
 
 
 @dataclass(frozen=True)
+class StragglerMetrics:
+    """Global rank 0's view of every rank's compute time, from the exchange (docs/metrics.md)."""
+
+    rank_compute_seconds: Gauge  # the parent: one child per peer rank
+    straggler_rank: Gauge
+    straggler_slowdown: Gauge
+    rank: str
+
+    def show(self, compute_seconds: list[float], slowest: tuple[int, float] | None) -> None:
+        for peer, seconds in enumerate(compute_seconds):
+            if seconds > 0:
+                self.rank_compute_seconds.labels(rank=self.rank, peer=str(peer)).set(seconds)
+        if slowest is None:
+            self.straggler_rank.set(-1)
+            self.straggler_slowdown.set(math.nan)
+        else:
+            self.straggler_rank.set(slowest[0])
+            self.straggler_slowdown.set(slowest[1])
+
+
+@dataclass(frozen=True)
 class RankMetrics:
     """The series of one global rank (every metric's ``rank`` child)."""
 
@@ -95,6 +116,10 @@ class RankMetrics:
     comm_overlap_ratio: Gauge
     last_sync_timestamp: Gauge
     loss: Gauge
+    target_steps: Gauge
+    compute_seconds: Gauge
+    # Only global rank 0 exports the per-rank picture and the straggler.
+    straggler: StragglerMetrics | None
     registry: CollectorRegistry | None
 
 
@@ -179,10 +204,43 @@ def create_rank_metrics(
             "ddp_last_sync_timestamp_seconds", "Unix time at which the last gradient synchronization ended."
         ),
         loss=gauge("ddp_loss", "Training loss of this rank's last logged step (NaN before the first)."),
+        target_steps=gauge("ddp_target_steps", "Total optimizer steps of the run when known (0: unknown)."),
+        compute_seconds=gauge(
+            "ddp_compute_seconds",
+            "This rank's compute time per step (forward + backward up to its first gradient bucket "
+            "being ready), mean over the last straggler-exchange window.",
+        ),
+        straggler=_straggler_metrics(rank, registry) if rank == 0 else None,
         registry=registry,
     )
     # No loss is known before the first logged step; 0 would read as a perfect one.
     metrics.loss.set(math.nan)
+    return metrics
+
+
+def _straggler_metrics(rank: int, registry: CollectorRegistry | None) -> StragglerMetrics:
+    def gauge(name: str, doc: str) -> Gauge:
+        return Gauge(name, doc, ["rank"], registry=registry, multiprocess_mode="mostrecent").labels(
+            rank=str(rank)
+        )
+
+    metrics = StragglerMetrics(
+        rank_compute_seconds=Gauge(
+            "ddp_rank_compute_seconds",
+            "Every rank's compute time per step as exchanged (label peer: that rank), on rank 0 only.",
+            ["rank", "peer"],
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        ),
+        straggler_rank=gauge(
+            "ddp_straggler_rank", "The rank with the longest compute time per step (-1: not known yet)."
+        ),
+        straggler_slowdown=gauge(
+            "ddp_straggler_slowdown", "The slowest rank's compute time per step over the median rank's."
+        ),
+        rank=str(rank),
+    )
+    metrics.show([], None)
     return metrics
 
 

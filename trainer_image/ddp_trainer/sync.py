@@ -12,6 +12,11 @@
 All three copy DDP's logger averages (backward compute, comm, overlap) into the gauges. Service time =
 end - max(start, end of the previous bucket): buckets run one after the other, so the time a bucket
 waited behind an earlier one is not its own.
+
+Each also measures this rank's compute time per step, what the straggler exchange compares: the two
+hook strategies from a forward pre-hook on the DDP model to the first bucket reaching the comm hook
+(wall clock on gloo, CUDA events on NCCL), so no wait on a peer is in it; light mode, which has no
+hook, from DDP's logger (the last sampled step's forward + backward compute).
 """
 
 # No `from __future__ import annotations`: DDP checks a comm hook's annotations at registration.
@@ -104,6 +109,10 @@ class SyncRecorder(ABC):
         self._ddp: DistributedDataParallel | None = None
         self._lock = threading.Lock()
         self._recent_service: deque[float] = deque(maxlen=512)
+        # This window's compute times per step (seconds), taken by the straggler exchange.
+        self._compute: list[float] = []
+        # time.monotonic() of the last synchronized step (None before the first).
+        self.last_sync_at: float | None = None
 
     def install(self, ddp: DistributedDataParallel) -> None:
         """Set up the gauges and register what this strategy needs on ``ddp`` (before its first forward)."""
@@ -156,6 +165,18 @@ class SyncRecorder(ABC):
         self.metrics.comm_overlap_ratio.set(ratio)
         return LoggerAverages(compute=compute, comm=comm_seconds, overlap=overlap, ratio=ratio)
 
+    def take_compute(self) -> float | None:
+        """Mean compute time per step since the last call (None: no step measured since)."""
+        with self._lock:
+            window, self._compute = self._compute, []
+        return sum(window) / len(window) if window else None
+
+    def _note_compute(self, seconds: float) -> None:
+        with self._lock:
+            self._compute.append(seconds)
+            if len(self._compute) > 4096:  # nobody takes them (no exchange): keep the recent ones
+                del self._compute[:2048]
+
     def allreduce_p50_seconds(self) -> float | None:
         """Median service time of the recent bucket allreduces (None without a timing hook)."""
         with self._lock:
@@ -169,6 +190,7 @@ class SyncRecorder(ABC):
         metrics.allreduce_calls.inc(calls)
         metrics.sync_steps.inc()
         metrics.last_sync_timestamp.set(time.time())
+        self.last_sync_at = time.monotonic()
 
 
 class LoggerRecorder(SyncRecorder):
@@ -207,6 +229,17 @@ class LoggerRecorder(SyncRecorder):
     def flush(self) -> None:
         pass  # every step was counted when it ended; the logger's averages are copied by the caller
 
+    def take_compute(self) -> float | None:
+        """The logger's last sampled step: forward + backward compute (to its last gradient; no hook
+        sees the first bucket here). None before the logger's first sample."""
+        if self._ddp is None:
+            return None
+        data = _logging_data(self._ddp)
+        forward, backward = data.get("forward_compute_time"), data.get("backward_compute_time")
+        if forward is None or backward is None:
+            return None
+        return (float(forward) + float(backward)) / _NS_PER_S
+
 
 class _CommHookRecorder(SyncRecorder):
     """Detailed mode: our comm hook counts every bucket (wrapping the chosen built-in hook) and times it."""
@@ -222,15 +255,34 @@ class _CommHookRecorder(SyncRecorder):
         self._step_calls = 0
         self._step_inflight = 0
         self._step_saw_last = False
+        # Set by the forward pre-hook, cleared by the step's first bucket: when to measure compute.
+        self._awaiting_first_bucket = False
+        self._forward_handle: Any = None
 
     def _register(self, ddp: DistributedDataParallel) -> None:
         self._inner_state, self._inner_hook = self._builtin_python_hook()
         ddp.register_comm_hook(self._inner_state, self._timed_hook)
+        self._forward_handle = ddp.register_forward_pre_hook(self._forward_pre_hook)
 
     def detach(self) -> None:
         super().detach()
         self._inner_state = None
         self._inner_hook = None
+        if self._forward_handle is not None:
+            self._forward_handle.remove()  # the hook refers back to this recorder
+            self._forward_handle = None
+
+    def _forward_pre_hook(self, module: Any, args: Any) -> None:
+        self._forward_started()
+        self._awaiting_first_bucket = True
+
+    @abstractmethod
+    def _forward_started(self) -> None:
+        """Mark the start of a step's forward (compute time runs from here to the first bucket)."""
+
+    @abstractmethod
+    def _first_bucket(self) -> None:
+        """The step's first bucket is ready: its compute time ends here."""
 
     def _builtin_python_hook(self) -> tuple[Any, HookFn | None]:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -259,6 +311,9 @@ class _CommHookRecorder(SyncRecorder):
             payload = _powersgd_payload(state, bucket, gradient_bytes)
         else:
             payload = payload_bytes(self.settings.comm_hook, gradient_bytes, buffer.numel())
+        if self._awaiting_first_bucket:
+            self._awaiting_first_bucket = False
+            self._first_bucket()
         with self._lock:
             self._step_gradient_bytes += gradient_bytes
             self._step_payload_bytes += payload
@@ -300,6 +355,13 @@ class WallClockRecorder(_CommHookRecorder):
     def __init__(self, metrics: RankMetrics, settings: SyncSettings) -> None:
         super().__init__(metrics, settings)
         self._previous_end: float | None = None
+        self._forward_at = 0.0
+
+    def _forward_started(self) -> None:
+        self._forward_at = time.perf_counter()
+
+    def _first_bucket(self) -> None:
+        self._note_compute(time.perf_counter() - self._forward_at)
 
     def _timed(self, state: Any, bucket: GradBucket, is_last: bool) -> torch.futures.Future[torch.Tensor]:
         start = time.perf_counter()
@@ -345,6 +407,39 @@ class CudaEventRecorder(_CommHookRecorder):
         super().__init__(metrics, settings)
         self._pending_events: list[tuple[Any, Any]] = []
         self._previous_end_event: Any = None
+        self._forward_event: Any = None
+        self._pending_compute: list[tuple[Any, Any]] = []
+
+    def _forward_started(self) -> None:
+        self._forward_event = _cuda().Event(enable_timing=True)
+        self._forward_event.record()
+
+    def _first_bucket(self) -> None:
+        if self._forward_event is None:
+            return
+        ready = _cuda().Event(enable_timing=True)
+        ready.record()  # on the stream the backward ran on: after the first bucket's gradients
+        with self._lock:
+            self._pending_compute.append((self._forward_event, ready))
+        self._forward_event = None
+
+    def _resolve_compute(self, wait: bool) -> None:
+        with self._lock:
+            pending, self._pending_compute = self._pending_compute, []
+        keep = []
+        for index, (start_event, end_event) in enumerate(pending):
+            if not wait and not end_event.query():
+                keep = pending[index:]
+                break
+            end_event.synchronize()
+            self._note_compute(start_event.elapsed_time(end_event) / 1000.0)
+        if keep:
+            with self._lock:
+                self._pending_compute = keep + self._pending_compute
+
+    def take_compute(self) -> float | None:
+        self._resolve_compute(wait=True)
+        return super().take_compute()
 
     def _timed(self, state: Any, bucket: GradBucket, is_last: bool) -> torch.futures.Future[torch.Tensor]:
         self._resolve_events(wait=False)
@@ -373,6 +468,8 @@ class CudaEventRecorder(_CommHookRecorder):
     def step_done(self) -> None:
         if self._pending_events:
             self._resolve_events(wait=False)
+        if self._pending_compute:
+            self._resolve_compute(wait=False)
 
     def flush(self) -> None:
         self._resolve_events(wait=True)

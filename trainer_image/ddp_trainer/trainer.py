@@ -203,8 +203,11 @@ class Trainer:
     def _collective(self, what: str) -> AbstractContextManager[None]:
         return self.watchdog.guard(what)
 
-    def _instrument(self, ddp: DistributedDataParallel) -> Instrumentation:
-        """The library's metrics on our own model, exported on the endpoint opened before the rendezvous."""
+    def _instrument(self, ddp: DistributedDataParallel, total_steps: int) -> Instrumentation:
+        """The library's metrics on our own model, exported on the endpoint opened before the rendezvous.
+
+        The compute times are exchanged with the stop flag (:meth:`_agree_to_stop`), in its allreduce.
+        """
         config = self.config
         return instrument(
             ddp,
@@ -213,6 +216,9 @@ class Trainer:
             endpoint=self.endpoint,
             logger_sample_every=config.logger_sample_every,
             powersgd_rank=config.powersgd_rank,
+            total_steps=total_steps,
+            exchange_every=0,
+            stall_timeout=self.env.stall_timeout or 0,
         )
 
     def _resume_state(self) -> dict[str, Any] | None:
@@ -255,8 +261,6 @@ class Trainer:
                 device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
                 bucket_cap_mb=config.bucket_cap_mb,
             )
-        metrics = self._instrument(ddp)
-
         features, labels = workload.train.tensors
         sampler: DistributedSampler[Any] = DistributedSampler(
             workload.train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=config.seed
@@ -265,6 +269,7 @@ class Trainer:
         total_steps = batches_per_epoch * config.epochs
         if config.max_steps:
             total_steps = min(total_steps, config.max_steps)
+        metrics = self._instrument(ddp, total_steps)
         loss_fn = nn.CrossEntropyLoss()
         window_start, window_steps = time.perf_counter(), 0
         loss_value = math.nan
@@ -323,7 +328,7 @@ class Trainer:
                     if config.checkpoint_every and step % config.checkpoint_every == 0 and not last:
                         self._checkpoint(ddp, optimizer, step, epoch, position)
                     if step % config.stop_check_every == 0 and not last:
-                        stop_requested = self._agree_to_stop()
+                        stop_requested = self._agree_to_stop(metrics)
                         if stop_requested:
                             break
                     if config.throttle_ms:
@@ -360,11 +365,11 @@ class Trainer:
             log(f"rank {self.ctx.rank}: injected fault: a batch of the wrong shape at step {step}")
         return bad
 
-    def _agree_to_stop(self) -> bool:
-        flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.ctx.device)
+    def _agree_to_stop(self, metrics: Instrumentation) -> bool:
+        """Combine the SIGTERM flags; the ranks' compute times ride in the same allreduce."""
         with self._collective("the stop-flag allreduce"):
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
+            (flag,) = metrics.exchange([1.0 if self.stop.requested else 0.0])
+        return flag > 0
 
     def _checkpoint(
         self,

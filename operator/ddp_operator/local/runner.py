@@ -23,7 +23,13 @@ from typing import Final
 from ddp_operator import builders
 from ddp_operator.local.console import Console
 from ddp_operator.local.plan import Host, LocalAddresses, PlanError, ProcessSpec, find_trainer, plan_process
-from ddp_operator.local.progress import ProgressTracker, RankResult, render_line, render_summary
+from ddp_operator.local.progress import (
+    ProgressTracker,
+    RankResult,
+    render_line,
+    render_summary,
+    straggler_note,
+)
 from ddp_operator.local.scrape import Scraper
 from ddp_operator.local.supervisor import Exit, Gang
 from ddp_operator.policies import failure
@@ -378,7 +384,11 @@ class LocalJobRunner:
     def summary(self, result: RunResult) -> str:
         extra = []
         if any(r.metrics is not None for r in result.results):
-            extra.append("(steps, samples, bytes, p50 and loss as last scraped from each pod's /metrics)")
+            extra.append(
+                "(steps, samples, bytes, p50, compute per step and loss as last scraped from each pod's /metrics)"
+            )
+        if (note := straggler_note(result.results)) is not None:
+            extra.append(note)
         if result.accuracy is not None:
             extra.append(f"held-out accuracy: {result.accuracy}")
         outcome = result.outcome

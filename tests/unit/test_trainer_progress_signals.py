@@ -1,0 +1,80 @@
+"""The trainer's pure parts of issue 12: naming the straggler, the stall timeout, the stall watch."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+
+from ddp_trainer.stall import StallWatch
+from ddp_trainer.straggler import Straggler, parse_stall_timeout, slowest
+
+
+@pytest.mark.parametrize(
+    ("times", "expected"),
+    [
+        ([], None),
+        ([0.01], None),  # one rank: nobody to be slower than
+        ([0.01, 0.0, 0.01], None),  # a rank without a sample: no partial verdict
+        ([0.01, math.nan, 0.01], None),
+        ([0.01, 0.01, 0.04], Straggler(2, 4.0)),
+        ([0.04, 0.01, 0.01], Straggler(0, 4.0)),
+        ([0.01, 0.02], Straggler(1, 0.02 / 0.015)),  # two ranks: the median is their mean
+        ([0.01, 0.01, 0.01], Straggler(0, 1.0)),  # all alike: the lowest rank, slowdown 1
+        ([0.01, 0.03, 0.03, 0.01], Straggler(1, 1.5)),  # a tie: the lowest rank of the slowest
+    ],
+)
+def test_slowest_rank_against_the_median(times: list[float], expected: Straggler | None) -> None:
+    found = slowest(times)
+    if expected is None:
+        assert found is None
+    else:
+        assert found is not None and found.rank == expected.rank
+        assert found.slowdown == pytest.approx(expected.slowdown)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [(None, None), ("", None), (" ", None), ("10", 10.0), ("2.5", 2.5)]
+)
+def test_stall_timeout_from_the_env(text: str | None, expected: float | None) -> None:
+    assert parse_stall_timeout(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "nan", "inf", "ten"])
+def test_a_bad_stall_timeout_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_stall_timeout(text)
+
+
+# Each row: (last step's time, the clock) per check, and whether that check dumps. Timeout 10 s:
+# a dump at 7.5 s without a step, once per stall.
+STALL_CASES = {
+    "before the first step": [((None, 100.0), False)],
+    "steps keep completing": [((0.0, 5.0), False), ((5.0, 12.0), False), ((12.0, 19.0), False)],
+    "a stall dumps once": [
+        ((0.0, 7.4), False),
+        ((0.0, 7.5), True),
+        ((0.0, 9.0), False),
+        ((0.0, 60.0), False),
+    ],
+    "a new stall dumps again": [((0.0, 8.0), True), ((8.5, 9.0), False), ((8.5, 16.0), True)],
+}
+
+
+@pytest.mark.parametrize("case", STALL_CASES, ids=list(STALL_CASES))
+def test_stall_watch_dumps_once_per_stall(case: str) -> None:
+    state: dict[str, float | None] = {"last": None, "now": 0.0}
+    out = io.StringIO()
+    watch = StallWatch(
+        10.0, rank=3, last_step=lambda: state["last"], stream=out, clock=lambda: float(state["now"] or 0)
+    )
+    for (last, now), dumps in STALL_CASES[case]:
+        state["last"], state["now"] = last, now
+        assert watch.check() is dumps, (last, now)
+    expected = sum(dumps for _, dumps in STALL_CASES[case])
+    assert out.getvalue().count("the Python stack of every thread follows") == expected
+    if expected:
+        assert "rank 3: no training step completed for" in out.getvalue()
+        assert 'Thread "MainThread"' in out.getvalue()
+        assert "test_stall_watch_dumps_once_per_stall" in out.getvalue()  # this very stack

@@ -8,14 +8,12 @@
 # Usage: hack/build-k8s.sh [--print-bin-dir]
 set -euo pipefail
 
-HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# Environment overrides win over the pinned file.
-_saved_env="$(env | grep -E '^(KUBERNETES|ETCD|KWOK|HELM)_VERSION=' || true)"
-# shellcheck source=k8s-versions.env
-source "${HACK_DIR}/k8s-versions.env"
-while IFS= read -r line; do [[ -n "${line}" ]] && export "${line?}"; done <<<"${_saved_env}"
+# shellcheck source=lib/go-build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go-build.sh"
+DDP_LOG_TAG=build-k8s
+ddp_load_versions 'KUBERNETES|ETCD|KWOK|HELM'
 
-CACHE_ROOT="${DDP_CACHE:-${HOME}/.cache/ddp-operator}"
+CACHE_ROOT="${DDP_CACHE_ROOT}"
 PREFIX="${DDP_K8S_PREFIX:-${CACHE_ROOT}/k8s-${KUBERNETES_VERSION}}"
 BIN_DIR="${PREFIX}/bin"
 WORK_DIR="${PREFIX}/build"
@@ -25,16 +23,8 @@ if [[ "${1:-}" == "--print-bin-dir" ]]; then
   exit 0
 fi
 
-log() { printf '[build-k8s %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { printf '[build-k8s] ERROR: %s\n' "$*" >&2; exit 1; }
-
-command -v go >/dev/null 2>&1 || die "no Go toolchain on PATH: install Go >= 1.25 (e.g. /usr/local/go/bin) and retry"
+ddp_go_env 1.25
 GO_VERSION="$(go env GOVERSION)"
-
-# Servers are static binaries, like upstream's release builds; -trimpath and -s -w keep them small.
-export CGO_ENABLED=0
-export GOFLAGS="-buildvcs=false -trimpath"
-export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 K8S_TAGS="selinux,notest,grpcnotrace"
 
 mkdir -p "${BIN_DIR}" "${WORK_DIR}"

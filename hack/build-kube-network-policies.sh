@@ -11,8 +11,11 @@
 # Usage: hack/build-kube-network-policies.sh [--print-bin-dir]
 set -euo pipefail
 
+# shellcheck source=lib/go-build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go-build.sh"
+DDP_LOG_TAG=build-knp
 KUBE_NETWORK_POLICIES_VERSION="${KUBE_NETWORK_POLICIES_VERSION:-v0.8.0}"
-CACHE_ROOT="${DDP_CACHE:-${HOME}/.cache/ddp-operator}"
+CACHE_ROOT="${DDP_CACHE_ROOT}"
 PREFIX="${CACHE_ROOT}/kube-network-policies-${KUBE_NETWORK_POLICIES_VERSION}"
 BIN_DIR="${PREFIX}/bin"
 WORK_DIR="${PREFIX}/build"
@@ -26,13 +29,7 @@ if [[ "${1:-}" == "--print-bin-dir" ]]; then
 fi
 [[ $# -eq 0 ]] || { echo "usage: $0 [--print-bin-dir]" >&2; exit 2; }
 
-log() { printf '[build-knp %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { printf '[build-knp] ERROR: %s\n' "$*" >&2; exit 1; }
-
-command -v go >/dev/null 2>&1 || die "no Go toolchain on PATH: install Go >= 1.23 (e.g. /usr/local/go/bin) and retry"
-export CGO_ENABLED=0
-export GOFLAGS="-buildvcs=false -trimpath"
-export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+ddp_go_env 1.23
 
 if [[ -x "${BINARY}" && -f "${BIN_DIR}/.version" && "$(cat "${BIN_DIR}/.version")" == "${KUBE_NETWORK_POLICIES_VERSION}" ]]; then
   log "kube-network-policies ${KUBE_NETWORK_POLICIES_VERSION}: up to date (${BINARY})"

@@ -11,13 +11,12 @@
 # Usage: hack/build-kueue.sh [--print-prefix]
 set -euo pipefail
 
-HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-_saved_env="$(env | grep -E '^KUEUE_VERSION=' || true)"
-# shellcheck source=k8s-versions.env
-source "${HACK_DIR}/k8s-versions.env"
-while IFS= read -r line; do [[ -n "${line}" ]] && export "${line?}"; done <<<"${_saved_env}"
+# shellcheck source=lib/go-build.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/go-build.sh"
+DDP_LOG_TAG=build-kueue
+ddp_load_versions 'KUEUE'
 
-CACHE_ROOT="${DDP_CACHE:-${HOME}/.cache/ddp-operator}"
+CACHE_ROOT="${DDP_CACHE_ROOT}"
 PREFIX="${DDP_KUEUE_PREFIX:-${CACHE_ROOT}/kueue-${KUEUE_VERSION}}"
 BIN_DIR="${PREFIX}/bin"
 CRD_DIR="${PREFIX}/crds"
@@ -28,14 +27,7 @@ if [[ "${1:-}" == "--print-prefix" ]]; then
   exit 0
 fi
 
-log() { printf '[build-kueue %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() { printf '[build-kueue] ERROR: %s\n' "$*" >&2; exit 1; }
-
-command -v go >/dev/null 2>&1 || die "no Go toolchain on PATH: install Go >= 1.25 (e.g. /usr/local/go/bin) and retry"
-
-export CGO_ENABLED=0
-export GOFLAGS="-buildvcs=false -trimpath"
-export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+ddp_go_env 1.25
 
 v="${KUEUE_VERSION}"
 ASSETS_STAMP="${PREFIX}/.assets.version"

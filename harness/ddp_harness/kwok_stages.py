@@ -10,6 +10,10 @@ Stages (each a rule "objects matching this selector get this status next"):
   optionally `kwok.ddp.dev/reason`, and `kwok.ddp.dev/finished-at`: when the process ended, which a
   late report carries); every container is terminated with that code, the pod phase is Succeeded for
   0 and Failed otherwise.
+- pod-stop-on-delete: a pod on a node marked for deletion that a finalizer keeps (Kueue's, for one)
+  reports its containers ended by SIGTERM (exit 143) and the phase Failed, as a kubelet does before its
+  final delete; the object then stays, terminal, until the finalizer goes. (Pods without a finalizer
+  skip this report: they vanish at the final delete anyway, and 1024-rank tests save the writes.)
 - pod-delete: a pod marked for deletion goes away at once (the kubelet's final delete).
 
 The fault model of a real cluster (``ReportLatency``): each node's kubelet reports pod changes (start,
@@ -214,6 +218,14 @@ startTime: {{ $startedAt | Quote }}
 )
 
 
+# What a kubelet reports for a pod whose containers it stopped for a deletion: SIGTERM, 128 + 15.
+_POD_STOPPED_ON_DELETE = (
+    _POD_COMPLETE.replace(f'index $annotations "{EXIT_CODE_ANNOTATION}"', '"143"')
+    .replace(f'or (index $annotations "{FINISHED_AT_ANNOTATION}") $now', "$now")
+    .replace(f'with index $annotations "{REASON_ANNOTATION}"', "with false")
+)
+
+
 @dataclass(frozen=True)
 class ReportLatency:
     """How late each fake node's kubelet reports: node i after i x ``step_ms`` plus up to ``jitter_ms``."""
@@ -316,10 +328,38 @@ def kwok_stages(
             nodes,
             latency,
         ),
+        *_per_node(
+            "pod-stop-on-delete",
+            [
+                {"key": ".metadata.deletionTimestamp", "operator": "Exists"},
+                {"key": ".metadata.finalizers", "operator": "Exists"},
+                kubelet_alive,
+                {"key": ".status.phase", "operator": "In", "values": ["Pending", "Running"]},
+            ],
+            {"statusTemplate": _POD_STOPPED_ON_DELETE},
+            nodes,
+            latency,
+        ),
+        # Two stages, as a selector cannot say "or": kwok would pick at random between overlapping ones.
         _stage(
             "pod-delete",
             "Pod",
-            [{"key": ".metadata.deletionTimestamp", "operator": "Exists"}, kubelet_alive],
+            [
+                {"key": ".metadata.deletionTimestamp", "operator": "Exists"},
+                {"key": ".metadata.finalizers", "operator": "DoesNotExist"},
+                kubelet_alive,
+            ],
+            {"delete": True},
+        ),
+        _stage(
+            "pod-delete-stopped",
+            "Pod",
+            [
+                {"key": ".metadata.deletionTimestamp", "operator": "Exists"},
+                {"key": ".metadata.finalizers", "operator": "Exists"},
+                {"key": ".status.phase", "operator": "In", "values": ["Succeeded", "Failed"]},
+                kubelet_alive,
+            ],
             {"delete": True},
         ),
     ]

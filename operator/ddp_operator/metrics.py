@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ddp_operator import names
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-PHASES: tuple[str, ...] = ("Pending", "Starting", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+PHASES: tuple[str, ...] = names.PHASES
 
 # Reconciles are in-memory decisions plus a few API calls; a 1024-rank create takes seconds.
 RECONCILE_BUCKETS: tuple[float, ...] = (

@@ -70,6 +70,7 @@ JOB_NAME_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 _JOB_NAME_RE: Final = re.compile(JOB_NAME_PATTERN)
 
 # Phases of status.phase, in the order a healthy job passes through them.
+PHASE_QUEUED: Final = "Queued"  # Kueue gates the rank pods: the gang waits for admission
 PHASE_PENDING: Final = "Pending"
 PHASE_STARTING: Final = "Starting"
 PHASE_RUNNING: Final = "Running"
@@ -78,6 +79,7 @@ PHASE_SUCCEEDED: Final = "Succeeded"
 PHASE_FAILED: Final = "Failed"
 PHASE_SUSPENDED: Final = "Suspended"
 PHASES: Final = (
+    PHASE_QUEUED,
     PHASE_PENDING,
     PHASE_STARTING,
     PHASE_RUNNING,
@@ -89,7 +91,14 @@ PHASES: Final = (
 FINISHED_PHASES: Final = frozenset({PHASE_SUCCEEDED, PHASE_FAILED})
 
 # Condition types: each one is True exactly while status.phase has the same name.
-CONDITION_TYPES: Final = (PHASE_RUNNING, PHASE_RESTARTING, PHASE_SUSPENDED, PHASE_SUCCEEDED, PHASE_FAILED)
+CONDITION_TYPES: Final = (
+    PHASE_QUEUED,
+    PHASE_RUNNING,
+    PHASE_RESTARTING,
+    PHASE_SUSPENDED,
+    PHASE_SUCCEEDED,
+    PHASE_FAILED,
+)
 
 
 def job_name_problem(name: str) -> str | None:

@@ -28,6 +28,15 @@ _DISRUPTION_REASONS: Final = {
     "TerminationByKubelet": "Evicted",
     "DeletionByPodGC": "PodDeleted",
 }
+# Kueue's pod condition, set on every pod of a plain-pod group just before Kueue deletes it
+# (kueue pkg/controller/jobs/pod: ConditionTypeTerminationTarget), with Kueue's stop reason.
+KUEUE_TERMINATION_TARGET: Final = "TerminationTarget"
+_KUEUE_STOP_REASONS: Final = {
+    # Evicted from its ClusterQueue (preempted, or another eviction Kueue requeues it after).
+    "WorkloadEvicted": "Preempted",
+    # The Kueue Workload was deleted (by a user): the pods go like pods deleted under the job.
+    "WorkloadDeleted": "PodDeleted",
+}
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -84,6 +93,16 @@ class PodObservation:
     waiting_message: str | None = None
     # Evicted, preempted or removed by node loss: the job-facing reason, or None.
     disruption: str | None = None
+    # What the component that disrupted the pod said (Kueue's eviction message, for one).
+    disruption_message: str | None = None
+    # Kueue (docs/scheduling.md): the group the pod belongs to, whether Kueue still gates it (the
+    # group is not admitted), whether Kueue's finalizer holds the pod object, and whether the pod tells
+    # Kueue the group failed for good (retriable-in-group "false").
+    kueue_group: str | None = None
+    kueue_gated: bool = False
+    kueue_finalizer: bool = False
+    kueue_unretriable: bool = False
+    finalizers: tuple[str, ...] = ()
     # When this operator first saw the pod end badly (failed, disrupted, deleted): when a report
     # arrived, not when the failure happened. Set by the pod cache (see ``seen``), None elsewhere.
     failure_seen_at: datetime | None = None
@@ -126,6 +145,17 @@ class PodObservation:
         """Whatever happened to this rank has been reported: it will not change its story any more."""
         return self.terminal or self.terminated or self.disruption is not None or self.deleting
 
+    @property
+    def kueue_counts_active(self) -> bool:
+        """Kueue still counts this pod in its group (v0.17 `isPodRunnableOrSucceeded`): anything but
+        Failed, or deleted before it had a node. Such a pod of an old attempt makes the new attempt's
+        pods "excess", and Kueue deletes those."""
+        if self.kueue_group is None:
+            return False
+        if self.deleting and not self.node:
+            return False
+        return self.phase != "Failed"
+
     def deletion_unconfirmed(self, now: datetime, margin_seconds: float) -> bool:
         """Deleted, and no kubelet confirmed it ``margin_seconds`` after its grace period ended.
 
@@ -167,15 +197,19 @@ def _container_status(statuses: list[Any], name: str) -> Mapping[str, Any] | Non
     return None
 
 
-def _disruption(status: Mapping[str, Any]) -> str | None:
+def _disruption(status: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The job-facing reason a pod was disrupted, and what the disrupting component said."""
     if status.get("reason") == "Evicted":
-        return "Evicted"
+        return "Evicted", status.get("message")
     if status.get("reason") == "Preempting":
-        return "Preempted"
+        return "Preempted", status.get("message")
+    kueue = _condition(status, KUEUE_TERMINATION_TARGET)
+    if kueue is not None and kueue.get("status") == "True":
+        return _KUEUE_STOP_REASONS.get(str(kueue.get("reason")), "Evicted"), kueue.get("message")
     condition = _condition(status, "DisruptionTarget")
     if condition is not None and condition.get("status") == "True":
-        return _DISRUPTION_REASONS.get(str(condition.get("reason")), "Evicted")
-    return None
+        return _DISRUPTION_REASONS.get(str(condition.get("reason")), "Evicted"), condition.get("message")
+    return None, None
 
 
 def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
@@ -226,6 +260,10 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
                 break
 
     exit_code = terminated.get("exitCode") if terminated else None
+    disruption, disruption_message = _disruption(status)
+    finalizers = tuple(str(f) for f in metadata.get("finalizers") or [])
+    annotations: Mapping[str, Any] = metadata.get("annotations") or {}
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
     return PodObservation(
         name=str(metadata.get("name", "")),
         rank=_int_label(labels, names.LABEL_RANK),
@@ -251,5 +289,11 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         finished_at=parse_time(terminated.get("finishedAt")) if terminated else None,
         waiting_reason=waiting.get("reason"),
         waiting_message=waiting.get("message"),
-        disruption=_disruption(status),
+        disruption=disruption,
+        disruption_message=disruption_message,
+        kueue_group=labels.get(names.KUEUE_POD_GROUP_LABEL) or None,
+        kueue_gated=any(g.get("name") == names.KUEUE_ADMISSION_GATE for g in gates),
+        kueue_finalizer=names.KUEUE_POD_FINALIZER in finalizers,
+        kueue_unretriable=annotations.get(names.KUEUE_RETRIABLE_IN_GROUP_ANNOTATION) == "false",
+        finalizers=finalizers,
     )

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from ddp_operator import builders, names
+from ddp_operator import builders, kueue, names
+from ddp_operator.kueue import QueueObservation, queued_message
 from ddp_operator.observe import PodObservation, format_time, parse_time
 from ddp_operator.policies import deadline, success, ttl
 from ddp_operator.policies.attempt import judge_attempt
@@ -52,6 +53,7 @@ REASON_SUSPENDED: Final = "Suspended"
 REASON_POD_CREATE_FORBIDDEN: Final = "PodCreateForbidden"
 REASON_INVALID_SPEC: Final = "InvalidSpec"
 REASON_STRAGGLER: Final = "Straggler"
+REASON_QUEUED: Final = "Queued"
 # Reasons that fail a job which must stop consuming resources whatever cleanPodPolicy says.
 _STOP_REASONS: Final = frozenset(
     {
@@ -90,7 +92,9 @@ class TimingRules:
 
 DEFAULT_TIMING: Final = TimingRules()
 
-_LIVE_PHASES: Final = frozenset({names.PHASE_PENDING, names.PHASE_STARTING, names.PHASE_RUNNING})
+_LIVE_PHASES: Final = frozenset(
+    {names.PHASE_QUEUED, names.PHASE_PENDING, names.PHASE_STARTING, names.PHASE_RUNNING}
+)
 _WARNING_PHASES: Final = frozenset({names.PHASE_RESTARTING, names.PHASE_FAILED})
 
 
@@ -108,6 +112,13 @@ class Decision:
     create_attempt: int = 0
     create_ranks: tuple[int, ...] = ()
     delete_pods: tuple[str, ...] = ()
+    # Kueue (docs/scheduling.md): pods of old attempts whose Kueue finalizer the operator removes, because
+    # Kueue would count them in the group and delete the next attempt's pods as excess; of those, the
+    # ones whose deletion no kubelet confirms, deleted at once (grace 0) so they stop counting; and the
+    # pod annotated retriable-in-group "false" when the job failed for good, so Kueue frees the quota.
+    release_pods: tuple[str, ...] = ()
+    force_delete_pods: tuple[str, ...] = ()
+    mark_unretriable: tuple[str, ...] = ()
     create_service: bool = False
     create_pvc: bool = False
     create_network_policy: bool = False
@@ -145,6 +156,8 @@ class _Transition:
     counts: _Counts = field(default_factory=_Counts)
     attempt: int | None = None
     restarts: int = 0
+    # Retries that did not spend backoffLimit (preemptions); None: as the old status says.
+    preemptions: int | None = None
     start_time: str | None = None
     completion_time: str | None = None
     # What the operator read of the training (status.progress, status.straggler), when shown.
@@ -208,6 +221,9 @@ def _status(job: JobSpec, old: Mapping[str, Any], change: _Transition, now: date
     }
     if change.attempt is not None:
         status["attempt"] = change.attempt
+    preemptions = change.preemptions if change.preemptions is not None else _int(old.get("preemptions"), 0)
+    if preemptions:
+        status["preemptions"] = preemptions
     if change.start_time is not None:
         status["startTime"] = change.start_time
     if change.completion_time is not None:
@@ -229,6 +245,7 @@ _STATUS_KEYS: Final = (
     "succeededReplicas",
     "failedReplicas",
     "restarts",
+    "preemptions",
     "attempt",
     "worldSize",
     "startTime",
@@ -296,9 +313,21 @@ def _cleanup(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation
         status=status,
         status_changed=old.get("observedGeneration") != job.generation,
         delete_pods=() if expired else _deletable(doomed),
+        mark_unretriable=_kueue_give_up(job, phase, pods),
         delete_job=expired,
         requeue_after=None if expired else left,
     )
+
+
+def _kueue_give_up(job: JobSpec, phase: str, pods: Sequence[PodObservation]) -> tuple[str, ...]:
+    """A failed job's Kueue group: one pod says retriable-in-group "false", so Kueue ends the group and
+    frees its quota once no pod of it is active (otherwise Kueue waits for replacements forever)."""
+    if job.kueue is None or phase != names.PHASE_FAILED:
+        return ()
+    managed = [p for p in pods if p.kueue_group is not None and p.kueue_finalizer]
+    if not managed or any(p.kueue_unretriable for p in pods):
+        return ()
+    return (min(p.name for p in managed),)
 
 
 def _suspend(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime) -> Decision:
@@ -342,11 +371,18 @@ def _start_attempt(
     """
     stale = [p for p in pods if p.attempt != target or (p.rank or 0) >= job.replicas]
     current = [p for p in pods if p not in stale]
+    # A deleted pod that never had a node runs nothing (it waits only for a finalizer, Kueue's for one).
     blocking = [
         p
         for p in stale
-        if not p.terminal and not p.deletion_unconfirmed(now, rules.unconfirmed_deletion_seconds)
+        if not p.terminal
+        and not (p.deleting and not p.node)
+        and not p.deletion_unconfirmed(now, rules.unconfirmed_deletion_seconds)
     ]
+    release, force = _kueue_release(stale, now, rules)
+    # Kueue counts an old pod it still holds (Succeeded, or deleted on a node that never confirmed) in
+    # the group and would delete the new attempt's pods as excess: wait until it stops counting.
+    blocking += [p for p in stale if p.kueue_counts_active and p not in blocking]
     wanted_hash = builders.spec_hash(job)
     # The spec changed while this attempt was being created (before its phase locked the spec): pods
     # built from the old version go, and the attempt waits until their names are free again.
@@ -357,6 +393,8 @@ def _start_attempt(
             status=dict(old),
             status_changed=False,
             delete_pods=_deletable([*stale, *respec]),
+            release_pods=release,
+            force_delete_pods=force,
             requeue_after=RESTART_POLL_SECONDS,
         )
     present = {p.rank for p in current}
@@ -388,6 +426,23 @@ def _start_attempt(
     )
 
 
+def _kueue_release(
+    stale: Sequence[PodObservation], now: datetime, rules: TimingRules
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Old pods Kueue still counts in the group: their finalizer goes once they are terminal or their
+    deletion is overdue; an overdue one is also deleted at once (grace 0), as no kubelet will confirm
+    it (the pod GC does the same for a node that is gone)."""
+    held = [p for p in stale if p.kueue_counts_active and p.deleting]
+    overdue = [
+        p
+        for p in held
+        if p.deletion_deadline is not None
+        and (now - p.deletion_deadline).total_seconds() >= rules.unconfirmed_deletion_seconds
+    ]
+    release = sorted(p.name for p in held if p.kueue_finalizer and (p.terminal or p in overdue))
+    return tuple(release), tuple(sorted(p.name for p in overdue))
+
+
 def _failure_of(pod: PodObservation, now: datetime) -> RankFailure | None:
     assert pod.rank is not None
     if pod.trainer_succeeded:
@@ -404,6 +459,7 @@ def _failure_of(pod: PodObservation, now: datetime) -> RankFailure | None:
         exit_code=pod.exit_code,
         container_reason=pod.reason,
         disruption=disruption,
+        disruption_message=pod.disruption_message,
     )
 
 
@@ -447,10 +503,16 @@ class _LiveAttempt:
     failures: Sequence[RankFailure]
     rules: TimingRules = DEFAULT_TIMING
     progress: ProgressObservation | None = None  # of this attempt only
+    queue: QueueObservation | None = None  # Kueue's view of the job's group, when read
 
     @property
     def counts(self) -> _Counts:
         return _counts(self.current)
+
+    @property
+    def kueue_gated(self) -> int:
+        """Rank pods of this attempt Kueue still gates: the group is not admitted (yet, or again)."""
+        return sum(1 for p in self.current if p.kueue_gated and not p.deleting)
 
     @property
     def all_running(self) -> bool:
@@ -509,13 +571,21 @@ class _LiveAttempt:
 
     @property
     def startup_left(self) -> float | None:
-        """Seconds left to start every rank; None once the attempt ran or without a startup deadline."""
-        if self.old.get("phase") == names.PHASE_RUNNING or self.all_running:
+        """Seconds left to start every rank; None once the attempt ran or without a startup deadline.
+
+        Time spent queued by Kueue does not count: the deadline runs from the attempt's first pod, or
+        from when the job left the Queued phase if that was later (docs/scheduling.md).
+        """
+        if self.old.get("phase") == names.PHASE_RUNNING or self.all_running or self.kueue_gated:
             return None
         created = [p.created_at for p in self.current if p.created_at is not None]
-        return deadline.seconds_left(
-            min(created) if created else None, self.job.run_policy.startup_deadline_seconds, self.now
-        )
+        since = min(created) if created else None
+        # Leaving the queue now (the status still says Queued), or when the Queued condition turned False.
+        queued_now = self.old.get("phase") == names.PHASE_QUEUED
+        admitted = self.now if queued_now else _condition_ended_at(self.old, names.PHASE_QUEUED)
+        if since is not None and admitted is not None and admitted > since:
+            since = admitted
+        return deadline.seconds_left(since, self.job.run_policy.startup_deadline_seconds, self.now)
 
 
 def _live_attempt(
@@ -525,6 +595,7 @@ def _live_attempt(
     now: datetime,
     rules: TimingRules = DEFAULT_TIMING,
     observed: ProgressObservation | None = None,
+    queue: QueueObservation | None = None,
 ) -> _LiveAttempt:
     attempt = _int(old.get("attempt"), 0)
     stale = [p for p in pods if p.attempt != attempt or (p.rank or 0) >= job.replicas]
@@ -544,6 +615,7 @@ def _live_attempt(
         failures=[*failures, *missing],
         rules=rules,
         progress=observed if observed is not None and observed.attempt == attempt else None,
+        queue=queue if job.kueue is not None else None,
     )
 
 
@@ -570,20 +642,27 @@ def _finish(live: _LiveAttempt, phase: str, reason: str, message: str) -> Decisi
         live.now,
         create_attempt=live.attempt,
         delete_pods=cleanup.delete_pods,
+        mark_unretriable=cleanup.mark_unretriable,
         delete_job=cleanup.delete_job,
         requeue_after=cleanup.requeue_after,
     )
 
 
-def _restart(live: _LiveAttempt, reason: str, message: str) -> Decision:
-    """Tear the gang down; the next attempt is created once none of its pods is alive."""
+def _restart(live: _LiveAttempt, reason: str, message: str, counted: bool = True) -> Decision:
+    """Tear the gang down; the next attempt is created once none of its pods is alive.
+
+    ``counted``: the retry spends backoffLimit (status.restarts); a preemption does not
+    (status.preemptions).
+    """
+    preemptions = _int(live.old.get("preemptions"), 0)
     change = _Transition(
         phase=names.PHASE_RESTARTING,
         reason=reason,
         message=message,
         counts=live.counts,
         attempt=live.attempt,
-        restarts=live.restarts + 1,
+        restarts=live.restarts + (1 if counted else 0),
+        preemptions=preemptions if counted else preemptions + 1,
         start_time=live.old.get("startTime"),
     )
     return _decision(
@@ -615,7 +694,7 @@ def _rule_judged(live: _LiveAttempt) -> Decision | None:
         success.succeeded_ranks(live.current),
     )
     if verdict.outcome == "retry":
-        return _restart(live, verdict.reason, verdict.message)
+        return _restart(live, verdict.reason, verdict.message, verdict.counted)
     if verdict.outcome == "failed":
         return _finish(live, names.PHASE_FAILED, verdict.reason, verdict.message)
     if verdict.outcome == "succeeded":
@@ -717,6 +796,9 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
     if live.all_running or live.old.get("phase") == names.PHASE_RUNNING:
         phase, reason = names.PHASE_RUNNING, REASON_RUNNING
         message = f"all {job.replicas} rank(s) of attempt {attempt} are running (world size {job.world_size})"
+    elif live.kueue_gated and job.kueue is not None:
+        phase, reason = names.PHASE_QUEUED, REASON_QUEUED
+        message = queued_message(live.kueue_gated, job.replicas, attempt, live.queue, job.kueue.queue_name)
     elif len(current) == job.replicas and all(p.scheduled or p.running for p in current):
         phase, reason = names.PHASE_STARTING, REASON_SCHEDULED
         message = f"all {job.replicas} rank pod(s) of attempt {attempt} are scheduled"
@@ -724,8 +806,9 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
         phase, reason = names.PHASE_PENDING, REASON_CREATED
         scheduled = sum(1 for p in current if p.scheduled)
         message = f"{scheduled} of {job.replicas} rank pod(s) of attempt {attempt} scheduled"
-    if phase == live.old.get("phase"):
+    if phase == live.old.get("phase") and phase != names.PHASE_QUEUED:
         # Same phase: keep the message of the transition, so conditions do not churn per pod event.
+        # (Queued follows what Kueue says, which the executor reads at most every few seconds.)
         message = _condition_message(live.old, phase) or message
     straggler, notices = _shown_straggler(live)
     change = _Transition(
@@ -758,6 +841,8 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
             live.decision_window_left,
             live.stall_left,
             live.straggler_left,
+            # While queued, what Kueue says changes without a pod event: look again now and then.
+            kueue.QUEUED_POLL_SECONDS if phase == names.PHASE_QUEUED else None,
         ),
     )
 
@@ -793,6 +878,14 @@ def _restarting(
     return replace(started, requeue_after=requeue)
 
 
+def _condition_ended_at(old: Mapping[str, Any], kind: str) -> datetime | None:
+    """When the condition ``kind`` last turned False (the job left that phase), None if it is not False."""
+    for condition in old.get("conditions") or []:
+        if condition.get("type") == kind and condition.get("status") == "False":
+            return parse_time(condition.get("lastTransitionTime"))
+    return None
+
+
 def _condition_time(old: Mapping[str, Any], kind: str) -> datetime | None:
     for condition in old.get("conditions") or []:
         if condition.get("type") == kind and condition.get("status") == "True":
@@ -817,8 +910,9 @@ def _live(
     now: datetime,
     rules: TimingRules,
     observed: ProgressObservation | None,
+    queue: QueueObservation | None = None,
 ) -> Decision:
-    live = _live_attempt(job, old, pods, now, rules, observed)
+    live = _live_attempt(job, old, pods, now, rules, observed, queue)
     for rule in _LIVE_RULES:
         decision = rule(live)
         if decision is not None:
@@ -834,12 +928,14 @@ def decide(
     refusal: CreateRefusal | None = None,
     rules: TimingRules = DEFAULT_TIMING,
     observed: ProgressObservation | None = None,
+    queue: QueueObservation | None = None,
 ) -> Decision:
     """The next step for one job.
 
     ``pods``: observations of the job's own pods; ``now``: timezone-aware; ``refusal``: a child the
     apiserver refused for good since the last decision; ``rules``: how long to wait for late reports;
-    ``observed``: what the operator read of the training from rank 0's metrics.
+    ``observed``: what the operator read of the training from rank 0's metrics; ``queue``: what
+    Kueue says of the job's group while it is queued.
     """
     old: Mapping[str, Any] = status or {}
     ours = _ours(job, pods)
@@ -857,7 +953,7 @@ def decide(
         target = attempt + 1 if isinstance(attempt, int) else 0
         return _start_attempt(job, old, ours, now, target, rules)
     if phase in _LIVE_PHASES and isinstance(attempt, int):
-        return _live(job, old, ours, now, rules, observed)
+        return _live(job, old, ours, now, rules, observed, queue)
     # A new job, or one whose first creation was interrupted: finish creating its newest attempt.
     newest = max((p.attempt for p in ours if p.attempt is not None), default=0)
     return _start_attempt(job, old, ours, now, newest, rules)

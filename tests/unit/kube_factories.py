@@ -107,9 +107,55 @@ def pod(
     }
     if pod_reason is not None:
         status["reason"] = pod_reason
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "status": status}
+    spec: dict[str, Any] = {"nodeName": f"node-{rank}"} if scheduled and unschedulable is None else {}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
 
 
 def observe(*pods: dict[str, Any], seen_at: float = 0.0) -> list[PodObservation]:
     """Observations as the pod cache holds them: a bad end first seen at ``seen_at`` (seconds after T0)."""
     return [seen(observe_pod(copy.deepcopy(p)), None, at(seen_at)) for p in pods]
+
+
+def kueue_job(name: str = "mnist", queue: str = "team-a-gpus", **spec: Any) -> JobSpec:
+    """A job labelled for a Kueue LocalQueue (its rank pods form one Kueue plain-pod group)."""
+    body = job_object(name, **spec)
+    body["metadata"]["labels"] = {names.KUEUE_QUEUE_LABEL: queue}
+    return parse_job(body)
+
+
+def kueue_managed(
+    pod_object: dict[str, Any],
+    *,
+    gated: bool = False,
+    finalizer: bool = True,
+    stopped_by: str | None = None,
+    stop_message: str = "Preempted to accommodate a workload due to prioritization in the ClusterQueue",
+    unretriable: bool = False,
+    node: str | None = "node-1",
+) -> dict[str, Any]:
+    """``pod_object`` as Kueue's webhook and controller leave it: group label, finalizer, admission gate,
+    and the TerminationTarget condition Kueue sets (reason ``stopped_by``) before it deletes a pod."""
+    meta = pod_object["metadata"]
+    meta["labels"][names.KUEUE_POD_GROUP_LABEL] = names.kueue_pod_group_name(
+        meta["labels"][names.LABEL_JOB_NAME], JOB_UID
+    )
+    meta["labels"][names.KUEUE_MANAGED_LABEL] = "true"
+    if finalizer:
+        meta["finalizers"] = [names.KUEUE_POD_FINALIZER]
+    if unretriable:
+        meta.setdefault("annotations", {})[names.KUEUE_RETRIABLE_IN_GROUP_ANNOTATION] = "false"
+    spec = pod_object.setdefault("spec", {})
+    if gated:
+        spec.pop("nodeName", None)
+        spec["schedulingGates"] = [{"name": names.KUEUE_ADMISSION_GATE}]
+        pod_object["status"] = {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}],
+        }
+    elif node is not None:
+        spec["nodeName"] = node
+    if stopped_by is not None:
+        pod_object["status"].setdefault("conditions", []).append(
+            {"type": "TerminationTarget", "status": "True", "reason": stopped_by, "message": stop_message}
+        )
+    return pod_object

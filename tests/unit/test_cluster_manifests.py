@@ -90,9 +90,20 @@ def test_kwok_stage_set_covers_node_and_pod_lifecycles() -> None:
         "node-heartbeat",
         "pod-ready",
         "pod-complete-by-annotation",
+        "pod-stop-on-delete",
         "pod-delete",
+        "pod-delete-stopped",
     }
     assert by_name["pod-delete"]["spec"]["next"] == {"delete": True}
+    assert by_name["pod-delete-stopped"]["spec"]["next"] == {"delete": True}
+    # A deleted pod that a finalizer keeps ends terminal (SIGTERM), as a kubelet reports it.
+    stopped = by_name["pod-stop-on-delete"]["spec"]["next"]["statusTemplate"]
+    assert '$code := "143"' in stopped and "phase: Failed" in stopped
+    # The two delete stages never both match a pod: kwok would pick one at random.
+    plain = by_name["pod-delete"]["spec"]["selector"]["matchExpressions"]
+    kept = by_name["pod-delete-stopped"]["spec"]["selector"]["matchExpressions"]
+    assert {"key": ".metadata.finalizers", "operator": "DoesNotExist"} in plain
+    assert {"key": ".metadata.finalizers", "operator": "Exists"} in kept
     template = by_name["pod-complete-by-annotation"]["spec"]["next"]["statusTemplate"]
     assert EXIT_CODE_ANNOTATION in template
     ready_selector = by_name["pod-ready"]["spec"]["selector"]["matchExpressions"]

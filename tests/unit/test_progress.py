@@ -168,7 +168,7 @@ def test_a_persistent_straggler_is_named_in_status_with_one_event() -> None:
     named = decide(
         job_spec(), RUNNING, observe(pod(0), pod(1)), at(161), observed=observed(60, 160, straggler=sighting)
     )
-    assert named.status["straggler"] == {"rank": 1, "pod": "mnist-1-0", "node": "", "slowdown": "2.00"}
+    assert named.status["straggler"] == {"rank": 1, "pod": "mnist-1-0", "node": "node-1", "slowdown": "2.00"}
     assert [n.reason for n in named.notices] == ["Straggler"]
     again = decide(
         job_spec(),

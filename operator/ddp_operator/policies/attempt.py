@@ -22,6 +22,8 @@ class AttemptVerdict:
     outcome: Outcome
     reason: str = ""
     message: str = ""
+    # A retry that spends backoffLimit (False: a preemption, counted apart).
+    counted: bool = True
 
 
 STILL_RUNNING: Final = AttemptVerdict("running")
@@ -39,7 +41,9 @@ def judge_attempt(
     """Succeeded, retry the gang as attempt + 1, failed, or still running."""
     if failures:
         verdict = failure.judge_failures(restart_policy, backoff_limit, restarts, failures, attempt)
-        return AttemptVerdict("retry" if verdict.retry else "failed", verdict.reason, verdict.message)
+        return AttemptVerdict(
+            "retry" if verdict.retry else "failed", verdict.reason, verdict.message, verdict.counted
+        )
     if frozenset(succeeded_ranks) >= frozenset(range(replicas)):
         return AttemptVerdict(
             "succeeded", success.REASON_SUCCEEDED, success.success_message(replicas, attempt)

@@ -12,6 +12,9 @@ the rest are collateral. The restart policy then says whether the gang is restar
 
 Every retry counts against ``backoffLimit``; when it is spent the job fails with
 ``BackoffLimitExceeded``, unless the deciding failure was an OOM kill, which keeps its own reason.
+A preemption (by Kueue, which evicts the whole group, or by the scheduler) is the cluster's choice, not
+the job's failure: it is retried without spending ``backoffLimit`` (counted in ``status.preemptions``
+instead), under every restart policy but ``Never``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ class RankFailure:
     container_reason: str | None = None
     # Evicted / Preempted / PodDeleted when the pod was disrupted rather than the process failing.
     disruption: str | None = None
+    # What the disrupting component said (Kueue's eviction message), shown after the description.
+    disruption_message: str | None = None
 
     @property
     def oom_killed(self) -> bool:
@@ -66,7 +71,8 @@ class RankFailure:
         if self.disruption == REASON_STALLED:
             return f"the gang stalled (rank {self.rank} furthest behind)"
         if self.disruption:
-            return f"rank {self.rank}'s pod was {self.disruption.lower()}"
+            said = f" ({self.disruption_message})" if self.disruption_message else ""
+            return f"rank {self.rank}'s pod was {self.disruption.lower()}{said}"
         if self.exit_code is not None:
             oom = " (OOMKilled)" if self.oom_killed else ""
             return f"rank {self.rank} exited with code {self.exit_code}{oom}"
@@ -121,6 +127,8 @@ class Verdict:
     reason: str
     message: str
     failure: RankFailure
+    # False for a retry that does not spend backoffLimit (a preemption).
+    counted: bool = True
 
 
 def judge_failures(
@@ -143,6 +151,12 @@ def judge_failures(
             else f"exit code {failure.exit_code} is permanent under restartPolicy ExitCode (1-127)"
         )
         return Verdict(retry=False, reason=failure.reason, message=f"{what}; {why}", failure=failure)
+    if failure.disruption == REASON_PREEMPTED:
+        message = (
+            f"{what}; restarting the gang as attempt {attempt + 1} "
+            "(a preemption does not count against backoffLimit)"
+        )
+        return Verdict(retry=True, reason=failure.reason, message=message, failure=failure, counted=False)
     if restarts >= backoff_limit:
         reason = REASON_OOM if failure.oom_killed else REASON_BACKOFF
         message = f"{what}; backoffLimit {backoff_limit} reached after {restarts} restart(s)"

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
-from ddp_operator import builders, gang, names, ownership
+from ddp_operator import builders, gang, kueue, names, ownership
 from ddp_operator.kube_api import (
     ApiError,
     ChildInvalid,
@@ -132,6 +132,11 @@ class Controller:
         # The scheduling.k8s.io version of the in-tree gang API the cluster serves (discovery at start).
         self.gang_version: str | None = None
         self._starting: asyncio.Task[None] | None = None
+        # Kueue's view of queued jobs (kueue.QueueObservation), with when it was read (monotonic).
+        self._queue_views: dict[JobKey, tuple[float, kueue.QueueObservation]] = {}
+        # Kueue groups of deleted jobs whose Kueue Workload was deleted: (namespace, group, job UID).
+        self._released_groups: set[tuple[str, str, str]] = set()
+        self._background: set[asyncio.Task[None]] = set()
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -188,6 +193,7 @@ class Controller:
         key = job_key(body)
         if event_type == "DELETED":
             self._forget(key)
+            self._release_orphaned_groups(key)
             return
         if self._store(key, body):
             self.kick(key)
@@ -210,6 +216,7 @@ class Controller:
         self.counter_writes.forget(key)
         self._waiting_for_foreign.discard(key)
         self._refusals.pop(key, None)
+        self._queue_views.pop(key, None)
         self.pods.forget_job(key)
         if self.scraper is not None:
             self.scraper.untrack(key)
@@ -221,6 +228,45 @@ class Controller:
         """Mark a job dirty (pods of unknown jobs wait for the job's own event)."""
         if key in self.jobs:
             self.queue.kick(key)
+        else:
+            self._release_orphaned_groups(key)
+
+    # ---- Kueue groups of deleted jobs ----------------------------------------------------------
+
+    def _release_orphaned_groups(self, key: JobKey) -> None:
+        """Pods of a deleted job in a Kueue group keep Kueue's finalizer, and the group keeps its quota,
+        until Kueue's Workload for the group is deleted (docs/scheduling.md): delete it, once per group."""
+        pods = [p for p in self.pods.pods_of(key) if p.kueue_group and p.kueue_finalizer and p.owner_uid]
+        live = _uid(self.jobs[key]) if key in self.jobs else None
+        groups = {(key[0], str(p.kueue_group), str(p.owner_uid)) for p in pods if p.owner_uid != live}
+        for group in groups - self._released_groups:
+            self._released_groups.add(group)
+            task = asyncio.get_running_loop().create_task(self._release_group(key, *group))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _release_group(self, key: JobKey, namespace: str, group: str, owner_uid: str) -> None:
+        try:
+            # The job may be a new one of the same name, or may not have reached this cache yet.
+            job = await self.api.get_job(namespace, key[1])
+            if job is not None and _uid(job) == owner_uid:
+                self._released_groups.discard((namespace, group, owner_uid))
+                return
+            gone = await self.api.delete_children(namespace, kueue.KUEUE_WORKLOAD_KIND, [group])
+        except ApiError as error:
+            self._released_groups.discard((namespace, group, owner_uid))
+            logger.warning(
+                "could not release Kueue group %s/%s of a deleted job: %s", namespace, group, error
+            )
+            return
+        logger.info(
+            "job=%s/%s uid=%s action=release-kueue-group group=%s found=%s",
+            namespace,
+            key[1],
+            owner_uid,
+            group,
+            gone[0][1] is not None,
+        )
 
     def kick_later(self, key: JobKey, seconds: float) -> None:
         self.queue.kick_later(key, seconds)
@@ -245,9 +291,42 @@ class Controller:
             return
         pods = self.pods.pods_of(key)
         observed = self.scraper.observation(key) if self.scraper is not None else None
-        decision = decide(job, status, pods, self.clock(), self._refusals.get(key), self.rules, observed)
+        queue = await self._queue_view(key, job, pods)
+        decision = decide(
+            job, status, pods, self.clock(), self._refusals.get(key), self.rules, observed, queue
+        )
         await self.execute(key, body, job, decision)
         self._follow_progress(key, job, decision, pods)
+        # Pods of an earlier job of this name still in its Kueue group (the job was re-created).
+        self._release_orphaned_groups(key)
+
+    async def _queue_view(
+        self, key: JobKey, job: JobSpec, pods: Sequence[PodObservation]
+    ) -> kueue.QueueObservation | None:
+        """What Kueue says of the job's group, while Kueue gates its pods; read at most every
+        kueue.REFRESH_SECONDS per job, and best effort (Kueue absent or unreadable: None)."""
+        if job.kueue is None or not any(p.kueue_gated and not p.deleting for p in pods):
+            self._queue_views.pop(key, None)
+            return None
+        held = self._queue_views.get(key)
+        now = time.monotonic()
+        if held is not None and now - held[0] < kueue.REFRESH_SECONDS:
+            return held[1]
+        group = names.kueue_pod_group_name(job.name, job.uid)
+        try:
+            workload = await self.api.get_child(job.namespace, kueue.KUEUE_WORKLOAD_KIND, group)
+            local_queue = None
+            admitted = workload is not None and kueue.observe_queue(group, "", workload, None).admitted
+            if not admitted:
+                local_queue = await self.api.get_child(
+                    job.namespace, kueue.LOCAL_QUEUE_KIND, job.kueue.queue_name
+                )
+        except ApiError as error:
+            logger.debug("job=%s/%s could not read Kueue's view: %s", *key, error)
+            return held[1] if held is not None else None
+        view = kueue.observe_queue(group, job.kueue.queue_name, workload, local_queue)
+        self._queue_views[key] = (now, view)
+        return view
 
     def _follow_progress(
         self, key: JobKey, job: JobSpec, decision: Decision, pods: Sequence[PodObservation]
@@ -285,6 +364,7 @@ class Controller:
             for _, remains in deleted:
                 if remains is not None:
                     self.pods.remember(remains)
+        await self._release_from_kueue(key, job, decision)
 
         if decision.create_ranks:
             refusal = await self._create_attempt(key, job, decision)
@@ -306,6 +386,32 @@ class Controller:
             return
         if decision.requeue_after is not None:
             self.kick_later(key, decision.requeue_after)
+
+    async def _release_from_kueue(self, key: JobKey, job: JobSpec, decision: Decision) -> None:
+        """Old pods Kueue would still count, and a failed group Kueue would keep (reconcile.py)."""
+        if decision.force_delete_pods:
+            logger.info(
+                "job=%s/%s action=force-delete pods=%s reason=DeletionUnconfirmed",
+                *key,
+                ",".join(decision.force_delete_pods),
+            )
+            await self.api.delete_children(
+                job.namespace, "Pod", list(decision.force_delete_pods), grace_seconds=0
+            )
+        held = {p.name: p for p in self.pods.pods_of(key)}
+        for name in decision.release_pods:
+            pod = held.get(name)
+            if pod is not None:
+                await self.api.remove_finalizer(
+                    job.namespace, "Pod", name, pod.finalizers, names.KUEUE_POD_FINALIZER
+                )
+        for name in decision.mark_unretriable:
+            patch = {"metadata": {"annotations": {names.KUEUE_RETRIABLE_IN_GROUP_ANNOTATION: "false"}}}
+            try:
+                self.pods.remember(await self.api.patch_child(job.namespace, "Pod", name, patch))
+            except ApiError as error:
+                if error.status != 404:
+                    raise
 
     async def _write_status(
         self, key: JobKey, body: JsonDict, old_status: Mapping[str, Any], decision: Decision

@@ -49,6 +49,9 @@ _GROUP_PLURALS: dict[str, tuple[str, str]] = {
     # The in-tree gang (gang.py writes the one version it supports).
     "Workload": ("scheduling.k8s.io/v1alpha2", "workloads"),
     "PodGroup": ("scheduling.k8s.io/v1alpha2", "podgroups"),
+    # Kueue's objects the operator reads (kueue.py) and the group's Workload it deletes with the job.
+    "KueueWorkload": ("kueue.x-k8s.io/v1beta2", "workloads"),
+    "LocalQueue": ("kueue.x-k8s.io/v1beta2", "localqueues"),
 }
 
 
@@ -275,12 +278,18 @@ class KubeApi:
             content_type="application/merge-patch+json",
         )
 
-    def delete_blocking(self, namespace: str, kind: str, name: str) -> JsonDict | None:
-        """Delete one child; the object as the apiserver left it (deletionTimestamp set), None when gone."""
+    def delete_blocking(
+        self, namespace: str, kind: str, name: str, grace_seconds: int | None = None
+    ) -> JsonDict | None:
+        """Delete one child; the object as the apiserver left it (deletionTimestamp set), None when gone.
+
+        ``grace_seconds=0``: at once, without waiting for a kubelet to confirm (a force delete).
+        """
+        body: JsonDict = {"propagationPolicy": "Background"}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
         try:
-            result = self.request(
-                "DELETE", _child_path(namespace, kind, name), body={"propagationPolicy": "Background"}
-            )
+            result = self.request("DELETE", _child_path(namespace, kind, name), body=body)
         except ApiError as error:
             if error.status == 404:
                 return None
@@ -434,11 +443,56 @@ class KubeApi:
         return report
 
     async def delete_children(
-        self, namespace: str, kind: str, names: Sequence[str]
+        self, namespace: str, kind: str, names: Sequence[str], grace_seconds: int | None = None
     ) -> list[tuple[str, JsonDict | None]]:
         """Delete children concurrently; (name, object-after-delete or None when gone) per name."""
-        results = await asyncio.gather(*(self._run(self.delete_blocking, namespace, kind, n) for n in names))
+        results = await asyncio.gather(
+            *(self._run(self.delete_blocking, namespace, kind, n, grace_seconds) for n in names)
+        )
         return list(zip(names, results, strict=True))
+
+    async def get_child(self, namespace: str, kind: str, name: str) -> JsonDict | None:
+        """One object, None when it (or its API) is not there."""
+        try:
+            result: JsonDict = await self._run(
+                lambda: self.request("GET", _child_path(namespace, kind, name))
+            )
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        return result
+
+    async def remove_finalizer(
+        self, namespace: str, kind: str, name: str, finalizers: Sequence[str], finalizer: str
+    ) -> bool:
+        """Drop ``finalizer`` from an object whose finalizers were ``finalizers``; False when the object
+        is gone or its finalizers changed meanwhile (the JSON patch tests them first: nobody else's
+        finalizer is ever dropped)."""
+        if finalizer not in finalizers:
+            return False
+        patch = [
+            {"op": "test", "path": "/metadata/finalizers", "value": list(finalizers)},
+            {
+                "op": "replace",
+                "path": "/metadata/finalizers",
+                "value": [f for f in finalizers if f != finalizer],
+            },
+        ]
+        try:
+            await self._run(
+                lambda: self.request(
+                    "PATCH",
+                    _child_path(namespace, kind, name),
+                    body=patch,
+                    content_type="application/json-patch+json",
+                )
+            )
+        except ApiError as error:
+            if error.status in (404, 409, 422):
+                return False
+            raise
+        return True
 
     async def patch_job_status(self, namespace: str, name: str, status_patch: Mapping[str, Any]) -> JsonDict:
         """Merge-patch the DDPJob's status subresource; returns the job as stored afterwards."""
@@ -450,6 +504,16 @@ class KubeApi:
                 content_type="application/merge-patch+json",
             )
         )
+        return result
+
+    async def get_job(self, namespace: str, name: str) -> JsonDict | None:
+        """The DDPJob as stored, None when there is none."""
+        try:
+            result: JsonDict = await self._run(lambda: self.request("GET", _job_path(namespace, name)))
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
         return result
 
     async def delete_job(self, namespace: str, name: str, uid: str) -> None:

@@ -58,9 +58,10 @@ watches); the same rules go into the ClusterRole (cluster-wide) or each namespac
 */}}
 {{- define "ddp-operator.operatorRules" -}}
 # kopf lists and watches DDPJobs; the controller deletes a finished one when its TTL has passed.
+# get: whether a Kueue group's job is really gone before its Kueue Workload is deleted.
 - apiGroups: ["ddp.dev"]
   resources: ["ddpjobs"]
-  verbs: ["list", "watch", "delete"]
+  verbs: ["list", "watch", "delete", "get"]
 # The controller writes phase, conditions and counters through the status subresource.
 - apiGroups: ["ddp.dev"]
   resources: ["ddpjobs/status"]
@@ -71,10 +72,12 @@ watches); the same rules go into the ClusterRole (cluster-wide) or each namespac
 - apiGroups: ["ddp.dev"]
   resources: ["ddpjobs/finalizers"]
   verbs: ["update"]
-# Rank pods: created per attempt, deleted for a gang restart, watched by label; get after a 409.
+# Rank pods: created per attempt, deleted for a gang restart, watched by label; get after a 409. patch,
+# for Kueue groups only: drop Kueue's finalizer from an old pod Kueue would still count, and mark a
+# failed group retriable-in-group "false" (docs/scheduling.md).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["create", "delete", "get", "list", "watch"]
+  verbs: ["create", "delete", "get", "list", "watch", "patch"]
 # The headless Service and the checkpoint PVC: created once (get checks an existing one is ours);
 # the Service's ports are patched when a job resumes with new ones.
 - apiGroups: [""]
@@ -93,6 +96,14 @@ watches); the same rules go into the ClusterRole (cluster-wide) or each namespac
 - apiGroups: ["scheduling.k8s.io"]
   resources: ["workloads", "podgroups"]
   verbs: ["create", "get", "list", "delete"]
+# Kueue (when installed): read why a queued job waits (its group's Workload, its LocalQueue), and delete
+# the group's Workload when the job is deleted, so Kueue frees the quota and the pods' finalizers.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "delete"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["localqueues"]
+  verbs: ["get"]
 # One Event per phase change.
 - apiGroups: [""]
   resources: ["events"]

@@ -95,6 +95,8 @@ class PodObservation:
     disruption: str | None = None
     # What the component that disrupted the pod said (Kueue's eviction message, for one).
     disruption_message: str | None = None
+    # Kueue evicted the pod's group from its queue (preempted, or requeued): not the job's failure.
+    evicted_by_queue: bool = False
     # Kueue (docs/scheduling.md): the group the pod belongs to, whether Kueue still gates it (the
     # group is not admitted), whether Kueue's finalizer holds the pod object, and whether the pod tells
     # Kueue the group failed for good (retriable-in-group "false").
@@ -261,6 +263,12 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
 
     exit_code = terminated.get("exitCode") if terminated else None
     disruption, disruption_message = _disruption(status)
+    kueue_stop = _condition(status, KUEUE_TERMINATION_TARGET)
+    evicted_by_queue = (
+        kueue_stop is not None
+        and kueue_stop.get("status") == "True"
+        and kueue_stop.get("reason") == "WorkloadEvicted"
+    )
     finalizers = tuple(str(f) for f in metadata.get("finalizers") or [])
     annotations: Mapping[str, Any] = metadata.get("annotations") or {}
     gates = (pod.get("spec") or {}).get("schedulingGates") or []
@@ -291,6 +299,7 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         waiting_message=waiting.get("message"),
         disruption=disruption,
         disruption_message=disruption_message,
+        evicted_by_queue=evicted_by_queue,
         kueue_group=labels.get(names.KUEUE_POD_GROUP_LABEL) or None,
         kueue_gated=any(g.get("name") == names.KUEUE_ADMISSION_GATE for g in gates),
         kueue_finalizer=names.KUEUE_POD_FINALIZER in finalizers,

@@ -460,6 +460,7 @@ def _failure_of(pod: PodObservation, now: datetime) -> RankFailure | None:
         container_reason=pod.reason,
         disruption=disruption,
         disruption_message=pod.disruption_message,
+        by_queue=pod.evicted_by_queue,
     )
 
 

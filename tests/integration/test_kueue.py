@@ -27,8 +27,9 @@ from tests.integration.kueue_harness import (
     kueue_prefix,
     start_kueue,
 )
-from tests.integration.operator_harness import wait_for
+from tests.integration.operator_harness import OperatorProcess, wait_for
 
+from ddp_harness import EXIT_CODE_ANNOTATION
 from ddp_operator import builders, names
 from ddp_operator.spec import parse_job
 
@@ -95,6 +96,8 @@ def queue(kueue: KueueProcess) -> Iterator[tuple[str, str]]:
             "metadata": {"name": cluster_queue},
             "spec": {
                 "namespaceSelector": {},
+                # A higher-priority workload may evict a lower one of the same queue (the preemption test).
+                "preemption": {"withinClusterQueue": "LowerPriority"},
                 "resourceGroups": [
                     {
                         "coveredResources": [GPU],
@@ -331,3 +334,228 @@ def test_harness_state_is_local(kueue: KueueProcess) -> None:
     config = Path(kueue.log).parent / "config.yaml"
     text = config.read_text()
     assert "127.0.0.1" in text and "0.0.0.0" not in text
+
+
+# ---- the operator with Kueue --------------------------------------------------------------------------
+# DDPJobs labelled with the LocalQueue, run by the operator: what a user sees (docs/scheduling.md).
+
+
+@pytest.fixture
+def operator(
+    kueue: KueueProcess, queue: tuple[str, str], local_cluster: Any, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    local_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
+    local_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    namespace, _ = queue
+    process = OperatorProcess(local_cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    try:
+        yield process
+    finally:
+        # Jobs go while the operator and Kueue still run: the queue fixture then finds nothing held.
+        kueue.kubectl("delete", "ddpjobs", "--all", "-n", namespace, "--wait=false", check=False)
+        process.stop()
+        print(f"--- operator log ---\n{process.log_tail(40)}", file=sys.stderr)
+
+
+def ddpjob(
+    namespace: str,
+    name: str,
+    local_queue: str,
+    replicas: int,
+    gpus: int,
+    priority: str | None = None,
+    startup_deadline: int | None = None,
+) -> dict[str, Any]:
+    labels = {names.KUEUE_QUEUE_LABEL: local_queue}
+    if priority is not None:
+        labels[names.KUEUE_PRIORITY_CLASS_LABEL] = priority
+    run_policy: dict[str, Any] = {"backoffLimit": 0}
+    if startup_deadline is not None:
+        run_policy["startupDeadlineSeconds"] = startup_deadline
+    return {
+        "apiVersion": names.API_GROUP_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": replicas,
+            "runPolicy": run_policy,
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "ddp-trainer:test",
+                            "resources": {"limits": {GPU: str(gpus)}},
+                        }
+                    ]
+                }
+            },
+        },
+    }
+
+
+def job_status(kueue: KueueProcess, namespace: str, name: str) -> dict[str, Any]:
+    result = kueue.kubectl("get", "ddpjob", name, "-n", namespace, "-o", "json", check=False)
+    if result.returncode != 0:
+        return {}
+    status: dict[str, Any] = json.loads(result.stdout).get("status") or {}
+    return status
+
+
+def phase_is(kueue: KueueProcess, namespace: str, name: str, phase: str) -> bool:
+    return job_status(kueue, namespace, name).get("phase") == phase
+
+
+def true_condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next(
+        (c for c in status.get("conditions", []) if c["type"] == kind and c["status"] == "True"), None
+    )
+
+
+def finish(kueue: KueueProcess, namespace: str, job: str) -> None:
+    """Every live rank pod of the job exits 0 (kwok reports it)."""
+    for pod in job_pods(kueue, namespace, job):
+        if pod["metadata"].get("deletionTimestamp") or pod["status"].get("phase") != "Running":
+            continue
+        kubectl(
+            kueue, "annotate", "pod", pod["metadata"]["name"], "-n", namespace, f"{EXIT_CODE_ANNOTATION}=0"
+        )
+
+
+def cluster_queue_of(kueue: KueueProcess, namespace: str, local_queue: str) -> str:
+    return str(get_json(kueue, "localqueue", local_queue, "-n", namespace)["spec"]["clusterQueue"])
+
+
+def test_the_operator_queues_a_third_gang_names_kueue_and_frees_quota_when_a_job_is_deleted(
+    kueue: KueueProcess, queue: tuple[str, str], operator: OperatorProcess
+) -> None:
+    """16 GPUs of quota, three DDPJobs of 2 x 4 GPUs: two run; the third is Queued (status names the
+    LocalQueue, the ClusterQueue and Kueue's reason) with every pod gated and none bound, longer than
+    its startupDeadlineSeconds, which does not run while queued; deleting a running job releases its
+    group (no pod stays behind on Kueue's finalizer) and the third is admitted and runs."""
+    namespace, local_queue = queue
+    cluster_queue = cluster_queue_of(kueue, namespace, local_queue)
+    apply(
+        kueue, ddpjob(namespace, "first", local_queue, 2, 4), ddpjob(namespace, "second", local_queue, 2, 4)
+    )
+    for job in ("first", "second"):
+        wait_for(f"{job} Running", lambda job=job: phase_is(kueue, namespace, job, "Running"), timeout=90)
+
+    startup_deadline = 15
+    apply(kueue, ddpjob(namespace, "third", local_queue, 2, 4, startup_deadline=startup_deadline))
+    status = wait_for(
+        "third Queued, naming its ClusterQueue",
+        lambda: (
+            (s := job_status(kueue, namespace, "third")).get("phase") == "Queued"
+            and f"ClusterQueue {cluster_queue}" in (true_condition(s, "Queued") or {}).get("message", "")
+            and s
+        ),
+        timeout=60,
+    )
+    queued = true_condition(status, "Queued")
+    assert queued is not None and queued["reason"] == "Queued"
+    assert f"LocalQueue {local_queue}" in queued["message"], queued
+    print(f"third: {queued['message']}")
+    # Longer than its startup deadline: still queued, not Failed, and nothing of it is bound.
+    deadline = time.monotonic() + startup_deadline + 5
+    while time.monotonic() < deadline:
+        pods = job_pods(kueue, namespace, "third")
+        assert len(pods) == 2 and all(gated(p) and not p["spec"].get("nodeName") for p in pods), pods
+        assert job_status(kueue, namespace, "third").get("phase") == "Queued"
+        time.sleep(1)
+
+    # The first job is deleted while running: its pods go (Kueue's finalizer is released with its
+    # group's Workload), the quota frees and the third job is admitted.
+    first_group = job_pods(kueue, namespace, "first")[0]["metadata"]["labels"][names.KUEUE_POD_GROUP_LABEL]
+    kubectl(kueue, "delete", "ddpjob", "first", "-n", namespace, "--wait=false")
+    wait_for("the first job's pods gone", lambda: not job_pods(kueue, namespace, "first"), timeout=60)
+    wait_for("its Kueue Workload gone", lambda: kueue_workload(kueue, namespace, first_group) is None)
+    wait_for("third Running", lambda: phase_is(kueue, namespace, "third", "Running"), timeout=90)
+    left_queue = next(c for c in job_status(kueue, namespace, "third")["conditions"] if c["type"] == "Queued")
+    assert left_queue["status"] == "False"
+
+    for job in ("second", "third"):
+        finish(kueue, namespace, job)
+    for job in ("second", "third"):
+        wait_for(f"{job} Succeeded", lambda job=job: phase_is(kueue, namespace, job, "Succeeded"), timeout=90)
+
+
+def test_a_gang_larger_than_the_quota_stays_queued_with_kuees_reason(
+    kueue: KueueProcess, queue: tuple[str, str], operator: OperatorProcess
+) -> None:
+    namespace, local_queue = queue
+    apply(kueue, ddpjob(namespace, "huge", local_queue, 3, 8))  # 24 GPUs > 16
+    status = wait_for(
+        "huge Queued with Kueue's reason",
+        lambda: (
+            (s := job_status(kueue, namespace, "huge")).get("phase") == "Queued"
+            and "Workload" in (true_condition(s, "Queued") or {}).get("message", "")
+            and "gated" in (true_condition(s, "Queued") or {}).get("message", "")
+            and s
+        ),
+        timeout=60,
+    )
+    print(f"huge: {true_condition(status, 'Queued')}")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        assert not any(p["spec"].get("nodeName") for p in job_pods(kueue, namespace, "huge"))
+        time.sleep(0.5)
+    kubectl(kueue, "delete", "ddpjob", "huge", "-n", namespace, "--wait=false")
+    wait_for("huge's gated pods gone", lambda: not job_pods(kueue, namespace, "huge"), timeout=60)
+
+
+@pytest.fixture
+def priorities(kueue: KueueProcess) -> Iterator[tuple[str, str]]:
+    suffix = uuid.uuid4().hex[:6]
+    low, high = f"low-{suffix}", f"high-{suffix}"
+    apply(
+        kueue,
+        *(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": n},
+                "value": v,
+            }
+            for n, v in ((low, 100), (high, 1000))
+        ),
+    )
+    yield low, high
+    kueue.kubectl("delete", "workloadpriorityclass", low, high, "--wait=false", check=False)
+
+
+def test_a_preempted_job_is_requeued_without_spending_backoff_and_finishes(
+    kueue: KueueProcess, queue: tuple[str, str], operator: OperatorProcess, priorities: tuple[str, str]
+) -> None:
+    """A low-priority job holds the whole quota; a high-priority one arrives and Kueue preempts the
+    low one. The low job restarts with reason Preempted without spending backoffLimit (0 here), waits
+    Queued for its quota, and runs and succeeds once the high one is done."""
+    namespace, local_queue = queue
+    low, high = priorities
+    apply(kueue, ddpjob(namespace, "low", local_queue, 2, 8, priority=low))
+    wait_for("low Running", lambda: phase_is(kueue, namespace, "low", "Running"), timeout=90)
+
+    apply(kueue, ddpjob(namespace, "high", local_queue, 2, 8, priority=high))
+    status = wait_for(
+        "low preempted",
+        lambda: (s := job_status(kueue, namespace, "low")).get("preemptions") == 1 and s,
+        timeout=90,
+    )
+    assert status.get("restarts", 0) == 0, "a preemption does not spend backoffLimit"
+    events = get_json(
+        kueue, "events", "-n", namespace, "--field-selector", "involvedObject.name=low,reason=Preempted"
+    )["items"]
+    assert events and "does not count against backoffLimit" in events[0]["message"], events
+    wait_for("high Running", lambda: phase_is(kueue, namespace, "high", "Running"), timeout=90)
+    wait_for("low Queued for attempt 1", lambda: phase_is(kueue, namespace, "low", "Queued"), timeout=60)
+    assert job_status(kueue, namespace, "low")["attempt"] == 1
+
+    finish(kueue, namespace, "high")
+    wait_for("high Succeeded", lambda: phase_is(kueue, namespace, "high", "Succeeded"), timeout=90)
+    wait_for(
+        "low admitted again and Running", lambda: phase_is(kueue, namespace, "low", "Running"), timeout=90
+    )
+    finish(kueue, namespace, "low")
+    wait_for("low Succeeded", lambda: phase_is(kueue, namespace, "low", "Succeeded"), timeout=90)
+    final = job_status(kueue, namespace, "low")
+    assert (final.get("restarts", 0), final.get("preemptions")) == (0, 1)

@@ -185,6 +185,15 @@ def test_a_kueue_preemption_does_not_spend_backoff_limit(
         assert "does not count against backoffLimit" in kind["message"]
 
 
+def test_a_preemption_by_the_scheduler_still_counts() -> None:
+    """Only a queue brings a preempted job back by itself; the scheduler's preemption is a disruption."""
+    pods = [kueue_managed(pod(0, disruption="PreemptionByScheduler", deleting_at=20)), old(1, exit_code=143)]
+    decision = run(kueue_job(runPolicy={"backoffLimit": 3}), status_of("Running", restarts=3), pods, now=25)
+    assert decision.phase == "Failed"
+    kind = condition(decision.status, "Failed")
+    assert kind is not None and kind["reason"] == "BackoffLimitExceeded"
+
+
 def test_preemptions_add_up_and_survive_the_next_attempt() -> None:
     job = kueue_job()
     first = run(job, status_of("Running"), [preempted(0), preempted(1)], now=25).status

@@ -160,3 +160,34 @@ def test_console_live_redraws_the_status_below_log_lines() -> None:
     console.rank_line(0, "log")
     console.clear_status()
     assert stream.getvalue() == "\r\x1b[2Kstep 1\r\x1b[2K[rank 0] log\nstep 1\r\x1b[2K"
+
+
+QUEUED = """\
+apiVersion: ddp.dev/v1alpha1
+kind: DDPJob
+metadata:
+  name: demo
+  labels:
+    kueue.x-k8s.io/queue-name: team-a-gpus
+    kueue.x-k8s.io/priority-class: high
+spec:
+  replicas: 2
+  scheduling:
+    gang: Workload
+  template:
+    spec:
+      containers:
+        - name: trainer
+          image: trainer:1
+          command: [python, -c, "import os, sys; sys.exit(0 if os.environ['WORLD_SIZE'] == '2' else 3)"]
+"""
+
+
+def test_kueue_labels_and_the_gang_are_ignored_by_ddpjob_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Admission and gang scheduling are the cluster's business: on one machine both ranks just run."""
+    code = cli.main(["run", str(write(tmp_path, QUEUED)), "--workdir", str(tmp_path / "work")])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "Succeeded" in out.out + out.err, out

@@ -12,9 +12,10 @@ the rest are collateral. The restart policy then says whether the gang is restar
 
 Every retry counts against ``backoffLimit``; when it is spent the job fails with
 ``BackoffLimitExceeded``, unless the deciding failure was an OOM kill, which keeps its own reason.
-A preemption (by Kueue, which evicts the whole group, or by the scheduler) is the cluster's choice, not
-the job's failure: it is retried without spending ``backoffLimit`` (counted in ``status.preemptions``
-instead), under every restart policy but ``Never``.
+A preemption by a queue (Kueue evicts the whole group, and admits it again later) is the queue's
+choice, not the job's failure: it is retried without spending ``backoffLimit`` (counted in
+``status.preemptions`` instead), under every restart policy but ``Never``. A preemption by the
+scheduler counts like any disruption (nothing brings the job back but the restart itself).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class RankFailure:
     disruption: str | None = None
     # What the disrupting component said (Kueue's eviction message), shown after the description.
     disruption_message: str | None = None
+    # Kueue evicted the group: retried without spending backoffLimit.
+    by_queue: bool = False
 
     @property
     def oom_killed(self) -> bool:
@@ -151,7 +154,7 @@ def judge_failures(
             else f"exit code {failure.exit_code} is permanent under restartPolicy ExitCode (1-127)"
         )
         return Verdict(retry=False, reason=failure.reason, message=f"{what}; {why}", failure=failure)
-    if failure.disruption == REASON_PREEMPTED:
+    if failure.by_queue:
         message = (
             f"{what}; restarting the gang as attempt {attempt + 1} "
             "(a preemption does not count against backoffLimit)"

@@ -141,78 +141,210 @@ def test_the_apiserver_accepts_the_adapters_objects_and_the_scheduler_binds_the_
     gated_cluster.kubectl_run("delete", "namespace", namespace, "--wait=false")
 
 
-# ---- the operator asks for the gang --------------------------------------------------------------
+# ---- the operator asks for the gang: the deadlock and its absence ---------------------------------
 
 
-def _operator_job(name: str, gang_mode: str) -> dict[str, Any]:
-    job = _job("", name, replicas=3, gpus=8)
+def _operator_job(
+    name: str, gang_mode: str, replicas: int, priority_class: str | None = None
+) -> dict[str, Any]:
+    job = _job("", name, replicas=replicas, gpus=8)
     job["metadata"].pop("namespace", None)
     job["spec"]["scheduling"] = {"gang": gang_mode}
+    if priority_class is not None:
+        job["spec"]["template"]["spec"]["priorityClassName"] = priority_class
     return job
 
 
+def _priority_class(name: str, value: int) -> dict[str, Any]:
+    # preemptionPolicy Never: a waiting job never evicts another's pods, so who holds which GPUs is
+    # decided by the scheduling order alone.
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": name},
+        "value": value,
+        "preemptionPolicy": "Never",
+        "description": "test_gang_api: a priority that never preempts",
+    }
+
+
+def _pods(cluster: LocalCluster, namespace: str, job: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = cluster.get_json("pods", "-n", namespace, "-l", names.label_selector(job))[
+        "items"
+    ]
+    return items
+
+
+def _pods_on_nodes(cluster: LocalCluster) -> list[str]:
+    """Pods of any namespace that hold a node's resources (bound, not finished)."""
+    pods = cluster.get_json("pods", "-A", "--field-selector", "status.phase!=Succeeded,status.phase!=Failed")
+    return [p["metadata"]["name"] for p in pods["items"] if p["spec"].get("nodeName")]
+
+
+def _unschedulable(pod: dict[str, Any]) -> bool:
+    """The scheduler tried the pod and found no node for it."""
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in pod.get("status", {}).get("conditions") or []
+    )
+
+
+def _status(cluster: LocalCluster, namespace: str, job: str) -> dict[str, Any]:
+    status: dict[str, Any] = cluster.get_json("ddpjob", job, "-n", namespace).get("status") or {}
+    return status
+
+
+def _finish(cluster: LocalCluster, namespace: str, job: str) -> None:
+    """Every bound rank of the job exits 0 (kwok's exit-code stage): its nodes are free again."""
+    pods = _bound(cluster, namespace, job)
+    assert pods, f"{job} has no bound pod to finish"
+    cluster.kubectl_run("annotate", "pod", *pods, "-n", namespace, f"{EXIT_CODE_ANNOTATION}=0")
+
+
+def _refused_by_the_scheduler(cluster: LocalCluster, namespace: str, job: str, gang_mode: str) -> bool:
+    """The scheduler has tried the job's waiting pods (gang None) or its PodGroup (Workload) and said no."""
+    pods = _pods(cluster, namespace, job)
+    if len(pods) != 3:
+        return False
+    if gang_mode == "None":
+        return all(_unschedulable(p) for p in pods if not p["spec"].get("nodeName"))
+    pod_group = cluster.get_json("podgroups.scheduling.k8s.io", f"{job}-0", "-n", namespace)
+    return gang.pod_group_scheduled(pod_group)[0] is False
+
+
 @pytest.mark.parametrize("gang_mode", ["None", "Workload"])
-def test_a_second_gang_that_does_not_fit_holds_no_gpu_only_with_the_workload_api(
+def test_two_jobs_that_each_fit_deadlock_pod_by_pod_and_run_one_after_the_other_as_gangs(
     gated_cluster: LocalCluster, tmp_path: Path, gang_mode: str
 ) -> None:
-    """4 nodes x 8 GPUs, two DDPJobs of 3 x 8 GPUs. Pod by pod (gang None) the second job binds the one
-    free node and holds its GPUs while it can never run, which is half of the deadlock two such jobs
-    fall into when their pods interleave; through the Workload API it binds nothing until the first
-    job is done, then all of it."""
+    """4 nodes x 8 GPUs, two DDPJobs of 3 x 8 GPUs, `low` and `high`, each of which fits alone.
+
+    A busy cluster: a `filler` job of 2 x 8 GPUs holds 2 nodes; `low` comes, then `high`; then the
+    filler finishes. Pod by pod (gang None), `low` takes the 2 free nodes at once and waits for a
+    third; when the filler's 2 nodes free up, the scheduler takes the waiting pods highest priority
+    first, so `high` gets both: each job holds 2 of its 3 GPUs nodes, every node is taken, neither can
+    ever run. With `gang: Workload` neither gang fits in 2 nodes, so both wait with nothing bound; once
+    4 nodes are free exactly one gang binds whole and runs, the other stays entirely unbound, and runs
+    when the first is done.
+
+    Why it is deterministic with nothing paused: each step waits for a state the scheduler reached on
+    its own and cannot leave without a node freeing up (a job refused for want of room stays refused),
+    and the one race (which waiting pods take the filler's nodes) is decided by the priority order of
+    the scheduling queue, not by timing. Both priority classes have preemptionPolicy Never, so no job
+    evicts another. Which gang wins in the Workload case is not asserted, only that one does, whole.
+    """
     gated_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
     gated_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
-    namespace = f"gang-op-{uuid.uuid4().hex[:6]}"
+    suffix = uuid.uuid4().hex[:6]
+    namespace = f"gang-op-{suffix}"
+    low_class, high_class = f"gang-test-low-{suffix}", f"gang-test-high-{suffix}"
+    gated_cluster.apply_json(
+        {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [_priority_class(low_class, 100), _priority_class(high_class, 1000)],
+        }
+    )
     gated_cluster.create_namespace(namespace)
     operator = OperatorProcess(gated_cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    passed = False
+
+    def bound() -> dict[str, int]:
+        return {job: len(_bound(gated_cluster, namespace, job)) for job in ("low", "high")}
+
     try:
-        gated_cluster.apply_json(_operator_job("first", gang_mode), "-n", namespace)
+        # An idle cluster first (earlier tests' namespaces may still be going), then a busy one: the
+        # filler holds 2 of the 4 nodes.
+        wait_for("no pod on any node", lambda: not _pods_on_nodes(gated_cluster), timeout=120)
+        gated_cluster.apply_json(_operator_job("filler", "None", replicas=2), "-n", namespace)
         wait_for(
-            "the first job's 3 ranks bound",
-            lambda: len(_bound(gated_cluster, namespace, "first")) == 3,
+            "the filler's 2 ranks bound",
+            lambda: len(_bound(gated_cluster, namespace, "filler")) == 2,
             timeout=90,
         )
-        gated_cluster.apply_json(_operator_job("second", gang_mode), "-n", namespace)
-        wait_for(
-            "the second job's 3 pods",
-            lambda: (
-                len(
-                    gated_cluster.get_json("pods", "-n", namespace, "-l", names.label_selector("second"))[
-                        "items"
-                    ]
-                )
-                == 3
-            ),
-            timeout=60,
+
+        # low comes: pod by pod it takes the 2 free nodes; as a gang of 3 it cannot be placed at all.
+        gated_cluster.apply_json(
+            _operator_job("low", gang_mode, replicas=3, priority_class=low_class), "-n", namespace
         )
+        wait_for(
+            "the scheduler to refuse low's waiting pods",
+            lambda: _refused_by_the_scheduler(gated_cluster, namespace, "low", gang_mode),
+            timeout=90,
+        )
+        assert bound()["low"] == (2 if gang_mode == "None" else 0), bound()
+
+        # high comes: nothing is free.
+        gated_cluster.apply_json(
+            _operator_job("high", gang_mode, replicas=3, priority_class=high_class), "-n", namespace
+        )
+        wait_for(
+            "the scheduler to refuse high's pods",
+            lambda: _refused_by_the_scheduler(gated_cluster, namespace, "high", gang_mode),
+            timeout=90,
+        )
+        assert bound() == {"low": 2 if gang_mode == "None" else 0, "high": 0}
+
+        # The filler finishes: 2 nodes free up.
+        _finish(gated_cluster, namespace, "filler")
+
         if gang_mode == "None":
+            # Every node taken: high took the 2 freed nodes (priority), low still holds its 2.
+            def every_node_taken() -> dict[str, int] | None:
+                counts = bound()
+                return counts if sum(counts.values()) == 4 else None
+
+            counts = wait_for("all 4 nodes taken", every_node_taken, timeout=90)
+            print(f"pod by pod: bound ranks {counts}")
+            assert max(counts.values()) < 3, f"one job got all its ranks, no deadlock: {counts}"
+            # What the operator saw: 2 of 3 ranks ready in each job, and no job Running.
             wait_for(
-                "one rank of the second job bound",
-                lambda: len(_bound(gated_cluster, namespace, "second")) == 1,
+                "both jobs to report 2 ready ranks",
+                lambda: all(
+                    _status(gated_cluster, namespace, j).get("readyReplicas") == 2 for j in ("low", "high")
+                ),
+                timeout=60,
             )
-            time.sleep(3)
-            second = gated_cluster.get_json("ddpjob", "second", "-n", namespace)
-            assert second["status"].get("phase") != "Running", "a job with one rank of three cannot run"
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                counts = bound()
+                assert counts["low"] >= 1 and counts["high"] >= 1, f"pods of both jobs hold GPUs: {counts}"
+                for job in ("low", "high"):
+                    phase = _status(gated_cluster, namespace, job).get("phase")
+                    assert phase != "Running", f"{job} is {phase} with {counts[job]} of 3 ranks bound"
+                time.sleep(0.5)
+            print("deadlock: both jobs hold GPUs, neither runs")
+            passed = True
             return
-        deadline = time.monotonic() + 8
-        while time.monotonic() < deadline:
-            assert _bound(gated_cluster, namespace, "second") == [], "a gang binds whole or not at all"
-            time.sleep(0.5)
-        for pod in _bound(gated_cluster, namespace, "first"):
-            gated_cluster.kubectl_run("annotate", "pod", pod, "-n", namespace, f"{EXIT_CODE_ANNOTATION}=0")
+
+        # As gangs: exactly one job binds all of its pods, the other none.
+        def one_gang_whole() -> str | None:
+            counts = bound()
+            assert sorted(counts.values()) in ([0, 0], [0, 3], [0, 1], [0, 2]), (
+                f"a gang binds whole or not at all: {counts}"
+            )
+            return next((job for job, n in counts.items() if n == 3), None)
+
+        winner = wait_for("one gang bound whole", one_gang_whole, timeout=90)
+        loser = "high" if winner == "low" else "low"
+        print(f"as gangs: {winner} bound whole first, {loser} waits")
         wait_for(
-            "the second job bound whole",
-            lambda: len(_bound(gated_cluster, namespace, "second")) == 3,
-            timeout=90,
-        )
-        wait_for(
-            "the second job Running",
-            lambda: (
-                gated_cluster.get_json("ddpjob", "second", "-n", namespace).get("status", {}).get("phase")
-                == "Running"
-            ),
+            f"{winner} Running",
+            lambda: _status(gated_cluster, namespace, winner).get("phase") == "Running",
             timeout=60,
         )
+        assert bound()[loser] == 0, bound()
+
+        _finish(gated_cluster, namespace, winner)
+        wait_for(f"{loser} bound whole", lambda: bound()[loser] == 3, timeout=90)
+        wait_for(
+            f"{loser} Running",
+            lambda: _status(gated_cluster, namespace, loser).get("phase") == "Running",
+            timeout=60,
+        )
+        passed = True
     finally:
         operator.stop()
-        print(operator.log_tail(30))
+        if not passed:
+            print(operator.log_tail(30))
         gated_cluster.kubectl_run("delete", "namespace", namespace, "--wait=false")
+        gated_cluster.kubectl_run("delete", "priorityclass", low_class, high_class, "--ignore-not-found")

@@ -144,34 +144,40 @@ def test_the_apiserver_accepts_the_adapters_objects_and_the_scheduler_binds_the_
 # ---- the operator asks for the gang: the deadlock and its absence ---------------------------------
 
 
-def _operator_job(
-    name: str, gang_mode: str, replicas: int, priority_class: str | None = None
-) -> dict[str, Any]:
-    job = _job("", name, replicas=replicas, gpus=8)
+def _operator_job(name: str, gang_mode: str, priority_class: str) -> dict[str, Any]:
+    job = _job("", name, replicas=3, gpus=8)
     job["metadata"].pop("namespace", None)
     job["spec"]["scheduling"] = {"gang": gang_mode}
-    if priority_class is not None:
-        job["spec"]["template"]["spec"]["priorityClassName"] = priority_class
+    job["spec"]["template"]["spec"]["priorityClassName"] = priority_class
     return job
 
 
-def _priority_class(name: str, value: int) -> dict[str, Any]:
-    # preemptionPolicy Never: a waiting job never evicts another's pods, so who holds which GPUs is
-    # decided by the scheduling order alone.
+def _priority_class(name: str, preemption_policy: str) -> dict[str, Any]:
     return {
         "apiVersion": "scheduling.k8s.io/v1",
         "kind": "PriorityClass",
         "metadata": {"name": name},
-        "value": value,
-        "preemptionPolicy": "Never",
-        "description": "test_gang_api: a priority that never preempts",
+        "value": 1000,
+        "preemptionPolicy": preemption_policy,
+        "description": "test_gang_api: training jobs, above the default priority 0 of the batch pods",
     }
 
 
-def _pods(cluster: LocalCluster, namespace: str, job: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = cluster.get_json("pods", "-n", namespace, "-l", names.label_selector(job))[
-        "items"
-    ]
+def _batch_pod(name: str) -> dict[str, Any]:
+    """Someone else's preemptible work holding a node's 8 GPUs: a plain pod of the default priority 0,
+    which nothing recreates once it is preempted."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "batch"}},
+        "spec": {
+            "containers": [{"name": "work", "image": "batch:test", "resources": {"limits": {GPU: "8"}}}],
+        },
+    }
+
+
+def _pods(cluster: LocalCluster, namespace: str, selector: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
     return items
 
 
@@ -203,7 +209,7 @@ def _finish(cluster: LocalCluster, namespace: str, job: str) -> None:
 
 def _refused_by_the_scheduler(cluster: LocalCluster, namespace: str, job: str, gang_mode: str) -> bool:
     """The scheduler has tried the job's waiting pods (gang None) or its PodGroup (Workload) and said no."""
-    pods = _pods(cluster, namespace, job)
+    pods = _pods(cluster, namespace, names.label_selector(job))
     if len(pods) != 3:
         return False
     if gang_mode == "None":
@@ -216,32 +222,35 @@ def _refused_by_the_scheduler(cluster: LocalCluster, namespace: str, job: str, g
 def test_two_jobs_that_each_fit_deadlock_pod_by_pod_and_run_one_after_the_other_as_gangs(
     gated_cluster: LocalCluster, tmp_path: Path, gang_mode: str
 ) -> None:
-    """4 nodes x 8 GPUs, two DDPJobs of 3 x 8 GPUs, `low` and `high`, each of which fits alone.
+    """4 nodes x 8 GPUs, two DDPJobs of 3 x 8 GPUs, `first` and `second`, each of which fits alone, on
+    a busy cluster: 2 nodes hold preemptible batch pods (plain pods, priority 0). Both jobs have
+    priority 1000; `first`'s class never preempts, `second`'s may.
 
-    A busy cluster: a `filler` job of 2 x 8 GPUs holds 2 nodes; `low` comes, then `high`; then the
-    filler finishes. Pod by pod (gang None), `low` takes the 2 free nodes at once and waits for a
-    third; when the filler's 2 nodes free up, the scheduler takes the waiting pods highest priority
-    first, so `high` gets both: each job holds 2 of its 3 GPUs nodes, every node is taken, neither can
-    ever run. With `gang: Workload` neither gang fits in 2 nodes, so both wait with nothing bound; once
-    4 nodes are free exactly one gang binds whole and runs, the other stays entirely unbound, and runs
-    when the first is done.
+    Pod by pod (gang None): `first` binds the 2 free nodes and its third rank waits; `second` preempts
+    the 2 batch pods for 2 of its ranks and its third rank waits: each job holds 16 of the 24 GPUs it
+    needs, every node is taken, neither job can ever run. With `gang: Workload`: `first`'s gang does
+    not fit in 2 nodes and binds nothing; `second`'s gang preempts one batch pod and binds whole (3
+    nodes) and runs while `first` still binds nothing; once `second` is done, `first` binds whole and
+    runs. The test asserts that one gang binds whole and the other nothing, not which one.
 
-    Why it is deterministic with nothing paused: each step waits for a state the scheduler reached on
-    its own and cannot leave without a node freeing up (a job refused for want of room stays refused),
-    and the one race (which waiting pods take the filler's nodes) is decided by the priority order of
-    the scheduling queue, not by timing. Both priority classes have preemptionPolicy Never, so no job
-    evicts another. Which gang wins in the Workload case is not asserted, only that one does, whole.
+    Why it is deterministic, with nothing paused and no order imposed on the scheduler: each step waits
+    for a state the scheduler reached on its own and cannot leave until a node frees up, and the one
+    contest, which waiting pod gets a node a batch pod leaves, is settled by the scheduler's rules, not
+    by timing: the preemptor is nominated to the node before its victim is deleted, and a pending pod
+    of no higher priority (`first`'s waiting rank) is never placed on a node nominated for another.
+    Letting the batch pods finish instead would race: the scheduler pops whichever waiting pod it
+    moves back to its queue first, whatever the priorities (seen: `first`'s rank, which then ran).
     """
     gated_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
     gated_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
     suffix = uuid.uuid4().hex[:6]
     namespace = f"gang-op-{suffix}"
-    low_class, high_class = f"gang-test-low-{suffix}", f"gang-test-high-{suffix}"
+    waits, preempts = f"gang-test-waits-{suffix}", f"gang-test-preempts-{suffix}"
     gated_cluster.apply_json(
         {
             "apiVersion": "v1",
             "kind": "List",
-            "items": [_priority_class(low_class, 100), _priority_class(high_class, 1000)],
+            "items": [_priority_class(waits, "Never"), _priority_class(preempts, "PreemptLowerPriority")],
         }
     )
     gated_cluster.create_namespace(namespace)
@@ -249,66 +258,54 @@ def test_two_jobs_that_each_fit_deadlock_pod_by_pod_and_run_one_after_the_other_
     passed = False
 
     def bound() -> dict[str, int]:
-        return {job: len(_bound(gated_cluster, namespace, job)) for job in ("low", "high")}
+        return {job: len(_bound(gated_cluster, namespace, job)) for job in ("first", "second")}
+
+    def batch_bound() -> int:
+        return sum(1 for p in _pods(gated_cluster, namespace, "app=batch") if p["spec"].get("nodeName"))
 
     try:
-        # An idle cluster first (earlier tests' namespaces may still be going), then a busy one: the
-        # filler holds 2 of the 4 nodes.
+        # An idle cluster first (earlier tests' namespaces may still be going), then a busy one.
         wait_for("no pod on any node", lambda: not _pods_on_nodes(gated_cluster), timeout=120)
-        gated_cluster.apply_json(_operator_job("filler", "None", replicas=2), "-n", namespace)
-        wait_for(
-            "the filler's 2 ranks bound",
-            lambda: len(_bound(gated_cluster, namespace, "filler")) == 2,
-            timeout=90,
-        )
-
-        # low comes: pod by pod it takes the 2 free nodes; as a gang of 3 it cannot be placed at all.
         gated_cluster.apply_json(
-            _operator_job("low", gang_mode, replicas=3, priority_class=low_class), "-n", namespace
+            {"apiVersion": "v1", "kind": "List", "items": [_batch_pod("batch-0"), _batch_pod("batch-1")]},
+            "-n",
+            namespace,
         )
+        wait_for("the 2 batch pods bound", lambda: batch_bound() == 2, timeout=60)
+
+        gated_cluster.apply_json(_operator_job("first", gang_mode, waits), "-n", namespace)
         wait_for(
-            "the scheduler to refuse low's waiting pods",
-            lambda: _refused_by_the_scheduler(gated_cluster, namespace, "low", gang_mode),
+            "the scheduler to refuse first's waiting pods",
+            lambda: _refused_by_the_scheduler(gated_cluster, namespace, "first", gang_mode),
             timeout=90,
         )
-        assert bound()["low"] == (2 if gang_mode == "None" else 0), bound()
+        assert bound()["first"] == (2 if gang_mode == "None" else 0), bound()
 
-        # high comes: nothing is free.
-        gated_cluster.apply_json(
-            _operator_job("high", gang_mode, replicas=3, priority_class=high_class), "-n", namespace
-        )
-        wait_for(
-            "the scheduler to refuse high's pods",
-            lambda: _refused_by_the_scheduler(gated_cluster, namespace, "high", gang_mode),
-            timeout=90,
-        )
-        assert bound() == {"low": 2 if gang_mode == "None" else 0, "high": 0}
-
-        # The filler finishes: 2 nodes free up.
-        _finish(gated_cluster, namespace, "filler")
+        gated_cluster.apply_json(_operator_job("second", gang_mode, preempts), "-n", namespace)
 
         if gang_mode == "None":
-            # Every node taken: high took the 2 freed nodes (priority), low still holds its 2.
+
             def every_node_taken() -> dict[str, int] | None:
                 counts = bound()
                 return counts if sum(counts.values()) == 4 else None
 
-            counts = wait_for("all 4 nodes taken", every_node_taken, timeout=90)
-            print(f"pod by pod: bound ranks {counts}")
-            assert max(counts.values()) < 3, f"one job got all its ranks, no deadlock: {counts}"
+            counts = wait_for("second's ranks on the batch pods' nodes", every_node_taken, timeout=90)
+            print(f"pod by pod: bound ranks {counts}, batch pods bound {batch_bound()}")
+            assert counts == {"first": 2, "second": 2}, f"a job got all its ranks: no deadlock: {counts}"
             # What the operator saw: 2 of 3 ranks ready in each job, and no job Running.
             wait_for(
                 "both jobs to report 2 ready ranks",
                 lambda: all(
-                    _status(gated_cluster, namespace, j).get("readyReplicas") == 2 for j in ("low", "high")
+                    _status(gated_cluster, namespace, j).get("readyReplicas") == 2
+                    for j in ("first", "second")
                 ),
                 timeout=60,
             )
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
                 counts = bound()
-                assert counts["low"] >= 1 and counts["high"] >= 1, f"pods of both jobs hold GPUs: {counts}"
-                for job in ("low", "high"):
+                assert counts == {"first": 2, "second": 2}, f"the deadlock holds: {counts}"
+                for job in ("first", "second"):
                     phase = _status(gated_cluster, namespace, job).get("phase")
                     assert phase != "Running", f"{job} is {phase} with {counts[job]} of 3 ranks bound"
                 time.sleep(0.5)
@@ -319,14 +316,14 @@ def test_two_jobs_that_each_fit_deadlock_pod_by_pod_and_run_one_after_the_other_
         # As gangs: exactly one job binds all of its pods, the other none.
         def one_gang_whole() -> str | None:
             counts = bound()
-            assert sorted(counts.values()) in ([0, 0], [0, 3], [0, 1], [0, 2]), (
+            assert sorted(counts.values()) in ([0, 0], [0, 1], [0, 2], [0, 3]), (
                 f"a gang binds whole or not at all: {counts}"
             )
             return next((job for job, n in counts.items() if n == 3), None)
 
         winner = wait_for("one gang bound whole", one_gang_whole, timeout=90)
-        loser = "high" if winner == "low" else "low"
-        print(f"as gangs: {winner} bound whole first, {loser} waits")
+        loser = "second" if winner == "first" else "first"
+        print(f"as gangs: {winner} bound whole first, {loser} waits; batch pods bound {batch_bound()}")
         wait_for(
             f"{winner} Running",
             lambda: _status(gated_cluster, namespace, winner).get("phase") == "Running",
@@ -347,4 +344,4 @@ def test_two_jobs_that_each_fit_deadlock_pod_by_pod_and_run_one_after_the_other_
         if not passed:
             print(operator.log_tail(30))
         gated_cluster.kubectl_run("delete", "namespace", namespace, "--wait=false")
-        gated_cluster.kubectl_run("delete", "priorityclass", low_class, high_class, "--ignore-not-found")
+        gated_cluster.kubectl_run("delete", "priorityclass", waits, preempts, "--ignore-not-found")

@@ -238,8 +238,9 @@ def test_two_jobs_that_each_fit_deadlock_pod_by_pod_and_run_one_after_the_other_
     contest, which waiting pod gets a node a batch pod leaves, is settled by the scheduler's rules, not
     by timing: the preemptor is nominated to the node before its victim is deleted, and a pending pod
     of no higher priority (`first`'s waiting rank) is never placed on a node nominated for another.
-    Letting the batch pods finish instead would race: the scheduler pops whichever waiting pod it
-    moves back to its queue first, whatever the priorities (seen: `first`'s rank, which then ran).
+    Letting the batch pods finish instead would race, whatever the priorities: seen once, the waiting
+    rank of a priority-100 first job took the first freed node ahead of a priority-1000 second job's
+    ranks, and the first job ran.
     """
     gated_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
     gated_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")

@@ -141,78 +141,208 @@ def test_the_apiserver_accepts_the_adapters_objects_and_the_scheduler_binds_the_
     gated_cluster.kubectl_run("delete", "namespace", namespace, "--wait=false")
 
 
-# ---- the operator asks for the gang --------------------------------------------------------------
+# ---- the operator asks for the gang: the deadlock and its absence ---------------------------------
 
 
-def _operator_job(name: str, gang_mode: str) -> dict[str, Any]:
+def _operator_job(name: str, gang_mode: str, priority_class: str) -> dict[str, Any]:
     job = _job("", name, replicas=3, gpus=8)
     job["metadata"].pop("namespace", None)
     job["spec"]["scheduling"] = {"gang": gang_mode}
+    job["spec"]["template"]["spec"]["priorityClassName"] = priority_class
     return job
 
 
+def _priority_class(name: str, preemption_policy: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": name},
+        "value": 1000,
+        "preemptionPolicy": preemption_policy,
+        "description": "test_gang_api: training jobs, above the default priority 0 of the batch pods",
+    }
+
+
+def _batch_pod(name: str) -> dict[str, Any]:
+    """Someone else's preemptible work holding a node's 8 GPUs: a plain pod of the default priority 0,
+    which nothing recreates once it is preempted."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "batch"}},
+        "spec": {
+            "containers": [{"name": "work", "image": "batch:test", "resources": {"limits": {GPU: "8"}}}],
+        },
+    }
+
+
+def _pods(cluster: LocalCluster, namespace: str, selector: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = cluster.get_json("pods", "-n", namespace, "-l", selector)["items"]
+    return items
+
+
+def _pods_on_nodes(cluster: LocalCluster) -> list[str]:
+    """Pods of any namespace that hold a node's resources (bound, not finished)."""
+    pods = cluster.get_json("pods", "-A", "--field-selector", "status.phase!=Succeeded,status.phase!=Failed")
+    return [p["metadata"]["name"] for p in pods["items"] if p["spec"].get("nodeName")]
+
+
+def _unschedulable(pod: dict[str, Any]) -> bool:
+    """The scheduler tried the pod and found no node for it."""
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in pod.get("status", {}).get("conditions") or []
+    )
+
+
+def _status(cluster: LocalCluster, namespace: str, job: str) -> dict[str, Any]:
+    status: dict[str, Any] = cluster.get_json("ddpjob", job, "-n", namespace).get("status") or {}
+    return status
+
+
+def _finish(cluster: LocalCluster, namespace: str, job: str) -> None:
+    """Every bound rank of the job exits 0 (kwok's exit-code stage): its nodes are free again."""
+    pods = _bound(cluster, namespace, job)
+    assert pods, f"{job} has no bound pod to finish"
+    cluster.kubectl_run("annotate", "pod", *pods, "-n", namespace, f"{EXIT_CODE_ANNOTATION}=0")
+
+
+def _refused_by_the_scheduler(cluster: LocalCluster, namespace: str, job: str, gang_mode: str) -> bool:
+    """The scheduler has tried the job's waiting pods (gang None) or its PodGroup (Workload) and said no."""
+    pods = _pods(cluster, namespace, names.label_selector(job))
+    if len(pods) != 3:
+        return False
+    if gang_mode == "None":
+        return all(_unschedulable(p) for p in pods if not p["spec"].get("nodeName"))
+    pod_group = cluster.get_json("podgroups.scheduling.k8s.io", f"{job}-0", "-n", namespace)
+    return gang.pod_group_scheduled(pod_group)[0] is False
+
+
 @pytest.mark.parametrize("gang_mode", ["None", "Workload"])
-def test_a_second_gang_that_does_not_fit_holds_no_gpu_only_with_the_workload_api(
+def test_two_jobs_that_each_fit_deadlock_pod_by_pod_and_run_one_after_the_other_as_gangs(
     gated_cluster: LocalCluster, tmp_path: Path, gang_mode: str
 ) -> None:
-    """4 nodes x 8 GPUs, two DDPJobs of 3 x 8 GPUs. Pod by pod (gang None) the second job binds the one
-    free node and holds its GPUs while it can never run, which is half of the deadlock two such jobs
-    fall into when their pods interleave; through the Workload API it binds nothing until the first
-    job is done, then all of it."""
+    """4 nodes x 8 GPUs, two DDPJobs of 3 x 8 GPUs, `first` and `second`, each of which fits alone, on
+    a busy cluster: 2 nodes hold preemptible batch pods (plain pods, priority 0). Both jobs have
+    priority 1000; `first`'s class never preempts, `second`'s may.
+
+    Pod by pod (gang None): `first` binds the 2 free nodes and its third rank waits; `second` preempts
+    the 2 batch pods for 2 of its ranks and its third rank waits: each job holds 16 of the 24 GPUs it
+    needs, every node is taken, neither job can ever run. With `gang: Workload`: `first`'s gang does
+    not fit in 2 nodes and binds nothing; `second`'s gang preempts one batch pod and binds whole (3
+    nodes) and runs while `first` still binds nothing; once `second` is done, `first` binds whole and
+    runs. The test asserts that one gang binds whole and the other nothing, not which one.
+
+    Why it is deterministic, with nothing paused and no order imposed on the scheduler: each step waits
+    for a state the scheduler reached on its own and cannot leave until a node frees up, and the one
+    contest, which waiting pod gets a node a batch pod leaves, is settled by the scheduler's rules, not
+    by timing: the preemptor is nominated to the node before its victim is deleted, and a pending pod
+    of no higher priority (`first`'s waiting rank) is never placed on a node nominated for another.
+    Letting the batch pods finish instead would race, whatever the priorities: seen once, the waiting
+    rank of a priority-100 first job took the first freed node ahead of a priority-1000 second job's
+    ranks, and the first job ran.
+    """
     gated_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
     gated_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
-    namespace = f"gang-op-{uuid.uuid4().hex[:6]}"
+    suffix = uuid.uuid4().hex[:6]
+    namespace = f"gang-op-{suffix}"
+    waits, preempts = f"gang-test-waits-{suffix}", f"gang-test-preempts-{suffix}"
+    gated_cluster.apply_json(
+        {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": [_priority_class(waits, "Never"), _priority_class(preempts, "PreemptLowerPriority")],
+        }
+    )
     gated_cluster.create_namespace(namespace)
     operator = OperatorProcess(gated_cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    passed = False
+
+    def bound() -> dict[str, int]:
+        return {job: len(_bound(gated_cluster, namespace, job)) for job in ("first", "second")}
+
+    def batch_bound() -> int:
+        return sum(1 for p in _pods(gated_cluster, namespace, "app=batch") if p["spec"].get("nodeName"))
+
     try:
-        gated_cluster.apply_json(_operator_job("first", gang_mode), "-n", namespace)
+        # An idle cluster first (earlier tests' namespaces may still be going), then a busy one.
+        wait_for("no pod on any node", lambda: not _pods_on_nodes(gated_cluster), timeout=120)
+        gated_cluster.apply_json(
+            {"apiVersion": "v1", "kind": "List", "items": [_batch_pod("batch-0"), _batch_pod("batch-1")]},
+            "-n",
+            namespace,
+        )
+        wait_for("the 2 batch pods bound", lambda: batch_bound() == 2, timeout=60)
+
+        gated_cluster.apply_json(_operator_job("first", gang_mode, waits), "-n", namespace)
         wait_for(
-            "the first job's 3 ranks bound",
-            lambda: len(_bound(gated_cluster, namespace, "first")) == 3,
+            "the scheduler to refuse first's waiting pods",
+            lambda: _refused_by_the_scheduler(gated_cluster, namespace, "first", gang_mode),
             timeout=90,
         )
-        gated_cluster.apply_json(_operator_job("second", gang_mode), "-n", namespace)
-        wait_for(
-            "the second job's 3 pods",
-            lambda: (
-                len(
-                    gated_cluster.get_json("pods", "-n", namespace, "-l", names.label_selector("second"))[
-                        "items"
-                    ]
-                )
-                == 3
-            ),
-            timeout=60,
-        )
+        assert bound()["first"] == (2 if gang_mode == "None" else 0), bound()
+
+        gated_cluster.apply_json(_operator_job("second", gang_mode, preempts), "-n", namespace)
+
         if gang_mode == "None":
+
+            def every_node_taken() -> dict[str, int] | None:
+                counts = bound()
+                return counts if sum(counts.values()) == 4 else None
+
+            counts = wait_for("second's ranks on the batch pods' nodes", every_node_taken, timeout=90)
+            print(f"pod by pod: bound ranks {counts}, batch pods bound {batch_bound()}")
+            assert counts == {"first": 2, "second": 2}, f"a job got all its ranks: no deadlock: {counts}"
+            # What the operator saw: 2 of 3 ranks ready in each job, and no job Running.
             wait_for(
-                "one rank of the second job bound",
-                lambda: len(_bound(gated_cluster, namespace, "second")) == 1,
+                "both jobs to report 2 ready ranks",
+                lambda: all(
+                    _status(gated_cluster, namespace, j).get("readyReplicas") == 2
+                    for j in ("first", "second")
+                ),
+                timeout=60,
             )
-            time.sleep(3)
-            second = gated_cluster.get_json("ddpjob", "second", "-n", namespace)
-            assert second["status"].get("phase") != "Running", "a job with one rank of three cannot run"
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                counts = bound()
+                assert counts == {"first": 2, "second": 2}, f"the deadlock holds: {counts}"
+                for job in ("first", "second"):
+                    phase = _status(gated_cluster, namespace, job).get("phase")
+                    assert phase != "Running", f"{job} is {phase} with {counts[job]} of 3 ranks bound"
+                time.sleep(0.5)
+            print("deadlock: both jobs hold GPUs, neither runs")
+            passed = True
             return
-        deadline = time.monotonic() + 8
-        while time.monotonic() < deadline:
-            assert _bound(gated_cluster, namespace, "second") == [], "a gang binds whole or not at all"
-            time.sleep(0.5)
-        for pod in _bound(gated_cluster, namespace, "first"):
-            gated_cluster.kubectl_run("annotate", "pod", pod, "-n", namespace, f"{EXIT_CODE_ANNOTATION}=0")
+
+        # As gangs: exactly one job binds all of its pods, the other none.
+        def one_gang_whole() -> str | None:
+            counts = bound()
+            assert sorted(counts.values()) in ([0, 0], [0, 1], [0, 2], [0, 3]), (
+                f"a gang binds whole or not at all: {counts}"
+            )
+            return next((job for job, n in counts.items() if n == 3), None)
+
+        winner = wait_for("one gang bound whole", one_gang_whole, timeout=90)
+        loser = "second" if winner == "first" else "first"
+        print(f"as gangs: {winner} bound whole first, {loser} waits; batch pods bound {batch_bound()}")
         wait_for(
-            "the second job bound whole",
-            lambda: len(_bound(gated_cluster, namespace, "second")) == 3,
-            timeout=90,
-        )
-        wait_for(
-            "the second job Running",
-            lambda: (
-                gated_cluster.get_json("ddpjob", "second", "-n", namespace).get("status", {}).get("phase")
-                == "Running"
-            ),
+            f"{winner} Running",
+            lambda: _status(gated_cluster, namespace, winner).get("phase") == "Running",
             timeout=60,
         )
+        assert bound()[loser] == 0, bound()
+
+        _finish(gated_cluster, namespace, winner)
+        wait_for(f"{loser} bound whole", lambda: bound()[loser] == 3, timeout=90)
+        wait_for(
+            f"{loser} Running",
+            lambda: _status(gated_cluster, namespace, loser).get("phase") == "Running",
+            timeout=60,
+        )
+        passed = True
     finally:
         operator.stop()
-        print(operator.log_tail(30))
+        if not passed:
+            print(operator.log_tail(30))
         gated_cluster.kubectl_run("delete", "namespace", namespace, "--wait=false")
+        gated_cluster.kubectl_run("delete", "priorityclass", waits, preempts, "--ignore-not-found")

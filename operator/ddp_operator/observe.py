@@ -29,11 +29,14 @@ _DISRUPTION_REASONS: Final = {
     "DeletionByPodGC": "PodDeleted",
 }
 # Kueue's pod condition, set on every pod of a plain-pod group just before Kueue deletes it
-# (kueue pkg/controller/jobs/pod: ConditionTypeTerminationTarget), with Kueue's stop reason.
+# (kueue pkg/controller/jobs/pod: ConditionTypeTerminationTarget), with Kueue's stop reason. An
+# eviction from the queue reads "WorkloadEvicted", or for a group "WorkloadEvictedDueTo<the Workload's
+# Evicted reason>" (jobframework/reconciler.go stopJob): Preempted, PodsReadyTimeout, Deactivated, ...
 KUEUE_TERMINATION_TARGET: Final = "TerminationTarget"
+KUEUE_EVICTED: Final = "WorkloadEvicted"
 _KUEUE_STOP_REASONS: Final = {
-    # Evicted from its ClusterQueue (preempted, or another eviction Kueue requeues it after).
-    "WorkloadEvicted": "Preempted",
+    KUEUE_EVICTED: "Preempted",
+    f"{KUEUE_EVICTED}DueToPreempted": "Preempted",
     # The Kueue Workload was deleted (by a user): the pods go like pods deleted under the job.
     "WorkloadDeleted": "PodDeleted",
 }
@@ -267,7 +270,7 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
     evicted_by_queue = (
         kueue_stop is not None
         and kueue_stop.get("status") == "True"
-        and kueue_stop.get("reason") == "WorkloadEvicted"
+        and str(kueue_stop.get("reason")).startswith(KUEUE_EVICTED)
     )
     finalizers = tuple(str(f) for f in metadata.get("finalizers") or [])
     annotations: Mapping[str, Any] = metadata.get("annotations") or {}

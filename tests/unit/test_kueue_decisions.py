@@ -16,7 +16,8 @@ from ddp_operator.spec import JobSpec
 
 pytestmark = pytest.mark.unit
 
-EVICTED = "WorkloadEvicted"
+# What Kueue v0.17 writes on a preempted group's pods (a single pod reads plain "WorkloadEvicted").
+EVICTED = "WorkloadEvictedDueToPreempted"
 
 
 def run(
@@ -183,6 +184,24 @@ def test_a_kueue_preemption_does_not_spend_backoff_limit(
     if phase == "Restarting":
         assert decision.status["preemptions"] == 1
         assert "does not count against backoffLimit" in kind["message"]
+
+
+@pytest.mark.parametrize(
+    ("stopped_by", "reason"),
+    [
+        pytest.param("WorkloadEvicted", "Preempted", id="a-single-pod"),
+        pytest.param("WorkloadEvictedDueToPreempted", "Preempted", id="a-group-preempted"),
+        pytest.param("WorkloadEvictedDueToPodsReadyTimeout", "Evicted", id="requeued-by-waitForPodsReady"),
+    ],
+)
+def test_every_eviction_by_kueue_is_retried_free(stopped_by: str, reason: str) -> None:
+    """Kueue requeues an evicted group itself (with its own backoff): none of it spends ours."""
+    pods = [preempted(0, stopped_by), preempted(1, stopped_by)]
+    decision = run(kueue_job(runPolicy={"backoffLimit": 0}), status_of("Running"), pods, now=25)
+    assert decision.phase == "Restarting"
+    kind = condition(decision.status, "Restarting")
+    assert kind is not None and kind["reason"] == reason
+    assert (decision.status["restarts"], decision.status["preemptions"]) == (0, 1)
 
 
 def test_a_preemption_by_the_scheduler_still_counts() -> None:

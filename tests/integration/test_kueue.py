@@ -365,11 +365,13 @@ def ddpjob(
     gpus: int,
     priority: str | None = None,
     startup_deadline: int | None = None,
+    backoff_limit: int = 0,
+    pod_spec: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     labels = {names.KUEUE_QUEUE_LABEL: local_queue}
     if priority is not None:
         labels[names.KUEUE_PRIORITY_CLASS_LABEL] = priority
-    run_policy: dict[str, Any] = {"backoffLimit": 0}
+    run_policy: dict[str, Any] = {"backoffLimit": backoff_limit}
     if startup_deadline is not None:
         run_policy["startupDeadlineSeconds"] = startup_deadline
     return {
@@ -387,7 +389,8 @@ def ddpjob(
                             "image": "ddp-trainer:test",
                             "resources": {"limits": {GPU: str(gpus)}},
                         }
-                    ]
+                    ],
+                    **(pod_spec or {}),
                 }
             },
         },
@@ -559,3 +562,61 @@ def test_a_preempted_job_is_requeued_without_spending_backoff_and_finishes(
     wait_for("low Succeeded", lambda: phase_is(kueue, namespace, "low", "Succeeded"), timeout=90)
     final = job_status(kueue, namespace, "low")
     assert (final.get("restarts", 0), final.get("preemptions")) == (0, 1)
+
+
+# Pods that give up quickly on a lost node: evicted 2 s after it turns unreachable, 2 s of grace.
+QUICK_EVICTION: dict[str, Any] = {
+    "terminationGracePeriodSeconds": 2,
+    "tolerations": [
+        {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 2}
+        for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+    ],
+}
+
+
+def test_a_pod_stuck_on_a_lost_node_does_not_make_kueue_delete_the_next_attempt(
+    kueue: KueueProcess, queue: tuple[str, str], local_cluster: Any, tmp_path: Path
+) -> None:
+    """A rank's node is lost: its pod is evicted but stays Terminating (no kubelet confirms), with
+    Kueue's finalizer, and Kueue counts it in the group: the next attempt's pods would be "excess" and
+    deleted. The operator drops the finalizer and force-deletes the pod once its deletion is overdue,
+    so attempt 1 joins the group that still holds the quota, is ungated and runs."""
+    local_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
+    namespace, local_queue = queue
+    operator = OperatorProcess(
+        local_cluster.kubeconfig, [namespace], tmp_path / "operator.log", ["--unconfirmed-deletion", "3"]
+    ).start()
+    node = ""
+    try:
+        apply(kueue, ddpjob(namespace, "lost", local_queue, 2, 8, backoff_limit=1, pod_spec=QUICK_EVICTION))
+        wait_for("lost Running", lambda: phase_is(kueue, namespace, "lost", "Running"), timeout=90)
+        victim = next(p for p in job_pods(kueue, namespace, "lost") if p["metadata"]["name"] == "lost-1-0")
+        node = victim["spec"]["nodeName"]
+        local_cluster.lose_node(node)
+        wait_for(
+            "attempt 1 Running",
+            lambda: (
+                (s := job_status(kueue, namespace, "lost")).get("attempt") == 1
+                and s.get("phase") == "Running"
+            ),
+            timeout=120,
+        )
+        pods = job_pods(kueue, namespace, "lost")
+        names_left = sorted(p["metadata"]["name"] for p in pods)
+        assert names_left == ["lost-0-1", "lost-1-1"], f"the stuck pod was force-deleted: {names_left}"
+        assert all(p["spec"]["nodeName"] != node for p in pods)
+        excess = get_json(kueue, "events", "-n", namespace, "--field-selector", "reason=ExcessPodDeleted")[
+            "items"
+        ]
+        assert not excess, [e["message"] for e in excess]
+        status = job_status(kueue, namespace, "lost")
+        assert status["restarts"] == 1 and "preemptions" not in status
+        assert "action=force-delete pods=lost-1-0" in operator.log_path.read_text()
+        finish(kueue, namespace, "lost")
+        wait_for("lost Succeeded", lambda: phase_is(kueue, namespace, "lost", "Succeeded"), timeout=90)
+    finally:
+        if node:
+            local_cluster.restore_node(node)
+        kueue.kubectl("delete", "ddpjobs", "--all", "-n", namespace, "--wait=false", check=False)
+        operator.stop()
+        print(f"--- operator log ---\n{operator.log_tail(40)}", file=sys.stderr)

@@ -398,6 +398,15 @@ class Controller:
             await self.api.delete_children(
                 job.namespace, "Pod", list(decision.force_delete_pods), grace_seconds=0
             )
+        if decision.release_kueue_group:
+            group = names.kueue_pod_group_name(job.name, job.uid)
+            try:
+                gone = await self.api.delete_children(job.namespace, kueue.KUEUE_WORKLOAD_KIND, [group])
+            except ApiError as error:
+                logger.warning("job=%s/%s could not release Kueue group %s: %s", *key, group, error)
+            else:
+                if gone[0][1] is not None:
+                    logger.info("job=%s/%s action=release-kueue-group group=%s reason=Suspended", *key, group)
         held = {p.name: p for p in self.pods.pods_of(key)}
         for name in decision.release_pods:
             pod = held.get(name)

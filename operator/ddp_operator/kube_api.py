@@ -295,7 +295,7 @@ class KubeApi:
                 return None
             raise
         # A pod with a grace period comes back as the pod; one deleted at once comes back as a Status.
-        return result if result.get("kind") == kind else None
+        return result if result.get("kind") not in (None, "Status") else None
 
     def get_lease_blocking(self, namespace: str, name: str) -> JsonDict | None:
         """The coordination.k8s.io Lease, None when there is none."""

@@ -119,6 +119,8 @@ class Decision:
     release_pods: tuple[str, ...] = ()
     force_delete_pods: tuple[str, ...] = ()
     mark_unretriable: tuple[str, ...] = ()
+    # Delete the group's Kueue Workload (a suspended job gives its quota back; resuming queues again).
+    release_kueue_group: bool = False
     create_service: bool = False
     create_pvc: bool = False
     create_network_policy: bool = False
@@ -347,7 +349,10 @@ def _suspend(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation
         attempt=attempt if isinstance(attempt, int) else None,
         restarts=_int(old.get("restarts"), 0),
     )
-    return _decision(job, old, change, now, delete_pods=_deletable(pods))
+    # Kueue keeps a group's quota while its pods are gone, waiting for replacements: a suspended job
+    # gives it back by ending the group (Kueue's Workload), and queues again when resumed.
+    held = job.kueue is not None and any(p.kueue_finalizer for p in pods)
+    return _decision(job, old, change, now, delete_pods=_deletable(pods), release_kueue_group=held)
 
 
 def _condition_message(old: Mapping[str, Any], kind: str) -> str | None:

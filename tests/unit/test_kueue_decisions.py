@@ -437,3 +437,27 @@ def test_kueue_objects_are_read_into_one_observation(
     workload: dict[str, Any] | None, local_queue: dict[str, Any] | None, expected: kueue.QueueObservation
 ) -> None:
     assert kueue.observe_queue("w", "q", workload, local_queue) == expected
+
+
+@pytest.mark.parametrize(
+    ("job", "pods", "released"),
+    [
+        pytest.param(
+            kueue_job(runPolicy={"suspend": True}), [old(0), old(1)], True, id="gives-the-quota-back"
+        ),
+        pytest.param(
+            kueue_job(runPolicy={"suspend": True}),
+            [kueue_managed(pod(0), finalizer=False)],
+            False,
+            id="kueue-does-not-manage-it",
+        ),
+        pytest.param(job_spec(runPolicy={"suspend": True}), [pod(0), pod(1)], False, id="no-kueue"),
+        pytest.param(kueue_job(runPolicy={"suspend": True}), [], False, id="nothing-left"),
+    ],
+)
+def test_a_suspended_job_ends_its_kueue_group(
+    job: JobSpec, pods: list[dict[str, Any]], released: bool
+) -> None:
+    decision = run(job, status_of("Running"), pods, now=30)
+    assert decision.phase == "Suspended"
+    assert decision.release_kueue_group is released

@@ -32,11 +32,13 @@ Docs = list[dict[str, Any]]
 # The verbs the operator uses (kube_api.py and kopf's watches), per (apiGroup, resource): the chart must
 # grant exactly these, no more. kopf's cluster-wide needs are separate (KOPF_CLUSTER_RULES).
 OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
-    ("ddp.dev", "ddpjobs"): {"list", "watch", "delete"},
+    # get: a Kueue group's job is really gone before its Kueue Workload is deleted.
+    ("ddp.dev", "ddpjobs"): {"list", "watch", "delete", "get"},
     ("ddp.dev", "ddpjobs/status"): {"patch"},
     # blockOwnerDeletion on the children's ownerReferences (OwnerReferencesPermissionEnforcement).
     ("ddp.dev", "ddpjobs/finalizers"): {"update"},
-    ("", "pods"): {"create", "delete", "get", "list", "watch"},
+    # patch: Kueue's finalizer off an old pod Kueue would still count; a failed group's mark.
+    ("", "pods"): {"create", "delete", "get", "list", "watch", "patch"},
     ("", "services"): {"create", "get", "patch"},
     ("", "persistentvolumeclaims"): {"create", "get"},
     ("", "events"): {"create"},
@@ -45,6 +47,9 @@ OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
     # The in-tree gang (gang.py): a Workload and a PodGroup per attempt, when the API is served.
     ("scheduling.k8s.io", "workloads"): {"create", "get", "list", "delete"},
     ("scheduling.k8s.io", "podgroups"): {"create", "get", "list", "delete"},
+    # Kueue (kueue.py): why a queued job waits; a deleted or suspended job's group ended.
+    ("kueue.x-k8s.io", "workloads"): {"get", "delete"},
+    ("kueue.x-k8s.io", "localqueues"): {"get"},
 }
 KOPF_CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},

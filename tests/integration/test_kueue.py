@@ -620,3 +620,32 @@ def test_a_pod_stuck_on_a_lost_node_does_not_make_kueue_delete_the_next_attempt(
         kueue.kubectl("delete", "ddpjobs", "--all", "-n", namespace, "--wait=false", check=False)
         operator.stop()
         print(f"--- operator log ---\n{operator.log_tail(40)}", file=sys.stderr)
+
+
+def suspend(kueue: KueueProcess, namespace: str, job: str, value: bool) -> None:
+    patch = json.dumps({"spec": {"runPolicy": {"suspend": value}}})
+    kubectl(kueue, "patch", "ddpjob", job, "-n", namespace, "--type=merge", "-p", patch)
+
+
+def test_a_suspended_job_gives_its_quota_back_and_queues_again_when_resumed(
+    kueue: KueueProcess, queue: tuple[str, str], operator: OperatorProcess
+) -> None:
+    namespace, local_queue = queue
+    apply(kueue, ddpjob(namespace, "holder", local_queue, 2, 8))  # the whole 16-GPU quota
+    wait_for("holder Running", lambda: phase_is(kueue, namespace, "holder", "Running"), timeout=90)
+    apply(kueue, ddpjob(namespace, "waiter", local_queue, 2, 8))
+    wait_for("waiter Queued", lambda: phase_is(kueue, namespace, "waiter", "Queued"), timeout=60)
+
+    suspend(kueue, namespace, "holder", True)
+    wait_for("holder Suspended", lambda: phase_is(kueue, namespace, "holder", "Suspended"), timeout=60)
+    wait_for(
+        "waiter admitted and Running", lambda: phase_is(kueue, namespace, "waiter", "Running"), timeout=90
+    )
+    wait_for("holder's pods gone", lambda: not job_pods(kueue, namespace, "holder"), timeout=60)
+
+    suspend(kueue, namespace, "holder", False)
+    wait_for("holder Queued again", lambda: phase_is(kueue, namespace, "holder", "Queued"), timeout=60)
+    assert job_status(kueue, namespace, "holder")["attempt"] == 1
+    finish(kueue, namespace, "waiter")
+    wait_for("holder Running again", lambda: phase_is(kueue, namespace, "holder", "Running"), timeout=90)
+    assert job_status(kueue, namespace, "holder").get("restarts", 0) == 0

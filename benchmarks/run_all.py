@@ -16,6 +16,7 @@ BENCHMARKS = (
     "bench_gcn_sync.py",
     "bench_operator_scale.py",
     "bench_restart_latency.py",
+    "bench_gang_admission.py",
 )
 
 

@@ -154,30 +154,8 @@ def rank_pods(
     namespace: str, queue: str, job: str, replicas: int, gpus: int, attempt: int = 0
 ) -> list[dict[str, Any]]:
     """Pods exactly as the operator builds them for a DDPJob labelled with the queue."""
-    obj = {
-        "apiVersion": names.API_GROUP_VERSION,
-        "kind": names.KIND,
-        "metadata": {
-            "name": job,
-            "namespace": namespace,
-            "uid": str(uuid.uuid4()),
-            "labels": {names.KUEUE_QUEUE_LABEL: queue},
-        },
-        "spec": {
-            "replicas": replicas,
-            "template": {
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            "image": "ddp-trainer:test",
-                            "resources": {"limits": {GPU: str(gpus)}},
-                        }
-                    ]
-                }
-            },
-        },
-    }
+    obj = ddpjob(namespace, job, queue, replicas, gpus)
+    obj["metadata"]["uid"] = str(uuid.uuid4())
     spec = parse_job(obj)
     pods = [builders.build_rank_pod(spec, rank, attempt) for rank in range(replicas)]
     for pod in pods:

@@ -104,6 +104,7 @@ class PodObservation:
     # group is not admitted), whether Kueue's finalizer holds the pod object, and whether the pod tells
     # Kueue the group failed for good (retriable-in-group "false").
     kueue_group: str | None = None
+    kueue_managed: bool = False  # Kueue's webhook took the pod (its managed label): Kueue counts it
     kueue_gated: bool = False
     kueue_finalizer: bool = False
     kueue_unretriable: bool = False
@@ -155,7 +156,7 @@ class PodObservation:
         """Kueue still counts this pod in its group (v0.17 `isPodRunnableOrSucceeded`): anything but
         Failed, or deleted before it had a node. Such a pod of an old attempt makes the new attempt's
         pods "excess", and Kueue deletes those."""
-        if self.kueue_group is None:
+        if self.kueue_group is None or not self.kueue_managed:
             return False
         if self.deleting and not self.node:
             return False
@@ -304,6 +305,7 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         disruption_message=disruption_message,
         evicted_by_queue=evicted_by_queue,
         kueue_group=labels.get(names.KUEUE_POD_GROUP_LABEL) or None,
+        kueue_managed=labels.get(names.KUEUE_MANAGED_LABEL) == "true",
         kueue_gated=any(g.get("name") == names.KUEUE_ADMISSION_GATE for g in gates),
         kueue_finalizer=names.KUEUE_POD_FINALIZER in finalizers,
         kueue_unretriable=annotations.get(names.KUEUE_RETRIABLE_IN_GROUP_ANNOTATION) == "false",

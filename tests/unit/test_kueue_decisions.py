@@ -461,3 +461,12 @@ def test_a_suspended_job_ends_its_kueue_group(
     decision = run(job, status_of("Running"), pods, now=30)
     assert decision.phase == "Suspended"
     assert decision.release_kueue_group is released
+
+
+def test_pods_kueue_does_not_manage_are_not_counted_for_it() -> None:
+    """The group labels alone (a namespace Kueue does not manage) make nothing wait or be forced."""
+    unmanaged = pod(0, exit_code=0, deleting_at=10)
+    unmanaged["metadata"]["labels"][names.KUEUE_POD_GROUP_LABEL] = "mnist-uid1234"
+    decision = run(kueue_job(), restarting(), [unmanaged, pod(1, exit_code=143, deleting_at=10)], now=20)
+    assert decision.create_ranks == (0, 1)
+    assert decision.release_pods == () and decision.force_delete_pods == ()

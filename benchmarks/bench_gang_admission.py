@@ -2,7 +2,8 @@
 
 One local control plane started with the in-tree gang API's alpha gates (docs/scheduling.md: apiserver
 `--feature-gates=GenericWorkload=true --runtime-config=scheduling.k8s.io/v1alpha2=true`, scheduler
-`--feature-gates=GenericWorkload=true,GangScheduling=true`), fake GPU nodes (8 GPUs each), real Kueue
+`--feature-gates=GenericWorkload=true,GangScheduling=true`, controller-manager
+`--feature-gates=GenericWorkload=true`), fake GPU nodes (8 GPUs each), real Kueue
 (tests/integration/kueue_harness.py, `pod` integration, a ClusterQueue far larger than the job) and one
 `ddpjob operator` (its own client certificate) watching the three namespaces. Each path is a DDPJob of R
 ranks, one GPU per rank:
@@ -70,6 +71,9 @@ GATED_FLAGS: dict[str, list[str]] = {
         "--runtime-config=scheduling.k8s.io/v1alpha2=true",
     ],
     "kube-scheduler": ["--feature-gates=GenericWorkload=true,GangScheduling=true"],
+    # Its podgroup-protection controller removes the finalizer the apiserver puts on every PodGroup
+    # once no pod uses it: without the gate no PodGroup (nor its namespace) can ever be deleted.
+    "kube-controller-manager": ["--feature-gates=GenericWorkload=true"],
 }
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 FLAVOR = "bench-gpu"

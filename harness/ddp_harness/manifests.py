@@ -47,6 +47,10 @@ CONTROLLERS = (
     "persistentvolume-binder-controller",
     "persistentvolume-protection-controller",
     "persistentvolumeclaim-protection-controller",
+    # With the GenericWorkload gate (a gang-scheduling cluster, docs/scheduling.md) the apiserver puts
+    # scheduling.k8s.io/podgroup-protection on every PodGroup and only this controller removes it;
+    # without the gate it stays disabled.
+    "podgroup-protection-controller",
 )
 
 

@@ -68,7 +68,8 @@ def unavailable_reason(job: JobSpec, version: str | None) -> str | None:
     return (
         f"spec.scheduling.gang is Workload but the cluster serves none of "
         f"{', '.join(f'{GROUP}/{v}' for v in SUPPORTED_VERSIONS)}: enable the GenericWorkload feature "
-        f"gate (kube-apiserver and kube-scheduler), GangScheduling (kube-scheduler) and "
+        f"gate (kube-apiserver, kube-scheduler and kube-controller-manager), GangScheduling "
+        f"(kube-scheduler) and "
         f"--runtime-config={GROUP}/{SUPPORTED_VERSIONS[0]}=true, or set spec.scheduling.gang to Auto"
     )
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.integration.kueue_harness import MANAGED_NAMESPACE_LABEL, ensure_built, start_kueue
 from tests.integration.operator_harness import REPO, OperatorProcess, wait_for
 
 from ddp_harness import EXIT_CODE_ANNOTATION, ClusterOptions, LocalCluster, default_bin_dir, down, up
@@ -32,6 +33,9 @@ GATED_FLAGS: dict[str, list[str]] = {
         "--runtime-config=scheduling.k8s.io/v1alpha2=true",
     ],
     "kube-scheduler": ["--feature-gates=GenericWorkload=true,GangScheduling=true"],
+    # Its podgroup-protection controller removes the finalizer the apiserver puts on every PodGroup
+    # once no pod uses it: without the gate no PodGroup (nor its namespace) can ever be deleted.
+    "kube-controller-manager": ["--feature-gates=GenericWorkload=true"],
 }
 GPU = names.GPU_RESOURCE
 
@@ -144,11 +148,12 @@ def test_the_apiserver_accepts_the_adapters_objects_and_the_scheduler_binds_the_
 # ---- the operator asks for the gang: the deadlock and its absence ---------------------------------
 
 
-def _operator_job(name: str, gang_mode: str, priority_class: str) -> dict[str, Any]:
+def _operator_job(name: str, gang_mode: str, priority_class: str | None = None) -> dict[str, Any]:
     job = _job("", name, replicas=3, gpus=8)
     job["metadata"].pop("namespace", None)
     job["spec"]["scheduling"] = {"gang": gang_mode}
-    job["spec"]["template"]["spec"]["priorityClassName"] = priority_class
+    if priority_class is not None:
+        job["spec"]["template"]["spec"]["priorityClassName"] = priority_class
     return job
 
 
@@ -346,3 +351,115 @@ def test_two_jobs_that_each_fit_deadlock_pod_by_pod_and_run_one_after_the_other_
             print(operator.log_tail(30))
         gated_cluster.kubectl_run("delete", "namespace", namespace, "--wait=false")
         gated_cluster.kubectl_run("delete", "priorityclass", waits, preempts, "--ignore-not-found")
+
+
+# ---- both together: Kueue admits the gang, the scheduler places it whole -------------------------------
+
+
+def test_kueue_admission_and_the_in_tree_gang_combine(gated_cluster: LocalCluster, tmp_path: Path) -> None:
+    """A DDPJob with a LocalQueue and `gang: Workload`: Kueue gates its pods until it admits the group
+    (the job is Queued, nothing bound), then the scheduler binds the gang whole; a second such job
+    beyond the quota stays Queued with no pod bound, and runs once the first is done."""
+    prefix = ensure_built()
+    gated_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
+    gated_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    kueue = start_kueue(gated_cluster, tmp_path / "kueue", prefix)
+    suffix = uuid.uuid4().hex[:6]
+    namespace, cluster_queue = f"gang-kueue-{suffix}", f"cq-{suffix}"
+    operator: OperatorProcess | None = None
+    try:
+        gated_cluster.create_namespace(namespace)
+        gated_cluster.kubectl_run("label", "namespace", namespace, f"{MANAGED_NAMESPACE_LABEL}=true")
+        queue_objects = [
+            {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "gpus"}},
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "ClusterQueue",
+                "metadata": {"name": cluster_queue},
+                "spec": {
+                    "namespaceSelector": {},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": [GPU],
+                            "flavors": [{"name": "gpus", "resources": [{"name": GPU, "nominalQuota": 24}]}],
+                        }
+                    ],
+                },
+            },
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "LocalQueue",
+                "metadata": {"name": "gpus", "namespace": namespace},
+                "spec": {"clusterQueue": cluster_queue},
+            },
+        ]
+        gated_cluster.apply_json({"apiVersion": "v1", "kind": "List", "items": queue_objects})
+        operator = OperatorProcess(gated_cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
+
+        def queued_job(name: str) -> dict[str, Any]:
+            job = _operator_job(name, "Workload")
+            job["metadata"]["labels"] = {names.KUEUE_QUEUE_LABEL: "gpus"}
+            return job
+
+        def phase(name: str) -> str:
+            return str(gated_cluster.get_json("ddpjob", name, "-n", namespace).get("status", {}).get("phase"))
+
+        # The ClusterQueue may take a moment to turn active: the first job waits Queued until then.
+        gated_cluster.apply_json(queued_job("first"), "-n", namespace)
+        wait_for("first Running", lambda: phase("first") == "Running", timeout=120)
+        pods = gated_cluster.get_json("pods", "-n", namespace, "-l", names.label_selector("first"))["items"]
+        assert len(pods) == 3
+        for pod in pods:
+            assert pod["spec"]["schedulingGroup"] == {"podGroupName": "first-0"}, "the in-tree gang"
+            assert pod["metadata"]["labels"].get(names.KUEUE_MANAGED_LABEL) == "true", "Kueue's group"
+
+        # 24 GPUs of quota, 24 held: the second gang is not admitted; nothing of it binds.
+        gated_cluster.apply_json(queued_job("second"), "-n", namespace)
+        wait_for("second Queued", lambda: phase("second") == "Queued", timeout=60)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            assert _bound(gated_cluster, namespace, "second") == []
+            time.sleep(0.5)
+
+        for pod in _bound(gated_cluster, namespace, "first"):
+            gated_cluster.kubectl_run("annotate", "pod", pod, "-n", namespace, f"{EXIT_CODE_ANNOTATION}=0")
+        wait_for("first Succeeded", lambda: phase("first") == "Succeeded", timeout=90)
+        wait_for("second Running", lambda: phase("second") == "Running", timeout=120)
+        assert len(_bound(gated_cluster, namespace, "second")) == 3
+        for pod in _bound(gated_cluster, namespace, "second"):
+            gated_cluster.kubectl_run("annotate", "pod", pod, "-n", namespace, f"{EXIT_CODE_ANNOTATION}=0")
+        wait_for("second Succeeded", lambda: phase("second") == "Succeeded", timeout=90)
+
+        # Deleting the jobs takes everything with them: the PodGroups too, whose protection finalizer
+        # the controller-manager removes once no pod uses them (GATED_FLAGS).
+        gated_cluster.kubectl_run("delete", "ddpjobs", "--all", "-n", namespace, "--wait=false")
+        wait_for(
+            "no pod, Workload or PodGroup left",
+            lambda: (
+                not gated_cluster.get_json(
+                    "pods,podgroups.scheduling.k8s.io,workloads.scheduling.k8s.io", "-n", namespace
+                )["items"]
+            ),
+            timeout=90,
+        )
+    finally:
+        left = gated_cluster.kubectl_run(
+            "get",
+            "pods,podgroups.scheduling.k8s.io,workloads.scheduling.k8s.io,workloads.kueue.x-k8s.io",
+            "-n",
+            namespace,
+            "-o",
+            "custom-columns=KIND:.kind,NAME:.metadata.name,DEL:.metadata.deletionTimestamp,FIN:.metadata.finalizers,PHASE:.status.phase",
+            check=False,
+        )
+        print("LEFT:\n" + left.stdout)
+        if operator is not None:
+            operator.stop()
+            print(operator.log_tail(30))
+        # Kueue's finalizers need Kueue: end the groups and the namespace while it still runs.
+        kueue.kubectl(
+            "delete", "workloads.kueue.x-k8s.io", "--all", "-n", namespace, "--timeout=50s", check=False
+        )
+        kueue.kubectl("delete", "namespace", namespace, "--timeout=50s", check=False)
+        kueue.kubectl("delete", "clusterqueue", cluster_queue, "--timeout=30s", check=False)
+        kueue.stop()

@@ -9,7 +9,6 @@ gated with none of its pods bound, and admits it once quota is free."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -23,8 +22,7 @@ from tests.integration.kueue_harness import (
     MANAGED_NAMESPACE_LABEL,
     REPO,
     KueueProcess,
-    is_built,
-    kueue_prefix,
+    ensure_built,
     start_kueue,
 )
 from tests.integration.operator_harness import OperatorProcess, wait_for
@@ -41,12 +39,7 @@ FLAVOR = "gpu-flavor"
 
 @pytest.fixture(scope="module")
 def kueue(local_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KueueProcess]:
-    prefix = kueue_prefix()
-    if not is_built(prefix):
-        if shutil.which("go") is None:
-            pytest.skip(f"no Go toolchain to build Kueue, and {prefix} holds no build")
-        print("[kueue] building with hack/build-kueue.sh (10+ min when cold)", file=sys.stderr, flush=True)
-        subprocess.run([str(REPO / "hack" / "build-kueue.sh")], check=True, timeout=3600)
+    prefix = ensure_built()
     process = start_kueue(local_cluster, tmp_path_factory.mktemp("kueue"), prefix)
     try:
         yield process

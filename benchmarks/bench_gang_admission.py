@@ -64,17 +64,6 @@ if str(REPO) not in sys.path:  # tests.integration.kueue_harness, when run witho
 
 GPU = "nvidia.com/gpu"
 GPUS_PER_NODE = 8
-# What a 1.36 control plane needs for scheduling.k8s.io/v1alpha2 (tests/integration/test_gang_api.py).
-GATED_FLAGS: dict[str, list[str]] = {
-    "kube-apiserver": [
-        "--feature-gates=GenericWorkload=true",
-        "--runtime-config=scheduling.k8s.io/v1alpha2=true",
-    ],
-    "kube-scheduler": ["--feature-gates=GenericWorkload=true,GangScheduling=true"],
-    # Its podgroup-protection controller removes the finalizer the apiserver puts on every PodGroup
-    # once no pod uses it: without the gate no PodGroup (nor its namespace) can ever be deleted.
-    "kube-controller-manager": ["--feature-gates=GenericWorkload=true"],
-}
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 FLAVOR = "bench-gpu"
 CLUSTER_QUEUE = "bench-cq"
@@ -318,14 +307,14 @@ def _exists(api: Any, path: str) -> bool:
 
 
 def start_cluster(args: argparse.Namespace, state_dir: Path) -> Any:
-    from ddp_harness import ClusterOptions, ReportLatency, up
+    from ddp_harness import GANG_SCHEDULING_FLAGS, ClusterOptions, ReportLatency, up
     from ddp_harness.manifests import NodeShape
 
     options = ClusterOptions(
         state_dir=state_dir,
         nodes=args.nodes or 2 * math.ceil(args.ranks / GPUS_PER_NODE),
         node_shape=NodeShape(gpus=GPUS_PER_NODE),
-        extra_flags=GATED_FLAGS,
+        extra_flags=GANG_SCHEDULING_FLAGS,
         report_latency=ReportLatency() if args.kubelet_latency else None,
     )
     return up(options, progress=lambda message: print(f"[cluster] {message}", file=sys.stderr))

@@ -12,7 +12,7 @@ Layers, each importing only those below it: processes (processes, ports, state r
 binaries); control_plane and then real_node; cluster (both together); cli."""
 
 from ddp_harness.binaries import BinariesError, default_bin_dir, ensure_binaries
-from ddp_harness.cluster import ClusterOptions, attach, down, status, up
+from ddp_harness.cluster import GANG_SCHEDULING_FLAGS, ClusterOptions, attach, down, status, up
 from ddp_harness.control_plane import KubectlError, LocalCluster
 from ddp_harness.kwok_stages import (
     EXIT_CODE_ANNOTATION,
@@ -27,6 +27,7 @@ from ddp_harness.processes import ClusterError, default_state_dir
 __all__ = [
     "EXIT_CODE_ANNOTATION",
     "FINISHED_AT_ANNOTATION",
+    "GANG_SCHEDULING_FLAGS",
     "GPU_RESOURCE",
     "NODE_LOST_ANNOTATION",
     "REASON_ANNOTATION",

@@ -27,6 +27,19 @@ from ddp_harness.processes import (
     is_running,
 )
 
+# ClusterOptions.extra_flags for the in-tree gang API of Kubernetes 1.36 (scheduling.k8s.io/v1alpha2,
+# docs/scheduling.md). The controller-manager's gate runs its podgroup-protection-controller, which
+# removes the finalizer the apiserver puts on every PodGroup: without it no PodGroup, nor a namespace
+# holding one, can ever be deleted. The kubelets need nothing.
+GANG_SCHEDULING_FLAGS: Mapping[str, Sequence[str]] = {
+    "kube-apiserver": (
+        "--feature-gates=GenericWorkload=true",
+        "--runtime-config=scheduling.k8s.io/v1alpha2=true",
+    ),
+    "kube-scheduler": ("--feature-gates=GenericWorkload=true,GangScheduling=true",),
+    "kube-controller-manager": ("--feature-gates=GenericWorkload=true",),
+}
+
 
 @dataclass(frozen=True)
 class ClusterOptions:

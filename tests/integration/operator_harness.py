@@ -226,19 +226,23 @@ def ddpjob(
     restart_policy: str | None = None,
     run_policy: dict[str, Any] | None = None,
     pod_spec: dict[str, Any] | None = None,
+    gpus: int | None = None,
+    namespace: str | None = None,
+    labels: dict[str, str] | None = None,
+    scheduling: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A small CPU DDPJob whose pods kwok runs (the image is never pulled)."""
+    """A small DDPJob whose pods kwok runs (the image is never pulled): CPU requests, or ``gpus``
+    nvidia.com/gpu per rank."""
+    resources = (
+        {"limits": {names.GPU_RESOURCE: str(gpus)}}
+        if gpus is not None
+        else {"requests": {"cpu": "100m", "memory": "128Mi"}}
+    )
     spec: dict[str, Any] = {
         "replicas": replicas,
         "template": {
             "spec": {
-                "containers": [
-                    {
-                        "name": "trainer",
-                        "image": "ddp-trainer:test",
-                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
-                    }
-                ],
+                "containers": [{"name": "trainer", "image": "ddp-trainer:test", "resources": resources}],
                 **(pod_spec or {}),
             }
         },
@@ -247,12 +251,14 @@ def ddpjob(
         spec["restartPolicy"] = restart_policy
     if run_policy:
         spec["runPolicy"] = run_policy
-    return {
-        "apiVersion": names.API_GROUP_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": name},
-        "spec": spec,
-    }
+    if scheduling:
+        spec["scheduling"] = scheduling
+    metadata: dict[str, Any] = {"name": name}
+    if namespace:
+        metadata["namespace"] = namespace
+    if labels:
+        metadata["labels"] = labels
+    return {"apiVersion": names.API_GROUP_VERSION, "kind": names.KIND, "metadata": metadata, "spec": spec}
 
 
 def pod_attempt(pod: dict[str, Any]) -> int:

@@ -3,7 +3,8 @@ discovery picks the version gang.py writes, the apiserver accepts gang.py's Work
 they are, and the scheduler binds a gang whole or not at all.
 
 This module starts a second local control plane of its own, with the flags docs/scheduling.md lists
-appended to the apiserver's and scheduler's command lines (GATED_FLAGS, ClusterOptions.extra_flags)."""
+appended to the apiserver's, scheduler's and controller-manager's command lines
+(ddp_harness.GANG_SCHEDULING_FLAGS through ClusterOptions.extra_flags)."""
 
 from __future__ import annotations
 
@@ -17,26 +18,23 @@ from typing import Any
 
 import pytest
 from tests.integration.kueue_harness import MANAGED_NAMESPACE_LABEL, ensure_built, start_kueue
-from tests.integration.operator_harness import REPO, OperatorProcess, wait_for
+from tests.integration.operator_harness import REPO, OperatorProcess, ddpjob, wait_for
 
-from ddp_harness import EXIT_CODE_ANNOTATION, ClusterOptions, LocalCluster, default_bin_dir, down, up
+from ddp_harness import (
+    EXIT_CODE_ANNOTATION,
+    GANG_SCHEDULING_FLAGS,
+    ClusterOptions,
+    LocalCluster,
+    default_bin_dir,
+    down,
+    up,
+)
 from ddp_harness.binaries import pinned_versions, stale_binaries
 from ddp_operator import builders, gang, names
 from ddp_operator.spec import parse_job
 
 pytestmark = pytest.mark.integration
 
-# What a 1.36 control plane needs for scheduling.k8s.io/v1alpha2 (docs/scheduling.md).
-GATED_FLAGS: dict[str, list[str]] = {
-    "kube-apiserver": [
-        "--feature-gates=GenericWorkload=true",
-        "--runtime-config=scheduling.k8s.io/v1alpha2=true",
-    ],
-    "kube-scheduler": ["--feature-gates=GenericWorkload=true,GangScheduling=true"],
-    # Its podgroup-protection controller removes the finalizer the apiserver puts on every PodGroup
-    # once no pod uses it: without the gate no PodGroup (nor its namespace) can ever be deleted.
-    "kube-controller-manager": ["--feature-gates=GenericWorkload=true"],
-}
 GPU = names.GPU_RESOURCE
 
 
@@ -48,7 +46,9 @@ def gated_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     if stale_binaries(bin_dir, pinned_versions()) and shutil.which("go") is None:
         pytest.skip(f"no Go toolchain to build the control plane, and {bin_dir} lacks prebuilt binaries")
     state_dir = tmp_path_factory.mktemp("gated-cluster")
-    cluster = up(ClusterOptions(state_dir=state_dir, bin_dir=bin_dir, nodes=4, extra_flags=GATED_FLAGS))
+    cluster = up(
+        ClusterOptions(state_dir=state_dir, bin_dir=bin_dir, nodes=4, extra_flags=GANG_SCHEDULING_FLAGS)
+    )
     try:
         yield cluster
     finally:
@@ -68,26 +68,9 @@ def test_discovery_serves_v1alpha2(gated_cluster: LocalCluster) -> None:
 
 
 def _job(namespace: str, name: str, replicas: int, gpus: int) -> dict[str, Any]:
-    return {
-        "apiVersion": names.API_GROUP_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())},
-        "spec": {
-            "replicas": replicas,
-            "scheduling": {"gang": "Workload"},
-            "template": {
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            "image": "ddp-trainer:test",
-                            "resources": {"limits": {GPU: str(gpus)}},
-                        }
-                    ]
-                }
-            },
-        },
-    }
+    job = ddpjob(name, replicas, gpus=gpus, namespace=namespace, scheduling={"gang": "Workload"})
+    job["metadata"]["uid"] = str(uuid.uuid4())
+    return job
 
 
 def _create_gang(cluster: LocalCluster, namespace: str, name: str, replicas: int, gpus: int) -> None:
@@ -431,7 +414,7 @@ def test_kueue_admission_and_the_in_tree_gang_combine(gated_cluster: LocalCluste
         wait_for("second Succeeded", lambda: phase("second") == "Succeeded", timeout=90)
 
         # Deleting the jobs takes everything with them: the PodGroups too, whose protection finalizer
-        # the controller-manager removes once no pod uses them (GATED_FLAGS).
+        # the controller-manager removes once no pod uses them (GANG_SCHEDULING_FLAGS).
         gated_cluster.kubectl_run("delete", "ddpjobs", "--all", "-n", namespace, "--wait=false")
         wait_for(
             "no pod, Workload or PodGroup left",

@@ -26,6 +26,7 @@ from tests.integration.kueue_harness import (
     start_kueue,
 )
 from tests.integration.operator_harness import OperatorProcess, wait_for
+from tests.integration.operator_harness import ddpjob as gpu_ddpjob
 
 from ddp_harness import EXIT_CODE_ANNOTATION
 from ddp_operator import builders, names
@@ -345,27 +346,15 @@ def ddpjob(
     run_policy: dict[str, Any] = {"backoffLimit": backoff_limit}
     if startup_deadline is not None:
         run_policy["startupDeadlineSeconds"] = startup_deadline
-    return {
-        "apiVersion": names.API_GROUP_VERSION,
-        "kind": names.KIND,
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {
-            "replicas": replicas,
-            "runPolicy": run_policy,
-            "template": {
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            "image": "ddp-trainer:test",
-                            "resources": {"limits": {GPU: str(gpus)}},
-                        }
-                    ],
-                    **(pod_spec or {}),
-                }
-            },
-        },
-    }
+    return gpu_ddpjob(
+        name,
+        replicas,
+        run_policy=run_policy,
+        pod_spec=pod_spec,
+        gpus=gpus,
+        namespace=namespace,
+        labels=labels,
+    )
 
 
 def job_status(kueue: KueueProcess, namespace: str, name: str) -> dict[str, Any]:

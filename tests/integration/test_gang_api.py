@@ -8,8 +8,10 @@ appended to the apiserver's, scheduler's and controller-manager's command lines
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -426,23 +428,28 @@ def test_kueue_admission_and_the_in_tree_gang_combine(gated_cluster: LocalCluste
             timeout=90,
         )
     finally:
-        left = gated_cluster.kubectl_run(
-            "get",
-            "pods,podgroups.scheduling.k8s.io,workloads.scheduling.k8s.io,workloads.kueue.x-k8s.io",
-            "-n",
-            namespace,
-            "-o",
-            "custom-columns=KIND:.kind,NAME:.metadata.name,DEL:.metadata.deletionTimestamp,FIN:.metadata.finalizers,PHASE:.status.phase",
-            check=False,
-        )
-        print("LEFT:\n" + left.stdout)
-        if operator is not None:
-            operator.stop()
-            print(operator.log_tail(30))
-        # Kueue's finalizers need Kueue: end the groups and the namespace while it still runs.
-        kueue.kubectl(
-            "delete", "workloads.kueue.x-k8s.io", "--all", "-n", namespace, "--timeout=50s", check=False
-        )
-        kueue.kubectl("delete", "namespace", namespace, "--timeout=50s", check=False)
-        kueue.kubectl("delete", "clusterqueue", cluster_queue, "--timeout=30s", check=False)
-        kueue.stop()
+        try:
+            left = gated_cluster.kubectl_run(
+                "get",
+                "pods,podgroups.scheduling.k8s.io,workloads.scheduling.k8s.io,workloads.kueue.x-k8s.io",
+                "-n",
+                namespace,
+                "-o",
+                "custom-columns=KIND:.kind,NAME:.metadata.name,DELETED:.metadata.deletionTimestamp,"
+                "FINALIZERS:.metadata.finalizers,PHASE:.status.phase",
+                check=False,
+            )
+            print("left in the namespace:\n" + left.stdout)
+            if operator is not None:
+                operator.stop()
+                print(operator.log_tail(30))
+            # Kueue's finalizers need Kueue: end the groups and the namespace while it still runs.
+            for args in (
+                ("delete", "workloads.kueue.x-k8s.io", "--all", "-n", namespace, "--timeout=40s"),
+                ("delete", "namespace", namespace, "--timeout=40s"),
+                ("delete", "clusterqueue", cluster_queue, "--timeout=30s"),
+            ):
+                with contextlib.suppress(subprocess.SubprocessError):
+                    kueue.kubectl(*args, check=False)
+        finally:
+            kueue.stop()

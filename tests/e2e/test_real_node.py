@@ -504,14 +504,24 @@ class LogFollower:
 # ---- the node itself --------------------------------------------------------------------------------
 
 
+# A Service reaches its endpoints once kube-proxy has programmed them, a moment after they exist (until
+# then its rules refuse the connection): like any client, the script retries for a while, then fails.
 SMOKE_SCRIPT = """
-import json, socket, ssl, urllib.request
+import json, socket, ssl, time, urllib.request
+def fetch(request, **kwargs):
+    for attempt in range(30):
+        try:
+            return urllib.request.urlopen(request, timeout=10, **kwargs).read()
+        except OSError as error:
+            print("retrying:", error, flush=True)
+            time.sleep(1)
+    return urllib.request.urlopen(request, timeout=10, **kwargs).read()
 result = {"kubernetes.default": socket.gethostbyname("kubernetes.default")}
-result["echo"] = urllib.request.urlopen("http://echo:8080/hello.txt", timeout=10).read().decode().strip()
+result["echo"] = fetch("http://echo:8080/hello.txt").decode().strip()
 ctx = ssl.create_default_context(cafile="/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
 token = open("/var/run/secrets/kubernetes.io/serviceaccount/token").read()
 request = urllib.request.Request("https://kubernetes.default.svc/version", headers={"Authorization": "Bearer " + token})
-result["apiserver"] = json.load(urllib.request.urlopen(request, context=ctx, timeout=10))["gitVersion"]
+result["apiserver"] = json.loads(fetch(request, context=ctx))["gitVersion"]
 print("SMOKE " + json.dumps(result))
 """
 

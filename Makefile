@@ -8,7 +8,7 @@ STAMP     := $(VENV)/.installed-$(shell (cat pyproject.toml harness/pyproject.to
 PYTEST    := $(PY) -m pytest
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-e2e k8s-binaries kueue-binary node-binaries images kind kind-up kind-demo kind-down chart-crds bench clean-venv
+.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-e2e k8s-binaries kueue-binary node-binaries kube-router images kind kind-up kind-demo kind-down chart-crds bench clean-venv
 
 all: test
 
@@ -72,11 +72,15 @@ chart-crds:
 node-binaries:
 	hack/build-node-binaries.sh
 
+## The e2e tier's NetworkPolicy enforcer: kube-router's firewall alone (test-only; docs/security.md).
+kube-router:
+	hack/build-kube-router.sh
+
 ## kind, kubeadm and a kind node image built from our own parts (no registry): docs/kind.md.
 kind: k8s-binaries node-binaries images
 	hack/build-kind.sh
 
-test-e2e: venv k8s-binaries node-binaries images kind
+test-e2e: venv k8s-binaries node-binaries kube-router images kind
 	$(PYTEST) tests/e2e -q
 
 ## The README's kind path: a cluster from our node image, both images loaded, the chart installed.

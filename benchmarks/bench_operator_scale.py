@@ -148,8 +148,8 @@ def count_writes(audit_log: Path, user: str, since: datetime) -> dict[str, int]:
     counts: dict[str, int] = {}
     with audit_log.open() as log:
         for line in log:
-            if f'"{user}"' not in line:
-                continue
+            if f'"{user}"' not in line or not line.endswith("\n"):
+                continue  # another user's, or the entry the apiserver is still writing
             entry = json.loads(line)
             if entry.get("user", {}).get("username") != user or entry.get("stage") != "ResponseComplete":
                 continue

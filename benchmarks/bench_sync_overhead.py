@@ -8,8 +8,9 @@ rounds (every round runs every mode, in a rotating order) and summarized by medi
   exchange    detailed plus the straggler exchange every --exchange-every steps (instrument()'s default)
   light       no Python hook, metrics from DDP's logger (with the exchange, as instrument() sets it up)
 A step's time includes Instrumentation.step(), where the exchange runs. Then the exchange itself
-(one allreduce of world_size floats, and of world_size + 1 with the trainer's stop flag riding in it)
-against the trainer's old 1-element stop-flag allreduce, and the bus bandwidth our hook reports
+(one allreduce of 7 floats per rank, and one more with the trainer's stop flag riding in it) against
+the trainer's old 1-element stop-flag allreduce, what detailed mode reads per step to see a starved
+rank's stall (gloo's threads' CPU waits, ddp_trainer.runqueue), and the bus bandwidth our hook reports
 (payload / service time x 2(n-1)/n) against a raw, timed dist.all_reduce of the same size, at 1, 4
 and 25 MiB.
 
@@ -33,6 +34,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer import Instrumentation, instrument, process_group_session
+from ddp_trainer.runqueue import GlooThreadDelay
 from ddp_trainer.workloads import mlp
 
 MODES = ("plain", "torch-hook", "detailed", "exchange", "light")
@@ -108,30 +110,51 @@ def bus_bandwidth(rank: int, world: int, mib: int, repeats: int) -> tuple[float,
 
 
 def exchange_cost(world: int, calls: int) -> dict[str, float]:
-    """Median seconds of one exchange (with and without a flag riding in it) and of a 1-float allreduce."""
+    """Median seconds of one exchange (with and without a flag riding in it) and of a 1-float allreduce.
+
+    A step of a small model runs before each exchange, so that every rank has a window to send and
+    rank 0 pools and judges real pictures.
+    """
     model = DistributedDataParallel(nn.Linear(8, 2))
     metrics = instrument(model, port=0, exchange_every=0)
+    batch = torch.randn(4, 8)
     flag = torch.zeros(1)
     timed: dict[str, list[float]] = {
         "stop-flag allreduce (1 float)": [],
         "exchange": [],
         "exchange + flag": [],
     }
-    for _ in range(calls):
+
+    def one_step() -> None:
+        model(batch).sum().backward()
+        metrics.step(len(batch))
         dist.barrier()
+
+    for _ in range(calls):
+        one_step()
         started = time.perf_counter()
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         timed["stop-flag allreduce (1 float)"].append(time.perf_counter() - started)
-        dist.barrier()
+        one_step()
         started = time.perf_counter()
         metrics.exchange()
         timed["exchange"].append(time.perf_counter() - started)
-        dist.barrier()
+        one_step()
         started = time.perf_counter()
         metrics.exchange([0.0])
         timed["exchange + flag"].append(time.perf_counter() - started)
     metrics.close()
-    return {name: statistics.median(values) for name, values in timed.items()}
+    medians = {name: statistics.median(values) for name, values in timed.items()}
+    # Per step, detailed mode reads gloo's threads twice (at the last bucket's issue, at the step's end).
+    delay = GlooThreadDelay()
+    reads = []
+    for _ in range(calls * 10):
+        started = time.perf_counter()
+        delay.since(delay.mark())
+        reads.append(time.perf_counter() - started)
+    delay.close()
+    medians["per step: gloo threads' CPU waits, read twice"] = statistics.median(reads)
+    return medians
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
@@ -209,13 +232,14 @@ def main() -> None:
             f"{steps[mode] / steps['torch-hook'] - 1:+.1%} |"
         )
     print()
-    print(f"Straggler exchange, medians of {args.exchange_calls} calls after a barrier:")
+    print(f"Straggler exchange, medians of {args.exchange_calls} calls, each after a step and a barrier:")
     print()
     print(f"| collective | time (us) | per step at every {args.exchange_every} steps, vs detailed's step |")
     print("|---|---:|---:|")
     for name, seconds in exchange.items():
-        share = seconds / args.exchange_every / steps["detailed"]
-        print(f"| {name} | {seconds * 1e6:.0f} | {share:.3%} |")
+        every = 1 if name.startswith("per step") else args.exchange_every
+        share = seconds / every / steps["detailed"]
+        print(f"| {name} | {seconds * 1e6:.1f} | {share:.3%} |")
     print()
     print("| size | bus bandwidth, our hook (GB/s) | raw dist.all_reduce (GB/s) | ratio |")
     print("|---|---:|---:|---:|")

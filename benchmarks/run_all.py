@@ -13,10 +13,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = (
     "bench_sync_overhead.py",
+    "bench_straggler.py",
     "bench_gcn_sync.py",
     "bench_operator_scale.py",
     "bench_restart_latency.py",
     "bench_gang_admission.py",
+    "bench_inplace_restart.py",
 )
 
 

@@ -2,9 +2,13 @@
 
     torchrun --nproc-per-node 3 examples/scripts/straggler_ddp.py --slow-rank 2 --slow-ms 40
 
-``--slow-rank R --slow-ms N`` adds N ms to rank R's forward (a slower device, a noisy neighbour), so
-every rank waits for it in the gradient allreduce: all step times look alike, and only the compute
-times the ranks exchange (every ``--exchange-every`` steps) name rank R. With ``DDP_METRICS_PORT``
+``--slow-rank R --slow-ms N`` makes rank R late by N ms per step, so every rank waits for it in the
+gradient allreduce: all step times look alike, and only how long each rank waited there (the ranks
+exchange it every ``--exchange-every`` steps) names rank R. ``--slow-in`` says where R loses the time:
+``compute`` (its forward sleeps: a slower device, a noisy neighbour), ``data`` (it sleeps before the
+forward: a slow data loader) or ``communication`` (it sleeps before each collective it starts: a slow
+comm path on its host; the script wraps ``torch.distributed.all_reduce`` on that rank, a testing aid
+only). With ``DDP_METRICS_PORT``
 set, each worker serves /metrics on that port plus its LOCAL_RANK (``DDP_METRICS_HOST``: the address;
 ``--metrics-port`` overrides both for rank-per-process launches); rank 0's shows
 ``ddp_straggler_rank``. With ``DDP_STALL_TIMEOUT_SECONDS`` set, a rank that stops stepping for 3/4 of
@@ -18,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,7 +51,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps (0: until SIGTERM)")
     parser.add_argument("--slow-rank", type=int, default=-1, help="the rank to slow down (-1: none)")
-    parser.add_argument("--slow-ms", type=float, default=0.0, help="milliseconds added to its forward")
+    parser.add_argument("--slow-ms", type=float, default=0.0, help="milliseconds it is late per step")
+    parser.add_argument(
+        "--slow-in",
+        choices=("compute", "data", "communication"),
+        default="compute",
+        help="where it loses them: its forward, before its forward, before each collective it starts",
+    )
     parser.add_argument("--step-ms", type=float, default=0.0, help="milliseconds every rank sleeps per step")
     parser.add_argument("--exchange-every", type=int, default=5, help="steps between compute-time exchanges")
     parser.add_argument("--metrics-port", type=int, default=None, help="serve /metrics here (0: nowhere)")
@@ -64,12 +75,30 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def delay_collectives(seconds: float) -> None:
+    """Every allreduce of this process starts ``seconds`` late (testing: a slow comm path)."""
+    issue = dist.all_reduce
+
+    def late(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return issue(*args, **kwargs)
+
+    dist.all_reduce = late
+
+
 def train(args: argparse.Namespace, stop: threading.Event) -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     delay = args.slow_ms / 1000.0 if rank == args.slow_rank else 0.0
+    if delay and args.slow_in == "communication":
+        delay_collectives(delay)
     model = DistributedDataParallel(
-        nn.Sequential(Delay(delay), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 4))
+        nn.Sequential(
+            Delay(delay if args.slow_in == "compute" else 0.0),
+            nn.Linear(64, 128),
+            nn.ReLU(),
+            nn.Linear(128, 4),
+        )
     )
     metrics = ddp_trainer.instrument(
         model,
@@ -83,6 +112,8 @@ def train(args: argparse.Namespace, stop: threading.Event) -> None:
     batch, step = 16, 0
     while args.steps == 0 or step < args.steps:
         started = time.perf_counter()
+        if delay and args.slow_in == "data":
+            time.sleep(delay)  # a slow data loader
         inputs = torch.randn(batch, 64, generator=generator)
         targets = torch.randint(0, 4, (batch,), generator=generator)
         optimizer.zero_grad()
@@ -102,7 +133,9 @@ def train(args: argparse.Namespace, stop: threading.Event) -> None:
     if rank == 0 and metrics.straggler is not None:
         found = metrics.straggler
         times = " ".join(f"{t * 1000:.2f}" for t in metrics.rank_compute_seconds)
-        sys.stdout.write(f"straggler rank={found.rank} slowdown={found.slowdown:.2f} compute_ms={times}\n")
+        sys.stdout.write(
+            f"straggler rank={found.rank} slowdown={found.slowdown:.2f} phase={found.phase} compute_ms={times}\n"
+        )
         sys.stdout.flush()
     dist.barrier()  # leave together
 

@@ -1,6 +1,6 @@
 """`ddp-harness`: the test harness from the command line.
 
-    ddp-harness cluster up [--real-node] | down | status
+    ddp-harness cluster up [--real-node [--network-policy]] | down | status
 
 The product's own command, `ddpjob`, has no harness subcommands: the harness is not in its wheel."""
 
@@ -93,6 +93,12 @@ def _configure_cluster(parser: argparse.ArgumentParser) -> None:
         metavar="IMAGE",
         help="with --real-node: a Docker image to load into the node (repeatable)",
     )
+    p_up.add_argument(
+        "--network-policy",
+        action="store_true",
+        help="with --real-node: enforce NetworkPolicies with kube-router's firewall (hack/build-kube-router.sh; "
+        "docs/security.md)",
+    )
     p_up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness [120]")
 
     p_down = actions.add_parser("down", help="stop every process `up` started and remove the state directory")
@@ -121,7 +127,11 @@ def _up(args: argparse.Namespace) -> int:
         ),
         build=not args.no_build,
         timeout_s=args.timeout,
-        real_node=RealNodeOptions(images=tuple(args.image)) if args.real_node else None,
+        real_node=(
+            RealNodeOptions(images=tuple(args.image), network_policy=args.network_policy)
+            if args.real_node
+            else None
+        ),
     )
     cluster = up(options, progress=_progress)
     print(f"kubeconfig: {cluster.kubeconfig}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,8 @@ class RealNodeOptions:
     cni_bin_dir: Path | None = None  # None: Debian's or /opt/cni/bin
     build: bool = True  # build missing node binaries with hack/build-node-binaries.sh
     timeout_s: float = 180.0
+    # Enforce NetworkPolicies: kube-router's firewall on the node (netpol_enforcer; test-only).
+    network_policy: bool = False
 
 
 # containerd's socket path must stay short (unix sockets hold 108 bytes), so it lives under /run.
@@ -563,15 +566,14 @@ def iptables_cleanup(table: str, save_text: str, chains_before: Iterable[str]) -
     for line in save_text.splitlines():
         if not line.startswith("-A "):
             continue
-        fields = line.split()
+        # iptables-save quotes a comment with spaces; -D wants it back as one argument.
+        fields = shlex.split(line)
         chain = fields[1]
         if chain in new_chains:
             continue  # goes with its chain's flush
         target = fields[fields.index("-j") + 1] if "-j" in fields else None
         if IPTABLES_COMMENT in line or target in new_chains:
-            # iptables-save quotes comments; -D needs the words as separate, unquoted arguments.
-            spec = [f.strip('"') for f in fields[2:]]
-            commands.append(["-t", table, "-D", chain, *spec])
+            commands.append(["-t", table, "-D", chain, *fields[2:]])
     commands += [["-t", table, "-F", c] for c in new_chains]
     commands += [["-t", table, "-X", c] for c in new_chains]
     return commands

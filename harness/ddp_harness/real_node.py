@@ -1,6 +1,7 @@
 """One real node for the local control plane: containerd (CRI), a kubelet, the CNI bridge, kube-proxy
 (iptables mode) and CoreDNS, all as processes on this machine, plus a relay that lets pods reach the
-loopback-only apiserver through the `kubernetes` Service.
+loopback-only apiserver through the `kubernetes` Service; with `network_policy`, kube-router's firewall
+enforces NetworkPolicies (netpol_enforcer).
 
 `start` needs root (it creates a bridge, iptables rules and mounts) and a running control plane;
 `stop` removes every process, pod sandbox, mount, iptables rule and the bridge that `start` added,
@@ -23,10 +24,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddp_harness import netpol_enforcer
 from ddp_harness import node_manifests as nm
 from ddp_harness.control_plane import LocalCluster
 from ddp_harness.hack import HackDirError, hack_file
-from ddp_harness.manifests import kubeconfig
+from ddp_harness.manifests import SERVICE_CLUSTER_IP_RANGE, kubeconfig
 from ddp_harness.node_manifests import RealNodeOptions as RealNodeOptions
 from ddp_harness.pki import sign_leaf
 from ddp_harness.processes import (
@@ -88,6 +90,7 @@ class NodeState(ComponentsRecord):
     iptables_rules: list[list[str]] = field(default_factory=list)  # ["-t", table, chain, *spec]
     chains_before: dict[str, list[str]] = field(default_factory=dict)
     netns_before: list[str] = field(default_factory=list)
+    ipsets_before: list[str] = field(default_factory=list)  # with network_policy: kube-router's go after
     sysctls_changed: dict[str, str] = field(default_factory=dict)  # path -> value before
 
 
@@ -281,6 +284,10 @@ def _iptables_save(table: str) -> str:
     return _run(["iptables-save", "-t", table]).stdout
 
 
+def _ipsets() -> list[str]:
+    return netpol_enforcer.ipset_names(_run(["ipset", "list", "-n"]).stdout)
+
+
 def _node_status(cluster: LocalCluster, name: str) -> dict[str, Any] | None:
     code, body = cluster.api().request("GET", f"/api/v1/nodes/{name}")
     return body if code == 200 and isinstance(body, dict) else None
@@ -295,8 +302,12 @@ def start(cluster: LocalCluster, options: RealNodeOptions, progress: Progress = 
     layout = nm.NodeLayout(cluster.state_dir, (options.image_store or default_image_store()).resolve())
     ensure_node_binaries(bin_dir, build=options.build)
     problems = missing_prerequisites(bin_dir, cni_bin_dir)
+    if options.network_policy:
+        problems += netpol_enforcer.missing_prerequisites()
     if problems:
         raise RealNodeError("a real node cannot start here; missing:\n  " + "\n  ".join(problems))
+    if options.network_policy:
+        netpol_enforcer.ensure_binary(build=options.build)
     if read_state(cluster.state_dir) is not None:
         raise RealNodeError(f"a real node is already recorded in {layout.state_file}: stop it first")
     if Path(f"/sys/class/net/{network.bridge}").exists():
@@ -323,6 +334,7 @@ def start(cluster: LocalCluster, options: RealNodeOptions, progress: Progress = 
             pod_cidr=network.pod_cidr,
             netns_before=sorted(p.name for p in _NETNS_DIR.glob("*")) if _NETNS_DIR.is_dir() else [],
             chains_before={t: sorted(nm.iptables_chains(_iptables_save(t))) for t in nm.IPTABLES_TABLES},
+            ipsets_before=_ipsets() if options.network_policy else [],
         ),
     )
 
@@ -354,57 +366,8 @@ def _start_node(
     started = time.monotonic()
     apiserver_port = int(cluster.apiserver.rsplit(":", 1)[1])
     ports = nm.NodePorts(*free_ports(7))
-
-    # Certificates and kubeconfigs, signed by the cluster's CA.
-    ca_cert, ca = cluster.ca_cert, cluster.layout
-    sign_leaf(layout, ca, "kubelet", f"/O=system:nodes/CN=system:node:{options.name}", "clientAuth")
-    sign_leaf(
-        layout, ca, "kubelet-serving", f"/CN={options.name}", "serverAuth",
-        (f"IP:{network.gateway}", f"DNS:{options.name}", f"IP:{LOCALHOST}"),
-    )  # fmt: skip
-    sign_leaf(layout, ca, "kube-proxy", f"/CN={nm.KUBE_PROXY_USER}", "clientAuth")
-    sign_leaf(layout, ca, "coredns", f"/CN={nm.COREDNS_USER}", "clientAuth")
-    for component, user in (("kubelet", f"system:node:{options.name}"), ("kube-proxy", nm.KUBE_PROXY_USER),
-                            ("coredns", nm.COREDNS_USER)):  # fmt: skip
-        write_json(
-            layout.kubeconfig(component),
-            kubeconfig(cluster.apiserver, ca_cert, layout.cert(component), layout.key(component), user),
-        )
-        layout.kubeconfig(component).chmod(0o600)
-
-    host_resolv = Path("/etc/resolv.conf").read_text() if Path("/etc/resolv.conf").is_file() else ""
-    upstream = nm.upstream_nameservers(host_resolv)
-    layout.resolv_conf.write_text(nm.node_resolv_conf(upstream))
-    layout.containerd_config.write_text(nm.containerd_config(layout, network, cni_bin_dir))
-    write_json(layout.cni_conf_dir / "10-ddp-pods.conflist", nm.cni_conflist(network, layout))
-    write_json(layout.kubelet_config, nm.kubelet_config(layout, network, ports, ca_cert))
-    write_json(layout.kube_proxy_config, nm.kube_proxy_config(layout, network, ports, options.name))
-    layout.corefile.write_text(nm.corefile(network, ports, layout.kubeconfig("coredns"), upstream))
-    volume_dirs = [layout.volumes_dir / f"pv-{i}" for i in range(options.volumes)]
-    for d in volume_dirs:
-        d.mkdir(exist_ok=True)
-        d.chmod(0o1777)  # the trainer runs as a non-root user and hostPath ignores fsGroup
-
-    # The bridge exists before any pod, so the kubelet, CoreDNS and the relay can bind its address.
-    _run(["ip", "link", "add", network.bridge, "type", "bridge"])
-    recorder.update(bridge_created=True)
-    _run(["ip", "addr", "add", network.gateway_cidr, "dev", network.bridge])
-    _run(["ip", "link", "set", network.bridge, "up"])
-    changed: dict[str, str] = {}
-    for path in ("/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/bridge/bridge-nf-call-iptables"):
-        before = _read(path)
-        if before != "1":
-            Path(path).write_text("1")
-            changed[path] = before
-    recorder.update(sysctls_changed=changed)
-    chains = nm.iptables_chains(_iptables_save("filter"))
-    chain = "DOCKER-USER" if "DOCKER-USER" in chains else "FORWARD"
-    added: list[list[str]] = []
-    for spec in nm.forward_accept_rules(network):
-        _run(["iptables", "-t", "filter", "-I", chain, "1", *spec])
-        added.append(["-t", "filter", chain, *spec])
-        recorder.update(iptables_rules=list(added))
-    step(f"bridge {network.bridge} {network.gateway_cidr}; FORWARD accepted in {chain}")
+    volume_dirs = _write_node_files(cluster, options, layout, ports, cni_bin_dir)
+    _open_bridge(network, recorder, step)
 
     containerd = recorder.start(
         "containerd",
@@ -448,6 +411,98 @@ def _start_node(
             "items": nm.api_objects(network, apiserver_port, ports.coredns, volume_dirs),
         }
     )
+    _start_services(
+        bin_dir, options, layout, recorder, ports, apiserver_port, deadline, [containerd, kubelet]
+    )
+    step("kube-proxy, CoreDNS and the apiserver relay ready")
+    if options.network_policy:
+        _start_enforcer(cluster, options, layout, recorder, deadline, [containerd, kubelet])
+        step("kube-router enforcing NetworkPolicies")
+    return seconds_to_ready
+
+
+def _write_node_files(
+    cluster: LocalCluster,
+    options: RealNodeOptions,
+    layout: nm.NodeLayout,
+    ports: nm.NodePorts,
+    cni_bin_dir: Path,
+) -> list[Path]:
+    """The node's certificates, kubeconfigs and configuration files; returns the volumes' directories."""
+    network = options.network
+    # Certificates and kubeconfigs, signed by the cluster's CA.
+    ca_cert, ca = cluster.ca_cert, cluster.layout
+    sign_leaf(layout, ca, "kubelet", f"/O=system:nodes/CN=system:node:{options.name}", "clientAuth")
+    sign_leaf(
+        layout, ca, "kubelet-serving", f"/CN={options.name}", "serverAuth",
+        (f"IP:{network.gateway}", f"DNS:{options.name}", f"IP:{LOCALHOST}"),
+    )  # fmt: skip
+    sign_leaf(layout, ca, "kube-proxy", f"/CN={nm.KUBE_PROXY_USER}", "clientAuth")
+    sign_leaf(layout, ca, "coredns", f"/CN={nm.COREDNS_USER}", "clientAuth")
+    users = [("kubelet", f"system:node:{options.name}"), ("kube-proxy", nm.KUBE_PROXY_USER),
+             ("coredns", nm.COREDNS_USER)]  # fmt: skip
+    if options.network_policy:
+        sign_leaf(layout, ca, netpol_enforcer.NAME, f"/CN={netpol_enforcer.USER}", "clientAuth")
+        users.append((netpol_enforcer.NAME, netpol_enforcer.USER))
+    for component, user in users:
+        write_json(
+            layout.kubeconfig(component),
+            kubeconfig(cluster.apiserver, ca_cert, layout.cert(component), layout.key(component), user),
+        )
+        layout.kubeconfig(component).chmod(0o600)
+
+    host_resolv = Path("/etc/resolv.conf").read_text() if Path("/etc/resolv.conf").is_file() else ""
+    upstream = nm.upstream_nameservers(host_resolv)
+    layout.resolv_conf.write_text(nm.node_resolv_conf(upstream))
+    layout.containerd_config.write_text(nm.containerd_config(layout, network, cni_bin_dir))
+    write_json(layout.cni_conf_dir / "10-ddp-pods.conflist", nm.cni_conflist(network, layout))
+    write_json(layout.kubelet_config, nm.kubelet_config(layout, network, ports, ca_cert))
+    write_json(layout.kube_proxy_config, nm.kube_proxy_config(layout, network, ports, options.name))
+    layout.corefile.write_text(nm.corefile(network, ports, layout.kubeconfig("coredns"), upstream))
+    volume_dirs = [layout.volumes_dir / f"pv-{i}" for i in range(options.volumes)]
+    for d in volume_dirs:
+        d.mkdir(exist_ok=True)
+        d.chmod(0o1777)  # the trainer runs as a non-root user and hostPath ignores fsGroup
+    return volume_dirs
+
+
+def _open_bridge(network: nm.NodeNetwork, recorder: _Recorder, step: Progress) -> None:
+    """The pods' bridge, forwarding on, and FORWARD rules that accept the pods' traffic (recorded)."""
+    # The bridge exists before any pod, so the kubelet, CoreDNS and the relay can bind its address.
+    _run(["ip", "link", "add", network.bridge, "type", "bridge"])
+    recorder.update(bridge_created=True)
+    _run(["ip", "addr", "add", network.gateway_cidr, "dev", network.bridge])
+    _run(["ip", "link", "set", network.bridge, "up"])
+    changed: dict[str, str] = {}
+    for path in ("/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/bridge/bridge-nf-call-iptables"):
+        before = _read(path)
+        if before != "1":
+            Path(path).write_text("1")
+            changed[path] = before
+    recorder.update(sysctls_changed=changed)
+    chains = nm.iptables_chains(_iptables_save("filter"))
+    chain = "DOCKER-USER" if "DOCKER-USER" in chains else "FORWARD"
+    added: list[list[str]] = []
+    for spec in nm.forward_accept_rules(network):
+        _run(["iptables", "-t", "filter", "-I", chain, "1", *spec])
+        added.append(["-t", "filter", chain, *spec])
+        recorder.update(iptables_rules=list(added))
+    step(f"bridge {network.bridge} {network.gateway_cidr}; FORWARD accepted in {chain}")
+
+
+def _start_services(
+    bin_dir: Path,
+    options: RealNodeOptions,
+    layout: nm.NodeLayout,
+    recorder: _Recorder,
+    ports: nm.NodePorts,
+    apiserver_port: int,
+    deadline: float,
+    running: list[ComponentState],
+) -> None:
+    """kube-proxy, CoreDNS and the apiserver's relay on the bridge, until each answers (``running``:
+    the node's processes started before them, watched while waiting)."""
+    network = options.network
     proxy = recorder.start(
         "kube-proxy",
         nm.kube_proxy_command(bin_dir, layout),
@@ -463,7 +518,7 @@ def _start_node(
         nm.relay_command(sys.executable, network.gateway, apiserver_port, LOCALHOST),
         {"https": apiserver_port},
     )
-    every = [containerd, kubelet, proxy, coredns, relay]
+    every = [*running, proxy, coredns, relay]
     _wait(
         "kube-proxy's first sync",
         lambda: http_status(f"http://{LOCALHOST}:{ports.kube_proxy_healthz}/healthz") == 200,
@@ -477,8 +532,41 @@ def _start_node(
         every,
     )
     _wait("the apiserver relay", lambda: tcp_open(network.gateway, apiserver_port), deadline, every)
-    step("kube-proxy, CoreDNS and the apiserver relay ready")
-    return seconds_to_ready
+
+
+def _start_enforcer(
+    cluster: LocalCluster,
+    options: RealNodeOptions,
+    layout: nm.NodeLayout,
+    recorder: _Recorder,
+    deadline: float,
+    running: list[ComponentState],
+) -> None:
+    """kube-router's firewall for this node's pods, in this host's network namespace, with read-only
+    RBAC; returns once its chains are in the filter table (its first sync follows at once)."""
+    cluster.apply_json(
+        {
+            "apiVersion": "v1",
+            "kind": "List",
+            "items": netpol_enforcer.rbac_objects(netpol_enforcer.user_subject()),
+        }
+    )
+    enforcer = recorder.start(
+        netpol_enforcer.NAME,
+        netpol_enforcer.command(
+            netpol_enforcer.binary_path(),
+            kubeconfig=layout.kubeconfig(netpol_enforcer.NAME),
+            node_name=options.name,
+            service_cidr=SERVICE_CLUSTER_IP_RANGE,
+        ),
+        {},
+    )
+    _wait(
+        "kube-router's chains in the filter table",
+        lambda: netpol_enforcer.enforcing(_iptables_save("filter")),
+        deadline,
+        [*running, enforcer],
+    )
 
 
 def _untaint_not_ready(cluster: LocalCluster, name: str) -> None:
@@ -577,6 +665,12 @@ def stop(state_dir: Path, *, progress: Progress = lambda _: None) -> bool:
             result = _run(["iptables", *command], check=False)
             if result.returncode != 0 and "-X" in command:
                 errors.append(f"iptables {' '.join(command)}: {result.stderr.strip()}")
+    if any(c.name == netpol_enforcer.NAME for c in state.components):
+        # kube-router's sets, after the rules above that matched on them.
+        for name in netpol_enforcer.sets_to_destroy(_ipsets(), state.ipsets_before):
+            result = _run(["ipset", "destroy", name], check=False)
+            if result.returncode != 0:
+                errors.append(f"ipset destroy {name}: {result.stderr.strip()}")
     if state.bridge_created and Path(f"/sys/class/net/{state.bridge}").exists():
         result = _run(["ip", "link", "del", state.bridge], check=False)
         if result.returncode != 0:
@@ -595,7 +689,7 @@ def stop(state_dir: Path, *, progress: Progress = lambda _: None) -> bool:
         raise RealNodeError("real node teardown incomplete:\n  " + "\n  ".join(errors))
     shutil.rmtree(layout.run_dir, ignore_errors=True)
     layout.state_file.unlink()
-    progress("real node: stopped; its sandboxes, mounts, iptables rules and bridge removed")
+    progress("real node: stopped; its sandboxes, mounts, iptables rules, ipsets and bridge removed")
     return True
 
 

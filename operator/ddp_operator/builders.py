@@ -1,7 +1,7 @@
 """Manifests of a DDPJob's children: the headless Service, the NetworkPolicy, the rank pods and the PVC.
 
 Pure functions of a JobSpec. The pod template is the user's; this module adds the env contract and
-the pod defaults of DESIGN.md wherever the template does not already say otherwise. A few fields are
+the pod defaults (docs/api.md, "The template") wherever the template does not already say otherwise. A few fields are
 the operator's and always win: the pod name, hostname, subdomain and `restartPolicy: Never` (the
 operator owns restarts), the labels and ownerReference, and the env variables of the contract.
 """
@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from ddp_operator import names
 from ddp_operator.observe import format_time
-from ddp_operator.spec import JobSpec
+from ddp_operator.spec import RESTART_MODE_IN_PLACE, JobSpec
 
 # Long enough for rank 0 to finish a step and write a checkpoint after SIGTERM.
 DEFAULT_TERMINATION_GRACE_SECONDS: Final = 120
@@ -55,6 +55,15 @@ CONTRACT_ENV: Final = (
     "DDP_METRICS_PORT",
     "DDP_CHECKPOINT_DIR",
     "DDP_STALL_TIMEOUT_SECONDS",
+    "DDP_RESTART_MODE",
+    "DDP_RESTART_BUDGET",
+    "DDP_RUN_ID",
+    "PET_RDZV_BACKEND",
+    "PET_RDZV_ENDPOINT",
+    "PET_RDZV_ID",
+    "PET_MAX_RESTARTS",
+    "PET_RDZV_CONF",
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
     "POD_IP",
 )
 # Defaults the template may override.
@@ -156,8 +165,45 @@ def build_checkpoint_pvc(job: JobSpec) -> dict[str, Any] | None:
     }
 
 
-def contract_env(job: JobSpec, rank: int, attempt: int) -> list[dict[str, Any]]:
-    """The env contract of DESIGN.md for one rank, in a stable order."""
+def run_id(job: JobSpec, attempt: int) -> str:
+    """The rendezvous run id of one attempt: unique per job object and attempt, so no agent of an older
+    attempt or of an older job of the same name can join the group (docs/restarts.md)."""
+    return f"{job.uid or job.name}-{attempt}"
+
+
+def restart_env(job: JobSpec, rank: int, attempt: int, restart_budget: int) -> list[tuple[str, str]]:
+    """How the pod's launcher recovers a failure (docs/trainer.md): in place on a c10d rendezvous hosted
+    by rank 0's pod, at most ``restart_budget`` more gang restarts; or not at all (Recreate)."""
+    values: list[tuple[str, str]] = [("DDP_RESTART_MODE", job.run_policy.restart_mode)]
+    if job.run_policy.restart_mode != RESTART_MODE_IN_PLACE:
+        return values
+    budget = str(max(0, restart_budget))
+    endpoint = f"{names.master_addr(job.name, job.namespace)}:{job.rendezvous_port}"
+    return [
+        *values,
+        ("DDP_RESTART_BUDGET", budget),
+        ("DDP_RUN_ID", run_id(job, attempt)),
+        # The same for a stock torchrun image: an elastic c10d rendezvous whose agents restart in place.
+        ("PET_RDZV_BACKEND", "c10d"),
+        ("PET_RDZV_ENDPOINT", endpoint),
+        ("PET_RDZV_ID", run_id(job, attempt)),
+        ("PET_MAX_RESTARTS", budget),
+        # torchrun would guess the store's host by matching addresses, before rank 0's DNS is published.
+        ("PET_RDZV_CONF", f"is_host={1 if rank == 0 else 0}"),
+        # Rank 0 publishes a store for the workers each round, so a replacement pod can join a later one.
+        ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),
+    ]
+
+
+def remaining_restart_budget(job: JobSpec, restarts: int) -> int:
+    """Gang restarts the job may still spend (backoffLimit minus status.restarts; none under Never)."""
+    if job.restart_policy == "Never":
+        return 0
+    return max(0, job.run_policy.backoff_limit - restarts)
+
+
+def contract_env(job: JobSpec, rank: int, attempt: int, restart_budget: int = 0) -> list[dict[str, Any]]:
+    """The env contract (docs/api.md, "The env contract") for one rank, in a stable order."""
     master = names.master_addr(job.name, job.namespace)
     values: list[tuple[str, str]] = [
         ("MASTER_ADDR", master),
@@ -189,6 +235,7 @@ def contract_env(job: JobSpec, rank: int, attempt: int) -> list[dict[str, Any]]:
     if job.run_policy.stall_timeout_seconds is not None:
         # The ranks dump their stacks before the operator restarts a stalled gang.
         values.append(("DDP_STALL_TIMEOUT_SECONDS", str(job.run_policy.stall_timeout_seconds)))
+    values += restart_env(job, rank, attempt, restart_budget)
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in values]
     env.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     return env
@@ -282,10 +329,17 @@ def kueue_pod_metadata(job: JobSpec) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def build_rank_pod(
-    job: JobSpec, rank: int, attempt: int, *, pod_spec_patch: Mapping[str, Any] | None = None
+    job: JobSpec,
+    rank: int,
+    attempt: int,
+    *,
+    pod_spec_patch: Mapping[str, Any] | None = None,
+    replacement: int = 0,
+    restart_budget: int | None = None,
 ) -> dict[str, Any]:
     """One rank pod of one attempt. ``pod_spec_patch`` (gang.py's, when the gang is scheduled through
     the in-tree Workload API) is merged into the pod spec last: its fields are the operator's."""
+    budget = remaining_restart_budget(job, 0) if restart_budget is None else restart_budget
     template = copy.deepcopy(dict(job.template))
     template_meta: dict[str, Any] = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template.get("spec") or {}
@@ -297,7 +351,9 @@ def build_rank_pod(
         **names.rank_labels(job.name, rank, attempt, job.uid),
         names.LABEL_SPEC_HASH: spec_hash(job),
     }
-    metadata = _metadata(job, names.pod_name(job.name, rank, attempt), labels)
+    if replacement:
+        labels[names.LABEL_REPLACEMENT] = str(replacement)
+    metadata = _metadata(job, names.pod_name(job.name, rank, attempt, replacement), labels)
     annotations = {**(template_meta.get("annotations") or {}), **kueue_annotations}
     if annotations:
         metadata["annotations"] = annotations
@@ -336,7 +392,7 @@ def build_rank_pod(
             {"name": names.CHECKPOINT_VOLUME, "mountPath": job.checkpoint.mount_path}
         )
 
-    trainer["env"] = _merge_env(list(trainer.get("env") or []), contract_env(job, rank, attempt))
+    trainer["env"] = _merge_env(list(trainer.get("env") or []), contract_env(job, rank, attempt, budget))
     _add_port(trainer, names.RENDEZVOUS_PORT_NAME, job.rendezvous_port)
     if job.metrics.enabled:
         _add_port(trainer, names.METRICS_PORT_NAME, job.metrics.port)

@@ -21,8 +21,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from ddp_operator import builders, gang, kueue, names, ownership
 from ddp_operator.kube_api import (
@@ -34,9 +35,10 @@ from ddp_operator.kube_api import (
     PodCreateForbidden,
     merge_patch_for,
 )
+from ddp_operator.metrics import OperatorMetrics
 from ddp_operator.observe import PodObservation, parse_time
 from ddp_operator.podcache import JobKey, PodCache
-from ddp_operator.progress_scraper import ProgressScraper, Target
+from ddp_operator.progress.pull import ProgressScraper, Target
 from ddp_operator.reconcile import (
     DEFAULT_TIMING,
     REASON_INVALID_SPEC,
@@ -47,11 +49,9 @@ from ddp_operator.reconcile import (
     decide_invalid_spec,
 )
 from ddp_operator.spec import JobSpec, SpecError, parse_job
-from ddp_operator.status_writes import COUNTER_KEYS, CounterWrites
+from ddp_operator.status_writes import COUNTER_KEYS, CounterWrites, HeldCounters
+from ddp_operator.versions import Freshness
 from ddp_operator.workqueue import DEFAULT_BATCH_DELAY, JobQueue
-
-if TYPE_CHECKING:
-    from ddp_operator.metrics import OperatorMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +61,6 @@ LEADERSHIP_POLL_SECONDS: Final = 0.2
 FOREIGN_RETRY_SECONDS: Final = 2.0
 # Pauses before creating a PodGroup again that its admission refused for a Workload not yet cached.
 GANG_ADMISSION_RETRIES: Final = (0.05, 0.1, 0.2, 0.4, 0.8)
-
-
-def _resource_version(obj: Mapping[str, Any]) -> int | None:
-    try:
-        return int((obj.get("metadata") or {}).get("resourceVersion", ""))
-    except ValueError:
-        return None
 
 
 # How a refused job-level child is named in the job's failure message.
@@ -91,6 +84,41 @@ def _digest(objects: Sequence[Mapping[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(objects, sort_keys=True).encode()).hexdigest()[:16]
 
 
+@dataclass
+class JobState:
+    """What the controller holds for one DDPJob object between reconciles, and only for it.
+
+    One record per job key, replaced whole when a new object (another UID) takes the name and dropped
+    whole when the job is deleted, so nothing of an old job outlives it or leaks into its successor.
+    """
+
+    body: JsonDict
+    # Digests of the Service, NetworkPolicy and PVC sets this process created for the job: each is
+    # created once per version of them (a job resumed with other ports or a new checkpoint differs).
+    children_ready: set[str] = field(default_factory=set)
+    # The creates wait for a child name held by an object that is not this job's.
+    waiting_for_foreign: bool = False
+    # A child the apiserver refused for good, for the next decision (which fails the job).
+    refusal: CreateRefusal | None = None
+    # Kueue's view of the job's group while Kueue gates its pods, with when it was read (monotonic).
+    queue_view: tuple[float, kueue.QueueObservation] | None = None
+    # Counter-only status changes held back (status_writes.py).
+    counters: HeldCounters = field(default_factory=HeldCounters)
+    # Which copy of the job is the newest: kopf's events or our own status write's answer (versions.py).
+    versions: Freshness = field(default_factory=Freshness)
+
+    @property
+    def uid(self) -> str:
+        return _uid(self.body)
+
+
+# Collaborators that call the controller back are passed as factories, each given the hook it calls.
+# The operator's metrics, given how many jobs are in each phase (read at scrape time).
+MetricsFactory = Callable[[Callable[[], Mapping[str, int]]], OperatorMetrics]
+# The progress scraper, given the function that marks a job dirty when its progress changed.
+ScraperFactory = Callable[[Callable[[JobKey], None]], ProgressScraper]
+
+
 class Controller:
     def __init__(
         self,
@@ -101,41 +129,37 @@ class Controller:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         rules: TimingRules = DEFAULT_TIMING,
         metrics_allow_from: Sequence[Mapping[str, Any]] = builders.DEFAULT_METRICS_ALLOW_FROM,
+        *,
+        leadership: threading.Event | None = None,
+        metrics: MetricsFactory | None = None,
+        scraper: ScraperFactory | None = None,
     ) -> None:
+        """``leadership``: set by leader election while this process leads (None: act at once);
+        ``metrics``: builds the operator's own series (None: none); ``scraper``: builds the reader of
+        rank 0's metrics (None: no progress in status, no stall checks)."""
         self.api = api
         # NetworkPolicyPeers that may reach the rank pods' metrics port (where Prometheus runs).
         self.metrics_allow_from = tuple(metrics_allow_from)
-        self.jobs: dict[JobKey, JsonDict] = {}
+        self.jobs: dict[JobKey, JobState] = {}
         self.pods = PodCache(api, namespaces, on_change=self.kick, clock=clock)
-        self.metrics: OperatorMetrics | None = None
         self.clock = clock
         self.rules = rules
         self.queue = JobQueue(
             self.reconcile,
             ready=self.pods.synced,
             # A job never reconciled has no pods whose events could be gathered first.
-            gather=lambda key: bool((self.jobs.get(key) or {}).get("status")),
+            gather=lambda key: key in self.jobs and bool(self.jobs[key].body.get("status")),
             batch_delay=batch_delay,
             observe_duration=self._observe_reconcile,
         )
         self.counter_writes = CounterWrites(status_interval)
-        # (namespace, name, uid, digest of the Service and PVC wanted) that exist: created once per job
-        # and version of them per process (a job resumed with other ports or a new checkpoint differs).
-        self._children_ready: set[tuple[str, str, str, str]] = set()
-        # Jobs whose creates wait for a child name held by an object that is not theirs.
-        self._waiting_for_foreign: set[JobKey] = set()
-        # Children the apiserver refused for good, for the next decision (which fails the job).
-        self._refusals: dict[JobKey, CreateRefusal] = {}
         self._instance = socket.gethostname()
-        # Set by leader election: the controller acts only while it is set.
-        self.leadership: threading.Event | None = None
-        # Reads training progress from rank 0's metrics (None: no progress in status, no stall checks).
-        self.scraper: ProgressScraper | None = None
+        self.leadership = leadership
+        self.metrics = metrics(self.phase_counts) if metrics is not None else None
+        self.scraper = scraper(self.kick) if scraper is not None else None
         # The scheduling.k8s.io version of the in-tree gang API the cluster serves (discovery at start).
         self.gang_version: str | None = None
         self._starting: asyncio.Task[None] | None = None
-        # Kueue's view of queued jobs (kueue.QueueObservation), with when it was read (monotonic).
-        self._queue_views: dict[JobKey, tuple[float, kueue.QueueObservation]] = {}
         # Kueue groups of deleted jobs whose Kueue Workload was deleted: (namespace, group, job UID).
         self._released_groups: set[tuple[str, str, str]] = set()
         self._background: set[asyncio.Task[None]] = set()
@@ -183,8 +207,8 @@ class Controller:
 
     def phase_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for body in list(self.jobs.values()):
-            phase = str((body.get("status") or {}).get("phase", ""))
+        for state in list(self.jobs.values()):
+            phase = str((state.body.get("status") or {}).get("phase", ""))
             counts[phase] = counts.get(phase, 0) + 1
         return counts
 
@@ -197,34 +221,38 @@ class Controller:
             self._forget(key)
             self._release_orphaned_groups(key)
             return
-        if self._store(key, body):
+        # kopf's listing (its first, and one each time its watch reconnects) has no event type.
+        if self._store(key, body, Freshness.listed if event_type is None else Freshness.watched):
             self.kick(key)
 
-    def _store(self, key: JobKey, body: Mapping[str, Any]) -> bool:
-        """Keep the newest version of a job; False when ``body`` is older than what is held."""
-        current = self.jobs.get(key)
-        if current is not None:
-            new_version, old_version = _resource_version(body), _resource_version(current)
-            if _uid(current) != _uid(body):
-                self._forget(key)
-            elif new_version is not None and old_version is not None and new_version < old_version:
-                return False  # our own status answer may be newer than an event still in flight
-        self.jobs[key] = dict(body)
+    def _store(
+        self, key: JobKey, body: Mapping[str, Any], take: Callable[[Freshness, Mapping[str, Any]], bool]
+    ) -> bool:
+        """Keep the newest copy of a job; False when ``body`` is older than what is held (our own
+        status answer may be newer than an event still in flight: versions.py)."""
+        state = self.jobs.get(key)
+        if state is not None and state.uid != _uid(body):
+            self._forget(key)
+            state = None
+        if state is None:
+            state = self.jobs[key] = JobState(dict(body))
+            take(state.versions, body)
+            return True
+        if not take(state.versions, body):
+            return False
+        state.body = dict(body)
         return True
 
     def _forget(self, key: JobKey) -> None:
-        body = self.jobs.pop(key, None)
+        """The job is gone (or another object took its name): its record goes whole, and the
+        collaborators that keep something per job drop it."""
+        self.jobs.pop(key, None)
         self.queue.forget(key)
-        self.counter_writes.forget(key)
-        self._waiting_for_foreign.discard(key)
-        self._refusals.pop(key, None)
-        self._queue_views.pop(key, None)
         self.pods.forget_job(key)
         if self.scraper is not None:
             self.scraper.untrack(key)
-        if body is not None:
-            gone = (key[0], key[1], _uid(body))
-            self._children_ready = {ready for ready in self._children_ready if ready[:3] != gone}
+        if self.metrics is not None:
+            self.metrics.forget(key)
 
     def kick(self, key: JobKey) -> None:
         """Mark a job dirty (pods of unknown jobs wait for the job's own event)."""
@@ -239,7 +267,7 @@ class Controller:
         """Pods of a deleted job in a Kueue group keep Kueue's finalizer, and the group keeps its quota,
         until Kueue's Workload for the group is deleted (docs/scheduling.md): delete it, once per group."""
         pods = [p for p in self.pods.pods_of(key) if p.kueue_group and p.kueue_finalizer and p.owner_uid]
-        live = _uid(self.jobs[key]) if key in self.jobs else None
+        live = self.jobs[key].uid if key in self.jobs else None
         groups = {(key[0], str(p.kueue_group), str(p.owner_uid)) for p in pods if p.owner_uid != live}
         for group in groups - self._released_groups:
             self._released_groups.add(group)
@@ -280,37 +308,36 @@ class Controller:
     # ---- one reconcile -----------------------------------------------------------------------
 
     async def reconcile(self, key: JobKey) -> None:
-        body = self.jobs.get(key)
-        if body is None:
+        state = self.jobs.get(key)
+        if state is None:
             return
+        body = state.body
         status: Mapping[str, Any] = body.get("status") or {}
         try:
             job = parse_job(body)
         except SpecError as error:
             generation = int((body.get("metadata") or {}).get("generation", 0) or 0)
             decision = decide_invalid_spec(status, generation, str(error), self.clock())
-            await self._write_status(key, body, status, decision)
+            await self._write_status(key, state, status, decision)
             return
         pods = self.pods.pods_of(key)
         observed = self.scraper.observation(key) if self.scraper is not None else None
-        queue = await self._queue_view(key, job, pods)
-        decision = decide(
-            job, status, pods, self.clock(), self._refusals.get(key), self.rules, observed, queue
-        )
-        await self.execute(key, body, job, decision)
+        queue = await self._queue_view(state, job, pods)
+        decision = decide(job, status, pods, self.clock(), state.refusal, self.rules, observed, queue)
+        await self.execute(key, state, job, decision)
         self._follow_progress(key, job, decision, pods)
         # Pods of an earlier job of this name still in its Kueue group (the job was re-created).
         self._release_orphaned_groups(key)
 
     async def _queue_view(
-        self, key: JobKey, job: JobSpec, pods: Sequence[PodObservation]
+        self, state: JobState, job: JobSpec, pods: Sequence[PodObservation]
     ) -> kueue.QueueObservation | None:
         """What Kueue says of the job's group, while Kueue gates its pods; read at most every
         kueue.REFRESH_SECONDS per job, and best effort (Kueue absent or unreadable: None)."""
         if job.kueue is None or not any(p.kueue_gated and not p.deleting for p in pods):
-            self._queue_views.pop(key, None)
+            state.queue_view = None
             return None
-        held = self._queue_views.get(key)
+        held = state.queue_view
         now = time.monotonic()
         if held is not None and now - held[0] < kueue.REFRESH_SECONDS:
             return held[1]
@@ -324,10 +351,10 @@ class Controller:
                     job.namespace, kueue.LOCAL_QUEUE_KIND, job.kueue.queue_name
                 )
         except ApiError as error:
-            logger.debug("job=%s/%s could not read Kueue's view: %s", *key, error)
+            logger.debug("job=%s/%s could not read Kueue's view: %s", job.namespace, job.name, error)
             return held[1] if held is not None else None
         view = kueue.observe_queue(group, job.kueue.queue_name, workload, local_queue)
-        self._queue_views[key] = (now, view)
+        state.queue_view = (now, view)
         return view
 
     def _follow_progress(
@@ -336,8 +363,10 @@ class Controller:
         """Read the progress of a Running attempt from its rank 0 pod; of nothing else."""
         if self.scraper is None:
             return
-        attempt = decision.status.get("attempt")
-        current = {p.rank: p for p in pods if p.attempt == attempt and p.pod_ip and not p.deleting}
+        attempt = decision.report.status.get("attempt")
+        # A rank's newest pod (a replacement supersedes the pod it replaced).
+        ordered = sorted(pods, key=lambda p: p.replacement)
+        current = {p.rank: p for p in ordered if p.attempt == attempt and p.pod_ip and not p.deleting}
         rank0 = current.get(0)
         if decision.phase != names.PHASE_RUNNING or not job.metrics.enabled or rank0 is None:
             self.scraper.untrack(key)
@@ -358,49 +387,50 @@ class Controller:
         )
         self.scraper.track(key, target)
 
-    async def execute(self, key: JobKey, body: JsonDict, job: JobSpec, decision: Decision) -> None:
+    async def execute(self, key: JobKey, state: JobState, job: JobSpec, decision: Decision) -> None:
         """Carry out a Decision in the order reconcile.py fixes (its module docstring)."""
-        old_status: Mapping[str, Any] = body.get("status") or {}
-        if decision.delete_pods:
-            deleted = await self.api.delete_children(job.namespace, "Pod", list(decision.delete_pods))
+        old_status: Mapping[str, Any] = state.body.get("status") or {}
+        # Their node stopped reporting: no kubelet will honour a grace period (docs/restarts.md).
+        await self._force_delete(key, job, decision.delete.lost_pods, "NodeLost")
+        if decision.delete.pods:
+            deleted = await self.api.delete_children(job.namespace, "Pod", list(decision.delete.pods))
             for _, remains in deleted:
                 if remains is not None:
                     self.pods.remember(remains)
         await self._release_from_kueue(key, job, decision)
 
-        if decision.create_ranks:
-            refusal = await self._create_attempt(key, job, decision)
+        if decision.create.ranks or decision.create.replacements:
+            refusal = await self._create_attempt(key, state, job, decision)
             if refusal is not None:
                 # Decided on at once by the next reconcile; this decision's status is not written.
-                self._refusals[key] = refusal
+                state.refusal = refusal
                 self.kick(key)
                 return
-            if key in self._waiting_for_foreign:
+            if state.waiting_for_foreign:
                 return  # a name is still held by an old job's object: the status waits with the creates
 
-        body = await self._write_status(key, body, old_status, decision)
+        await self._write_status(key, state, old_status, decision)
         if decision.phase in names.FINISHED_PHASES:
-            self._refusals.pop(key, None)
+            state.refusal = None
 
-        if decision.delete_job:
+        if decision.delete.job:
             logger.info("job=%s/%s uid=%s action=delete reason=TTLExpired", *key, job.uid)
             await self.api.delete_job(job.namespace, job.name, job.uid)
             return
         if decision.requeue_after is not None:
             self.kick_later(key, decision.requeue_after)
 
+    async def _force_delete(self, key: JobKey, job: JobSpec, pods: Sequence[str], reason: str) -> None:
+        """Delete with grace 0: pods no kubelet will confirm (their node is gone, or never answered)."""
+        if not pods:
+            return
+        logger.info("job=%s/%s action=force-delete pods=%s reason=%s", *key, ",".join(pods), reason)
+        await self.api.delete_children(job.namespace, "Pod", list(pods), grace_seconds=0)
+
     async def _release_from_kueue(self, key: JobKey, job: JobSpec, decision: Decision) -> None:
         """Old pods Kueue would still count, and a failed group Kueue would keep (reconcile.py)."""
-        if decision.force_delete_pods:
-            logger.info(
-                "job=%s/%s action=force-delete pods=%s reason=DeletionUnconfirmed",
-                *key,
-                ",".join(decision.force_delete_pods),
-            )
-            await self.api.delete_children(
-                job.namespace, "Pod", list(decision.force_delete_pods), grace_seconds=0
-            )
-        if decision.release_kueue_group:
+        await self._force_delete(key, job, decision.kueue.force_delete_pods, "DeletionUnconfirmed")
+        if decision.kueue.release_group:
             group = names.kueue_pod_group_name(job.name, job.uid)
             try:
                 gone = await self.api.delete_children(job.namespace, kueue.KUEUE_WORKLOAD_KIND, [group])
@@ -410,13 +440,13 @@ class Controller:
                 if gone[0][1] is not None:
                     logger.info("job=%s/%s action=release-kueue-group group=%s reason=Suspended", *key, group)
         held = {p.name: p for p in self.pods.pods_of(key)}
-        for name in decision.release_pods:
+        for name in decision.kueue.release_pods:
             pod = held.get(name)
             if pod is not None:
                 await self.api.remove_finalizer(
                     job.namespace, "Pod", name, pod.finalizers, names.KUEUE_POD_FINALIZER
                 )
-        for name in decision.mark_unretriable:
+        for name in decision.kueue.mark_unretriable:
             patch = {"metadata": {"annotations": {names.KUEUE_RETRIABLE_IN_GROUP_ANNOTATION: "false"}}}
             try:
                 self.pods.remember(await self.api.patch_child(job.namespace, "Pod", name, patch))
@@ -425,50 +455,53 @@ class Controller:
                     raise
 
     async def _write_status(
-        self, key: JobKey, body: JsonDict, old_status: Mapping[str, Any], decision: Decision
-    ) -> JsonDict:
-        if not decision.status_changed:
-            return body
-        patch = merge_patch_for(old_status, decision.status)
+        self, key: JobKey, state: JobState, old_status: Mapping[str, Any], decision: Decision
+    ) -> None:
+        if not decision.report.changed:
+            return
+        patch = merge_patch_for(old_status, decision.report.status)
         if not patch:
-            return body
+            return
         old_phase, new_phase = str(old_status.get("phase", "")), decision.phase
-        phase_of_attempt = (decision.status.get("attempt"), new_phase)
-        counter_only = not decision.create_ranks and patch.keys() <= COUNTER_KEYS
+        phase_of_attempt = (decision.report.status.get("attempt"), new_phase)
+        counter_only = not decision.create.ranks and patch.keys() <= COUNTER_KEYS
         if counter_only:
-            counters = tuple(decision.status.get(field) for field in sorted(COUNTER_KEYS))
-            due_in = self.counter_writes.due_in(key, phase_of_attempt, counters, time.monotonic())
+            counters = tuple(decision.report.status.get(field) for field in sorted(COUNTER_KEYS))
+            due_in = self.counter_writes.due_in(state.counters, phase_of_attempt, counters, time.monotonic())
             if due_in is None:
-                return body
+                return
             if due_in > 0:
                 self.kick_later(key, due_in)
-                return body
+                return
         namespace, name = key
         stored = await self.api.patch_job_status(namespace, name, patch)
-        self.counter_writes.written(key, phase_of_attempt, counter_only)
+        self.counter_writes.written(state.counters, phase_of_attempt, counter_only)
         # The answer is the newest version: stored without another reconcile (it changes nothing to do).
-        self._store(key, stored)
-        body = self.jobs.get(key, stored)
-        if decision.gang_restart and self.metrics is not None:
-            self.metrics.gang_restarts.inc()
+        self._store(key, stored, Freshness.answered)
+        held = self.jobs.get(key)
+        body = held.body if held is not None else stored
+        if self.metrics is not None:
+            self.metrics.observe_restarts(key, decision.report)
         if old_phase != new_phase:
             self._observe_phase_change(body, new_phase)
-            if decision.event is not None:
+            if decision.report.event is not None:
                 self._log_transition(key, body, old_phase, decision)
                 await self._post_event(
-                    body, decision.event.type, decision.event.reason, decision.event.message
+                    body,
+                    decision.report.event.type,
+                    decision.report.event.reason,
+                    decision.report.event.message,
                 )
         # Events of what the new status shows without a phase change (a straggler), once it is stored.
-        for notice in decision.notices:
+        for notice in decision.report.notices:
             await self._post_event(body, notice.type, notice.reason, notice.message)
-        return body
 
     def _log_transition(
         self, key: JobKey, body: Mapping[str, Any], old_phase: str, decision: Decision
     ) -> None:
         """One INFO line per phase change: what an operator on call greps for."""
-        assert decision.event is not None
-        status = decision.status
+        assert decision.report.event is not None
+        status = decision.report.status
         logger.info(
             "job=%s/%s uid=%s attempt=%s restarts=%s phase=%s->%s reason=%s message=%s",
             key[0],
@@ -478,8 +511,8 @@ class Controller:
             status.get("restarts", 0),
             old_phase or "-",
             decision.phase,
-            decision.event.reason,
-            json.dumps(decision.event.message),
+            decision.report.event.reason,
+            json.dumps(decision.report.event.message),
         )
 
     def _observe_phase_change(self, body: Mapping[str, Any], new: str) -> None:
@@ -501,50 +534,52 @@ class Controller:
 
     # ---- creating an attempt -----------------------------------------------------------------
 
-    async def _create_attempt(self, key: JobKey, job: JobSpec, decision: Decision) -> CreateRefusal | None:
+    async def _create_attempt(
+        self, key: JobKey, state: JobState, job: JobSpec, decision: Decision
+    ) -> CreateRefusal | None:
         """The Service, NetworkPolicy, PVC and missing rank pods; a refusal when one was refused for good."""
-        self._waiting_for_foreign.discard(key)
+        state.waiting_for_foreign = False
 
         def accept(wanted: Mapping[str, Any], existing: Mapping[str, Any]) -> bool:
             return ownership.is_ours(wanted, existing, job.uid)
 
         children: list[JsonDict] = []
-        if decision.create_service:
-            children.append(builders.build_service(job, decision.create_attempt))
+        if decision.create.service:
+            children.append(builders.build_service(job, decision.create.attempt))
         policy = (
             builders.build_network_policy(job, self.metrics_allow_from)
-            if decision.create_network_policy
+            if decision.create.network_policy
             else None
         )
         if policy is not None:
             children.append(policy)
-        pvc = builders.build_checkpoint_pvc(job) if decision.create_pvc else None
+        pvc = builders.build_checkpoint_pvc(job) if decision.create.pvc else None
         if pvc is not None:
             children.append(pvc)
-        identity = (job.namespace, job.name, job.uid, _digest(children))
-        if children and identity not in self._children_ready:
+        digest = _digest(children)
+        if children and digest not in state.children_ready:
             report = await self.api.create_children(children, accept)
             if isinstance(report.error, ForeignObjectExists):
-                self._foreign(key, job, report.error)
+                self._foreign(key, state, job, report.error)
                 return None
             if isinstance(report.error, ChildInvalid):
                 kind = (report.failed or {}).get("kind")
                 child = _CHILD_NAMES.get(str(kind), "the checkpoint PVC")
                 return CreateRefusal(
-                    False, child, decision.create_attempt, report.error.message or report.error.reason
+                    False, child, decision.create.attempt, report.error.message or report.error.reason
                 )
             if report.error is not None:
                 raise report.error
             for existing in report.existing:
                 await self._follow_spec(job, existing, children)
-            self._children_ready.add(identity)
+            state.children_ready.add(digest)
 
         def on_result(pod: JsonDict, created: bool) -> None:
             self.pods.remember(pod)
             if created and self.metrics is not None:
                 self.metrics.pods_created.inc()
 
-        attempt = decision.create_attempt
+        attempt = decision.create.attempt
         unavailable = gang.unavailable_reason(job, self.gang_version)
         if unavailable is not None:
             return CreateRefusal(False, "the gang", attempt, unavailable, reason=REASON_INVALID_SPEC)
@@ -555,22 +590,19 @@ class Controller:
             # the scheduler must see the whole minimum before it places any rank.
             await self._create_gang(objects.workload, objects.pod_group, accept)
             patch = objects.pod_spec_patch
-        pods = [
-            builders.build_rank_pod(job, rank, attempt, pod_spec_patch=patch)
-            for rank in decision.create_ranks
-        ]
+        pods = _rank_pods(job, decision, patch)
         report = await self.api.create_children(pods, accept, on_result=on_result)
         if isinstance(report.error, PodCreateForbidden | ChildInvalid):
             labels = ((report.failed or {}).get("metadata") or {}).get("labels") or {}
-            rank = int(labels.get(names.LABEL_RANK, decision.create_ranks[0]))
+            rank = int(labels.get(names.LABEL_RANK, -1))
             return CreateRefusal(
                 isinstance(report.error, PodCreateForbidden),
                 f"rank {rank}'s pod",
-                decision.create_attempt,
+                decision.create.attempt,
                 report.error.message or report.error.reason,
             )
         if isinstance(report.error, ForeignObjectExists):
-            self._foreign(key, job, report.error)
+            self._foreign(key, state, job, report.error)
             return None
         if report.error is not None:
             raise report.error
@@ -616,7 +648,22 @@ class Controller:
         if patch is not None:
             await self.api.patch_child(job.namespace, str(kind), str(child["metadata"]["name"]), patch)
 
-    def _foreign(self, key: JobKey, job: JobSpec, error: ForeignObjectExists) -> None:
+    def _foreign(self, key: JobKey, state: JobState, job: JobSpec, error: ForeignObjectExists) -> None:
         logger.info("job=%s/%s waiting: %s", job.namespace, job.name, error.message)
-        self._waiting_for_foreign.add(key)
+        state.waiting_for_foreign = True
         self.kick_later(key, FOREIGN_RETRY_SECONDS)
+
+
+def _rank_pods(job: JobSpec, decision: Decision, patch: Mapping[str, Any] | None) -> list[JsonDict]:
+    """The attempt's missing ranks and the replacements of lost pods, each with the gang's restart budget."""
+    attempt, budget = decision.create.attempt, decision.create.restart_budget
+    pods = [
+        builders.build_rank_pod(job, rank, attempt, pod_spec_patch=patch, restart_budget=budget)
+        for rank in decision.create.ranks
+    ]
+    return pods + [
+        builders.build_rank_pod(
+            job, rank, attempt, pod_spec_patch=patch, replacement=replacement, restart_budget=budget
+        )
+        for rank, replacement in decision.create.replacements
+    ]

@@ -6,7 +6,7 @@ a 1024-rank job does not pay for 2048 model conversions. Blocking calls run on a
 children are created concurrently (`concurrency` requests in flight) while the asyncio loop stays free.
 
 It knows paths, verbs and how answers map to errors, nothing of what a DDPJob means. Idempotence, as
-DESIGN.md fixes it: a 409 on create is success when the caller's `accept_existing` says what exists is
+docs/operator.md ("Idempotence") states it: a 409 on create is success when the caller's `accept_existing` says what exists is
 its own (ownership.py decides that) and `ForeignObjectExists` otherwise; a 404 on delete is success. A
 403 on pod create is `PodCreateForbidden`, a 400/422 on any create `ChildInvalid`, both carrying the
 apiserver's message.

@@ -7,6 +7,7 @@ the controller's job cache instead of being incremented and decremented, so it c
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,8 @@ from ddp_operator import names
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+    from ddp_operator.reconcile import Report
 
 PHASES: tuple[str, ...] = names.PHASES
 
@@ -34,6 +37,8 @@ RECONCILE_BUCKETS: tuple[float, ...] = (
     10,
     30,
 )
+# A restart in place takes seconds; a whole gang's, with new pods on a large cluster, minutes.
+RESTART_BUCKETS: tuple[float, ...] = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 300, 600)
 # Scheduling and pulling images dominate: seconds to an hour.
 TIME_TO_RUNNING_BUCKETS: tuple[float, ...] = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
 
@@ -42,7 +47,7 @@ class OperatorMetrics:
     """The operator's series; `phase_counts` is called at scrape time and returns {phase: jobs}."""
 
     def __init__(self, phase_counts: Callable[[], Mapping[str, int]]) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry: CollectorRegistry = CollectorRegistry(auto_describe=True)
         self._phase_counts = phase_counts
@@ -63,12 +68,43 @@ class OperatorMetrics:
             "Gang restarts: an attempt whose pods were all deleted so that the next attempt could start.",
             registry=self.registry,
         )
+        self.restart_duration = Histogram(
+            "ddpjob_restart_duration_seconds",
+            "Seconds from a rank's failure to the first training step after the resume, by recovery mode "
+            "(InPlace, PodReplaced, WholeGang; docs/restarts.md).",
+            ["mode"],
+            buckets=RESTART_BUCKETS,
+            registry=self.registry,
+        )
+        self.goodput = Gauge(
+            "ddpjob_goodput_ratio",
+            "Share of a DDPJob's wall time spent in training steps it kept (status.goodput).",
+            ["namespace", "job"],
+            registry=self.registry,
+        )
         self.time_to_running = Histogram(
             "ddpjob_time_to_running_seconds",
             "Seconds from a DDPJob's creation to its first Running phase (every rank Running).",
             buckets=TIME_TO_RUNNING_BUCKETS,
             registry=self.registry,
         )
+
+    def observe_restarts(self, key: tuple[str, str], report: Report) -> None:
+        """What a written status says of restarts: a gang torn down, a restart's cost, the goodput."""
+        if report.gang_restart:
+            self.gang_restarts.inc()
+        if report.restart_measured is not None:
+            mode, seconds = report.restart_measured
+            self.restart_duration.labels(mode).observe(seconds)
+        goodput = report.status.get("goodput")
+        if goodput is not None:
+            with contextlib.suppress(ValueError):
+                self.goodput.labels(*key).set(float(goodput))
+
+    def forget(self, key: tuple[str, str]) -> None:
+        """A job that is gone leaves no series behind."""
+        with contextlib.suppress(KeyError):
+            self.goodput.remove(*key)
 
     def serve(self, port: int, address: str) -> None:
         """Serve /metrics on a background thread (prometheus-client's own server)."""

@@ -27,6 +27,8 @@ MANAGED_BY_VALUE: Final = "ddp-operator"
 LABEL_JOB_NAME: Final = "ddp.dev/job-name"
 LABEL_RANK: Final = "ddp.dev/rank"
 LABEL_ATTEMPT: Final = "ddp.dev/attempt"
+# On a pod that replaced a lost pod of its rank within the attempt (docs/restarts.md): the n-th such pod.
+LABEL_REPLACEMENT: Final = "ddp.dev/replacement"
 # Which version of the job's spec built a pod: all pods of one attempt must agree (reconcile.py).
 LABEL_SPEC_HASH: Final = "ddp.dev/spec-hash"
 # The UID of the DDPJob object: a job re-created under the same name has other pods.
@@ -115,8 +117,13 @@ def job_name_problem(name: str) -> str | None:
     return None
 
 
-def pod_name(job: str, rank: int, attempt: int) -> str:
-    return f"{job}-{rank}-{attempt}"
+def pod_name(job: str, rank: int, attempt: int, replacement: int = 0) -> str:
+    """``<job>-<rank>-<attempt>``; the n-th pod that replaces a lost one of the same rank and attempt
+    is ``<job>-<rank>-<attempt>r<n>``: a name is never reused (Kueue's pod-group finalizers deadlock on
+    reused names), and the letter keeps it apart from every name of another job (``a-1-2r1`` cannot be
+    job ``a-1``'s)."""
+    base = f"{job}-{rank}-{attempt}"
+    return f"{base}r{replacement}" if replacement > 0 else base
 
 
 def pod_hostname(job: str, rank: int) -> str:

@@ -69,6 +69,8 @@ class PodObservation:
     name: str
     rank: int | None
     attempt: int | None
+    # 0 for the rank's first pod of the attempt; n for the n-th that replaced a lost one (docs/restarts.md).
+    replacement: int = 0
     # The spec version that built it (names.LABEL_SPEC_HASH); None on pods of older operators.
     spec_hash: str | None = None
     phase: str = "Pending"
@@ -100,6 +102,9 @@ class PodObservation:
     disruption_message: str | None = None
     # Kueue evicted the pod's group from its queue (preempted, or requeued): not the job's failure.
     evicted_by_queue: bool = False
+    # The taint manager deleted it because its node stopped being Ready (unreachable, not ready): no
+    # kubelet may be left to honour the grace period, so nothing waits for it.
+    node_lost: bool = False
     # Kueue (docs/scheduling.md): the group the pod belongs to, whether Kueue still gates it (the
     # group is not admitted), whether Kueue's finalizer holds the pod object, and whether the pod tells
     # Kueue the group failed for good (retriable-in-group "false").
@@ -218,6 +223,45 @@ def _disruption(status: Mapping[str, Any]) -> tuple[str | None, str | None]:
     return None, None
 
 
+def _terminated(pod: Mapping[str, Any], trainer_state: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """How the trainer container ended, or the init container whose failure kept it from starting."""
+    terminated: Mapping[str, Any] | None = trainer_state.get("terminated")
+    if terminated is not None:
+        return terminated
+    # A trainer that never started because an init container failed: that container's ending decides.
+    # Not a native sidecar's (an init container with restartPolicy Always): the kubelet restarts it,
+    # and its brief terminated state says nothing about the rank.
+    sidecars = {
+        c.get("name")
+        for c in (pod.get("spec") or {}).get("initContainers") or []
+        if c.get("restartPolicy") == "Always"
+    }
+    for init in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        if init.get("name") in sidecars:
+            continue
+        candidate = (init.get("state") or {}).get("terminated")
+        if candidate and candidate.get("exitCode", 0) != 0:
+            return candidate  # type: ignore[no-any-return]
+    return None
+
+
+def _waiting(status: Mapping[str, Any], trainer_state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Why the trainer waits, or why another container of the pod cannot pull its image."""
+    waiting: Mapping[str, Any] = trainer_state.get("waiting") or {}
+    if waiting:
+        return waiting
+    for other in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        other_waiting = (other.get("state") or {}).get("waiting") or {}
+        if other_waiting.get("reason") in IMAGE_PULL_FAILURES:
+            return other_waiting
+    return {}
+
+
+def _disrupted_by(status: Mapping[str, Any], reason: str) -> bool:
+    condition = _condition(status, "DisruptionTarget")
+    return condition is not None and condition.get("status") == "True" and condition.get("reason") == reason
+
+
 def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
     metadata: Mapping[str, Any] = pod.get("metadata") or {}
     status: Mapping[str, Any] = pod.get("status") or {}
@@ -237,34 +281,10 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         else None
     )
     ready = _condition(status, "Ready")
-
     trainer = _container_status(status.get("containerStatuses") or [], names.TRAINER_CONTAINER) or {}
     state: Mapping[str, Any] = trainer.get("state") or {}
-    terminated: Mapping[str, Any] | None = state.get("terminated")
-    if terminated is None:
-        # A trainer that never started because an init container failed: that container's ending decides.
-        # Not a native sidecar's (an init container with restartPolicy Always): the kubelet restarts it,
-        # and its brief terminated state says nothing about the rank.
-        sidecars = {
-            c.get("name")
-            for c in (pod.get("spec") or {}).get("initContainers") or []
-            if c.get("restartPolicy") == "Always"
-        }
-        for init in status.get("initContainerStatuses") or []:
-            if init.get("name") in sidecars:
-                continue
-            candidate = (init.get("state") or {}).get("terminated")
-            if candidate and candidate.get("exitCode", 0) != 0:
-                terminated = candidate
-                break
-    waiting: Mapping[str, Any] = state.get("waiting") or {}
-    if not waiting:
-        for other in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
-            other_waiting = (other.get("state") or {}).get("waiting") or {}
-            if other_waiting.get("reason") in IMAGE_PULL_FAILURES:
-                waiting = other_waiting
-                break
-
+    terminated = _terminated(pod, state)
+    waiting = _waiting(status, state)
     exit_code = terminated.get("exitCode") if terminated else None
     disruption, disruption_message = _disruption(status)
     kueue_stop = _condition(status, KUEUE_TERMINATION_TARGET)
@@ -280,6 +300,7 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         name=str(metadata.get("name", "")),
         rank=_int_label(labels, names.LABEL_RANK),
         attempt=_int_label(labels, names.LABEL_ATTEMPT),
+        replacement=_int_label(labels, names.LABEL_REPLACEMENT) or 0,
         spec_hash=labels.get(names.LABEL_SPEC_HASH) or None,
         phase=str(status.get("phase") or "Pending"),
         uid=str(metadata.get("uid") or ""),
@@ -304,6 +325,7 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         disruption=disruption,
         disruption_message=disruption_message,
         evicted_by_queue=evicted_by_queue,
+        node_lost=_disrupted_by(status, "DeletionByTaintManager"),
         kueue_group=labels.get(names.KUEUE_POD_GROUP_LABEL) or None,
         kueue_managed=labels.get(names.KUEUE_MANAGED_LABEL) == "true",
         kueue_gated=any(g.get("name") == names.KUEUE_ADMISSION_GATE for g in gates),

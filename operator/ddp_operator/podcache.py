@@ -9,8 +9,9 @@ LIST. `synced` is set once every scope has been listed: before that, a job with 
 job whose pods vanished, so the controller waits for it.
 
 Objects also enter the cache from the operator's own create and delete answers (`remember`), so a second
-reconcile right after a create sees the pods without waiting for the watch. resourceVersions are compared
-as integers (etcd revisions) to keep an older answer from overwriting a newer event.
+reconcile right after a create sees the pods without waiting for the watch. versions.py keeps an older
+copy from overwriting a newer one (resourceVersions compared for equality only), and a deleted pod's UID
+keeps a late answer from bringing it back.
 """
 
 from __future__ import annotations
@@ -25,17 +26,11 @@ from datetime import UTC, datetime
 from ddp_operator import names
 from ddp_operator.kube_api import ApiError, JsonDict, KubeApi, ResourceVersionGone
 from ddp_operator.observe import PodObservation, observe_pod, seen
+from ddp_operator.versions import Freshness
 
 logger = logging.getLogger(__name__)
 
 JobKey = tuple[str, str]  # (namespace, job name)
-
-
-def _rv(obj: JsonDict) -> int | None:
-    try:
-        return int((obj.get("metadata") or {}).get("resourceVersion", ""))
-    except ValueError:
-        return None
 
 
 def job_key_of(pod: JsonDict) -> JobKey | None:
@@ -63,9 +58,9 @@ class PodCache:
         self._on_change = on_change
         self._selector = label_selector or names.label_selector()
         # Observations, not pod objects: each pod is parsed once per event, never once per reconcile.
-        self._pods: dict[JobKey, dict[str, tuple[int | None, PodObservation]]] = {}
-        # name -> resourceVersion of its DELETED event, so a late create answer cannot resurrect it.
-        self._tombstones: dict[JobKey, dict[str, int]] = {}
+        self._pods: dict[JobKey, dict[str, tuple[Freshness, PodObservation]]] = {}
+        # name -> UID of the pod of its DELETED event, so a late create answer cannot resurrect it.
+        self._tombstones: dict[JobKey, dict[str, str]] = {}
         self._listed: set[str | None] = set()
         self.synced = asyncio.Event()
         self._stop = threading.Event()
@@ -84,36 +79,43 @@ class PodCache:
 
     def remember(self, pod: JsonDict) -> None:
         """An object from the operator's own create/delete answer."""
-        self._apply("MODIFIED", pod, notify=False)
+        self._apply("MODIFIED", pod, notify=False, take=Freshness.answered)
 
     def forget_job(self, key: JobKey) -> None:
         """The job is gone; its pods go by garbage collection and their DELETED events may still come."""
         self._tombstones.pop(key, None)
 
-    def _apply(self, event_type: str, pod: JsonDict, notify: bool = True) -> None:
+    def _apply(
+        self,
+        event_type: str,
+        pod: JsonDict,
+        notify: bool = True,
+        take: Callable[[Freshness, JsonDict], bool] = Freshness.watched,
+    ) -> None:
+        """A watch event, or with ``take=Freshness.answered`` an answer (versions.py says which copy
+        of a pod is the newest)."""
         key = job_key_of(pod)
         if key is None:
             return
-        name = str((pod.get("metadata") or {}).get("name", ""))
-        version = _rv(pod)
+        meta = pod.get("metadata") or {}
+        name, uid = str(meta.get("name", "")), meta.get("uid")
         pods = self._pods.setdefault(key, {})
         tombstones = self._tombstones.setdefault(key, {})
         if event_type == "DELETED":
             pods.pop(name, None)
-            if version is not None:
-                tombstones[name] = version
+            if uid:
+                tombstones[name] = str(uid)
             if not pods:
                 self._pods.pop(key, None)
         else:
-            dead = tombstones.get(name)
-            if dead is not None and version is not None and version <= dead:
-                return
+            if uid and tombstones.get(name) == uid:
+                return  # that very pod was deleted: a late answer of it is older than its end
             current = pods.get(name)
-            current_version = current[0] if current is not None else None
-            if current_version is not None and version is not None and version < current_version:
+            versions = current[0] if current is not None else Freshness()
+            if not take(versions, pod):
                 return
             previous = current[1] if current is not None else None
-            pods[name] = (version, seen(observe_pod(pod), previous, self._clock()))
+            pods[name] = (versions, seen(observe_pod(pod), previous, self._clock()))
         if notify:
             self._on_change(key)
 
@@ -134,7 +136,9 @@ class PodCache:
             key = pod_key
             name = str(pod["metadata"]["name"])
             observation = seen(observe_pod(pod), before.get((key, name)), now)
-            self._pods.setdefault(key, {})[name] = (_rv(pod), observation)
+            versions = Freshness()
+            versions.listed(pod)
+            self._pods.setdefault(key, {})[name] = (versions, observation)
             touched.add(key)
         self._listed.add(scope)
         if all(s in self._listed for s in self._scopes):

@@ -4,15 +4,15 @@
 ``Decision``, treating "not found" on delete and "already exists" (of our own object) on create as
 success:
 
-- patch ``status`` when ``status_changed`` (before or after the creates: both orders are safe, see
-  below), and post ``event`` when there is one (one per phase change, nothing else);
-- delete ``delete_pods``;
-- create the Service if ``create_service``, the NetworkPolicy if ``create_network_policy`` and the
-  checkpoint PVC if ``create_pvc``, then the pods of
-  ``create_ranks`` (attempt ``create_attempt``) concurrently; a child the apiserver refuses for good
-  (403 on a pod, 400/422 on any child) is not retried: the executor hands it to the next ``decide`` as
-  a ``CreateRefusal``, which fails the job;
-- delete the DDPJob when ``delete_job`` (TTL);
+- patch ``report.status`` when ``report.changed`` (before or after the creates: both orders are safe,
+  see below), and post ``report.event`` when there is one (one per phase change, nothing else) and
+  each of ``report.notices``;
+- delete ``delete.pods``, and carry out ``kueue`` (policies/kueue.py);
+- create the Service if ``create.service``, the NetworkPolicy if ``create.network_policy`` and the
+  checkpoint PVC if ``create.pvc``, then the pods of ``create.ranks`` (attempt ``create.attempt``)
+  concurrently; a child the apiserver refuses for good (403 on a pod, 400/422 on any child) is not
+  retried: the executor hands it to the next ``decide`` as a ``CreateRefusal``, which fails the job;
+- delete the DDPJob when ``delete.job`` (TTL);
 - call ``decide`` again after ``requeue_after`` seconds when it is set (deadlines, TTL, restarts).
 
 The state lives in status. While the phase is Pending, Starting or Running, ``attempt`` is the
@@ -28,21 +28,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from ddp_operator import builders, kueue, names
 from ddp_operator.kueue import QueueObservation, queued_message
 from ddp_operator.observe import PodObservation, format_time, parse_time
-from ddp_operator.policies import deadline, success, ttl
+from ddp_operator.policies import deadline, recovery, stall, success, ttl
+from ddp_operator.policies import kueue as kueue_policy
 from ddp_operator.policies.attempt import judge_attempt
 from ddp_operator.policies.failure import (
+    REASON_BACKOFF,
     REASON_POD_DELETED,
     REASON_STALLED,
     RankFailure,
     judge_failures,
 )
-from ddp_operator.progress import ProgressObservation, straggler_status
+from ddp_operator.policies.kueue import KueueActions
+from ddp_operator.progress.render import describe_slow_rank, straggler_status
+from ddp_operator.progress.tracker import STRAGGLER_WINDOW_SECONDS, ProgressObservation, persistence_left
 from ddp_operator.spec import JobSpec
 
 REASON_CREATED: Final = "Created"
@@ -54,6 +58,10 @@ REASON_POD_CREATE_FORBIDDEN: Final = "PodCreateForbidden"
 REASON_INVALID_SPEC: Final = "InvalidSpec"
 REASON_STRAGGLER: Final = "Straggler"
 REASON_QUEUED: Final = "Queued"
+# Events of a restart that kept the pods (docs/restarts.md), and of any restart once its cost is known.
+REASON_RESTARTED_IN_PLACE: Final = "RestartedInPlace"
+REASON_POD_REPLACED: Final = "PodReplaced"
+REASON_RECOVERED: Final = "Recovered"
 # Reasons that fail a job which must stop consuming resources whatever cleanPodPolicy says.
 _STOP_REASONS: Final = frozenset(
     {
@@ -87,7 +95,7 @@ class TimingRules:
     decision_window_seconds: float = 10.0
     unconfirmed_deletion_seconds: float = 30.0
     # A rank named slowest for this long (above the scraper's threshold) is reported as the straggler.
-    straggler_window_seconds: float = 60.0
+    straggler_window_seconds: float = STRAGGLER_WINDOW_SECONDS
 
 
 DEFAULT_TIMING: Final = TimingRules()
@@ -106,40 +114,56 @@ class PhaseEvent:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Report:
+    """What the job shows: its new status, and the Events that go with it."""
+
     status: dict[str, Any]
-    status_changed: bool
-    create_attempt: int = 0
-    create_ranks: tuple[int, ...] = ()
-    delete_pods: tuple[str, ...] = ()
-    # Kueue (docs/scheduling.md): pods of old attempts whose Kueue finalizer the operator removes, because
-    # Kueue would count them in the group and delete the next attempt's pods as excess; of those, the
-    # ones whose deletion no kubelet confirms, deleted at once (grace 0) so they stop counting; and the
-    # pod annotated retriable-in-group "false" when the job failed for good, so Kueue frees the quota.
-    release_pods: tuple[str, ...] = ()
-    force_delete_pods: tuple[str, ...] = ()
-    mark_unretriable: tuple[str, ...] = ()
-    # Delete the group's Kueue Workload (a suspended job gives its quota back; resuming queues again).
-    release_kueue_group: bool = False
-    create_service: bool = False
-    create_pvc: bool = False
-    create_network_policy: bool = False
-    delete_job: bool = False
-    # True when this decision starts a gang restart (for the operator's restart counter).
-    gang_restart: bool = False
-    event: PhaseEvent | None = None
+    changed: bool  # whether ``status`` differs from the old status (a write is due)
+    event: PhaseEvent | None = None  # the phase change, when there is one
     # Events that are not phase changes (a straggler appeared), posted once each.
     notices: tuple[PhaseEvent, ...] = ()
+    # This status starts a gang restart (for the operator's restart counter).
+    gang_restart: bool = False
+    # A restart whose cost is now known: (recovery mode, seconds from the failure to training again).
+    restart_measured: tuple[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class Creates:
+    """The rank pods ``ranks`` of attempt ``attempt``, and the job-level children they need."""
+
+    attempt: int = 0
+    ranks: tuple[int, ...] = ()
+    # Pods that replace lost ones of their rank alone: (rank, n) for the rank's n-th replacement.
+    replacements: tuple[tuple[int, int], ...] = ()
+    # Gang restarts the new pods' launchers may still make in place (DDP_RESTART_BUDGET).
+    restart_budget: int = 0
+    service: bool = False
+    pvc: bool = False
+    network_policy: bool = False
+
+
+@dataclass(frozen=True)
+class Deletes:
+    pods: tuple[str, ...] = ()
+    # Deleted at once (grace 0): their node stopped reporting, no kubelet is left to honour a grace period.
+    lost_pods: tuple[str, ...] = ()
+    job: bool = False  # the DDPJob itself: its TTL after finishing expired
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do next for one job, grouped by what the executor touches."""
+
+    report: Report
+    create: Creates = Creates()
+    delete: Deletes = Deletes()
+    kueue: KueueActions = kueue_policy.NONE
     requeue_after: float | None = None
 
     @property
-    def attempt(self) -> int:
-        """The attempt of ``create_ranks`` (another name for ``create_attempt``)."""
-        return self.create_attempt
-
-    @property
     def phase(self) -> str:
-        return str(self.status.get("phase", ""))
+        return str(self.report.status.get("phase", ""))
 
 
 @dataclass(frozen=True)
@@ -165,6 +189,10 @@ class _Transition:
     # What the operator read of the training (status.progress, status.straggler), when shown.
     progress: Mapping[str, Any] | None = None
     straggler: Mapping[str, Any] | None = None
+    # status.lastRestart, status.goodput, status.podReplacements; None: as the old status says.
+    last_restart: Mapping[str, Any] | None = None
+    goodput: float | None = None
+    pod_replacements: int | None = None
 
 
 def _int(value: Any, default: int) -> int:
@@ -234,6 +262,16 @@ def _status(job: JobSpec, old: Mapping[str, Any], change: _Transition, now: date
         status["progress"] = dict(change.progress)
     if change.straggler:
         status["straggler"] = dict(change.straggler)
+    last_restart = change.last_restart if change.last_restart is not None else old.get("lastRestart")
+    if isinstance(last_restart, Mapping):
+        status["lastRestart"] = dict(last_restart)
+    if change.goodput is not None:
+        status["goodput"] = f"{change.goodput:.3f}"
+    elif old.get("goodput") is not None:
+        status["goodput"] = old["goodput"]
+    replaced = change.pod_replacements if change.pod_replacements is not None else old.get("podReplacements")
+    if isinstance(replaced, int) and replaced:
+        status["podReplacements"] = replaced
     return status
 
 
@@ -254,19 +292,44 @@ _STATUS_KEYS: Final = (
     "completionTime",
     "progress",
     "straggler",
+    "lastRestart",
+    "goodput",
+    "podReplacements",
 )
 
 
 def _decision(
-    job: JobSpec, old: Mapping[str, Any], change: _Transition, now: datetime, **actions: Any
+    job: JobSpec,
+    old: Mapping[str, Any],
+    change: _Transition,
+    now: datetime,
+    *,
+    notices: tuple[PhaseEvent, ...] = (),
+    gang_restart: bool = False,
+    restart_measured: tuple[str, float] | None = None,
+    **actions: Any,
 ) -> Decision:
+    """The Decision that moves status by ``change``; ``actions``: the other fields of the Decision."""
     status = _status(job, old, change, now)
     changed = any(status.get(key) != old.get(key) for key in _STATUS_KEYS)
     event = None
     if change.phase != old.get("phase"):
         kind: Literal["Normal", "Warning"] = "Warning" if change.phase in _WARNING_PHASES else "Normal"
         event = PhaseEvent(type=kind, reason=change.reason, message=change.message)
-    return Decision(status=status, status_changed=changed, event=event, **actions)
+    report = Report(status, changed, event, notices, gang_restart, restart_measured)
+    return Decision(report=report, **actions)
+
+
+def _creates(job: JobSpec, attempt: int, ranks: tuple[int, ...], restarts: int) -> Creates:
+    """The ranks to create, and the Service, PVC and NetworkPolicy with them (none when no rank is)."""
+    return Creates(
+        attempt=attempt,
+        ranks=ranks,
+        restart_budget=builders.remaining_restart_budget(job, restarts),
+        service=bool(ranks),
+        pvc=bool(ranks) and job.checkpoint is not None,
+        network_policy=bool(ranks) and job.network_policy.enabled,
+    )
 
 
 def _min_wait(*waits: float | None) -> float | None:
@@ -285,6 +348,20 @@ def _ours(job: JobSpec, pods: Sequence[PodObservation]) -> list[PodObservation]:
 
 def _deletable(pods: Sequence[PodObservation]) -> tuple[str, ...]:
     return tuple(sorted(p.name for p in pods if not p.deleting))
+
+
+def _lost(pods: Sequence[PodObservation]) -> tuple[str, ...]:
+    """Pods the taint manager deleted off a node that stopped being Ready: gone at once (grace 0)."""
+    return tuple(sorted(p.name for p in pods if p.node_lost and p.deleting and not p.terminal))
+
+
+def _superseded(pods: Sequence[PodObservation]) -> list[PodObservation]:
+    """Pods a newer pod of the same rank and attempt replaced (docs/restarts.md)."""
+    newest: dict[tuple[int | None, int | None], int] = {}
+    for p in pods:
+        key = (p.attempt, p.rank)
+        newest[key] = max(newest.get(key, 0), p.replacement)
+    return [p for p in pods if p.replacement < newest[(p.attempt, p.rank)]]
 
 
 def _cleanup(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime) -> Decision:
@@ -312,24 +389,11 @@ def _cleanup(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation
     status = dict(old)
     status["observedGeneration"] = job.generation
     return Decision(
-        status=status,
-        status_changed=old.get("observedGeneration") != job.generation,
-        delete_pods=() if expired else _deletable(doomed),
-        mark_unretriable=_kueue_give_up(job, phase, pods),
-        delete_job=expired,
+        report=Report(status, changed=old.get("observedGeneration") != job.generation),
+        delete=Deletes(pods=() if expired else _deletable(doomed), job=expired),
+        kueue=kueue_policy.give_up(job.kueue is not None, phase, pods),
         requeue_after=None if expired else left,
     )
-
-
-def _kueue_give_up(job: JobSpec, phase: str, pods: Sequence[PodObservation]) -> tuple[str, ...]:
-    """A failed job's Kueue group: one pod says retriable-in-group "false", so Kueue ends the group and
-    frees its quota once no pod of it is active (otherwise Kueue waits for replacements forever)."""
-    if job.kueue is None or phase != names.PHASE_FAILED:
-        return ()
-    managed = [p for p in pods if p.kueue_group is not None and p.kueue_finalizer]
-    if not managed or any(p.kueue_unretriable for p in pods):
-        return ()
-    return (min(p.name for p in managed),)
 
 
 def _suspend(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime) -> Decision:
@@ -349,10 +413,14 @@ def _suspend(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation
         attempt=attempt if isinstance(attempt, int) else None,
         restarts=_int(old.get("restarts"), 0),
     )
-    # Kueue keeps a group's quota while its pods are gone, waiting for replacements: a suspended job
-    # gives it back by ending the group (Kueue's Workload), and queues again when resumed.
-    held = job.kueue is not None and any(p.kueue_finalizer for p in pods)
-    return _decision(job, old, change, now, delete_pods=_deletable(pods), release_kueue_group=held)
+    return _decision(
+        job,
+        old,
+        change,
+        now,
+        delete=Deletes(pods=_deletable(pods)),
+        kueue=kueue_policy.suspend(job.kueue is not None, pods),
+    )
 
 
 def _condition_message(old: Mapping[str, Any], kind: str) -> str | None:
@@ -383,11 +451,10 @@ def _start_attempt(
         if not p.terminal
         and not (p.deleting and not p.node)
         and not p.deletion_unconfirmed(now, rules.unconfirmed_deletion_seconds)
+        and not p.node_lost
     ]
-    release, force = _kueue_release(stale, now, rules)
-    # Kueue counts an old pod it still holds (Succeeded, or deleted on a node that never confirmed) in
-    # the group and would delete the new attempt's pods as excess: wait until it stops counting.
-    blocking += [p for p in stale if p.kueue_counts_active and p not in blocking]
+    release = kueue_policy.release_stale(stale, now, rules.unconfirmed_deletion_seconds)
+    blocking += [p for p in kueue_policy.still_counted(stale) if p not in blocking]
     wanted_hash = builders.spec_hash(job)
     # The spec changed while this attempt was being created (before its phase locked the spec): pods
     # built from the old version go, and the attempt waits until their names are free again.
@@ -395,11 +462,9 @@ def _start_attempt(
     if respec or blocking:
         # Still tearing down: the status stays as it is (Restarting, Suspended, or nothing yet).
         return Decision(
-            status=dict(old),
-            status_changed=False,
-            delete_pods=_deletable([*stale, *respec]),
-            release_pods=release,
-            force_delete_pods=force,
+            report=Report(dict(old), changed=False),
+            delete=Deletes(pods=_deletable([*stale, *respec]), lost_pods=_lost(stale)),
+            kueue=release,
             requeue_after=RESTART_POLL_SECONDS,
         )
     present = {p.rank for p in current}
@@ -422,30 +487,9 @@ def _start_attempt(
         old,
         change,
         now,
-        create_attempt=target,
-        create_ranks=create,
-        delete_pods=_deletable(stale),
-        create_service=bool(create),
-        create_pvc=bool(create) and job.checkpoint is not None,
-        create_network_policy=bool(create) and job.network_policy.enabled,
+        create=_creates(job, target, create, change.restarts),
+        delete=Deletes(pods=_deletable(stale), lost_pods=_lost(stale)),
     )
-
-
-def _kueue_release(
-    stale: Sequence[PodObservation], now: datetime, rules: TimingRules
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Old pods Kueue still counts in the group: their finalizer goes once they are terminal or their
-    deletion is overdue; an overdue one is also deleted at once (grace 0), as no kubelet will confirm
-    it (the pod GC does the same for a node that is gone)."""
-    held = [p for p in stale if p.kueue_counts_active and p.deleting]
-    overdue = [
-        p
-        for p in held
-        if p.deletion_deadline is not None
-        and (now - p.deletion_deadline).total_seconds() >= rules.unconfirmed_deletion_seconds
-    ]
-    release = sorted(p.name for p in held if p.kueue_finalizer and (p.terminal or p in overdue))
-    return tuple(release), tuple(sorted(p.name for p in overdue))
 
 
 def _failure_of(pod: PodObservation, now: datetime) -> RankFailure | None:
@@ -453,7 +497,9 @@ def _failure_of(pod: PodObservation, now: datetime) -> RankFailure | None:
     if pod.trainer_succeeded:
         return None
     disruption = pod.disruption
-    if disruption is None and pod.deleting and not pod.terminal:
+    if disruption is None and pod.deleting and not _ended_before_deleted(pod):
+        # Deleted under the job: the exit code that follows (143 after the kubelet's SIGTERM) is the
+        # deletion's doing, not the process's.
         disruption = REASON_POD_DELETED
     if disruption is None and not pod.trainer_failed:
         return None
@@ -467,6 +513,15 @@ def _failure_of(pod: PodObservation, now: datetime) -> RankFailure | None:
         disruption_message=pod.disruption_message,
         by_queue=pod.evicted_by_queue,
     )
+
+
+def _ended_before_deleted(pod: PodObservation) -> bool:
+    """The trainer had ended before the pod's deletion was asked for (a finished pod cleaned up)."""
+    if not pod.terminal:
+        return False
+    if pod.finished_at is None or pod.deleted_at is None:
+        return True
+    return pod.finished_at < pod.deleted_at
 
 
 def _missing_ranks(
@@ -483,11 +538,24 @@ def _missing_ranks(
     missing = tuple(r for r in range(job.replicas) if r not in present)
     if not missing:
         return (), []
-    if _int(old.get("replicas"), 0) < job.replicas:
+    if _int(old.get("replicas"), 0) < job.replicas and not _replaced_in(old, current):
         return missing, []
     return (), [
         RankFailure(rank=r, finish_key=now.timestamp(), disruption=REASON_POD_DELETED) for r in missing
     ]
+
+
+def _replaced_in(old: Mapping[str, Any], current: Sequence[PodObservation]) -> bool:
+    """A pod of this attempt was replaced: every rank's pod existed once (a replacement needs that), so
+    a missing pod now was lost, never one still to create (status.replicas may lag behind: it counts the
+    pods that exist, and a lost pod can go before its replacement is seen)."""
+    last = old.get("lastRestart")
+    replaced_here = (
+        isinstance(last, Mapping)
+        and last.get("mode") == recovery.MODE_POD_REPLACED
+        and last.get("attempt") == old.get("attempt")
+    )
+    return replaced_here or any(p.replacement for p in current)
 
 
 # --- a live attempt: an ordered list of rules, like the policy table in docs/restarts.md -------------
@@ -510,6 +578,10 @@ class _LiveAttempt:
     rules: TimingRules = DEFAULT_TIMING
     progress: ProgressObservation | None = None  # of this attempt only
     queue: QueueObservation | None = None  # Kueue's view of the job's group, when read
+    # In-place restarts rank 0 reported since the last decision (already in ``restarts``), and the
+    # new status.lastRestart they make; the job's goodput from the same read.
+    accounting: recovery.RestartAccounting = recovery.NOTHING_NEW
+    goodput: float | None = None
 
     @property
     def counts(self) -> _Counts:
@@ -544,17 +616,15 @@ class _LiveAttempt:
     def straggler_left(self) -> float | None:
         """Seconds until the slowest rank has been slow for the straggler window; 0: it has."""
         sighting = self.progress.straggler if self.progress is not None else None
-        if sighting is None:
-            return None
-        return max(0.0, self.rules.straggler_window_seconds - (self.now - sighting.since).total_seconds())
+        return persistence_left(sighting, self.rules.straggler_window_seconds, self.now)
 
     @property
     def stall_left(self) -> float | None:
         """Seconds until no new synchronized step for stallTimeoutSeconds is a stall; None: not watched."""
+        if self.progress is None:
+            return None
         limit = self.job.run_policy.stall_timeout_seconds
-        if limit is None or self.progress is None or self.progress.step <= 0:
-            return None  # a stall needs training to have started
-        return limit - (self.now - self.progress.step_changed_at).total_seconds()
+        return stall.seconds_left(limit, self.progress.step, self.progress.step_changed_at, self.now)
 
     @property
     def decision_window_left(self) -> float | None:
@@ -604,10 +674,14 @@ def _live_attempt(
     queue: QueueObservation | None = None,
 ) -> _LiveAttempt:
     attempt = _int(old.get("attempt"), 0)
-    stale = [p for p in pods if p.attempt != attempt or (p.rank or 0) >= job.replicas]
+    superseded = _superseded(pods)
+    stale = [p for p in pods if p.attempt != attempt or (p.rank or 0) >= job.replicas or p in superseded]
     current = [p for p in pods if p not in stale]
     to_create, missing = _missing_ranks(job, old, current, now)
     failures = [f for f in (_failure_of(p, now) for p in current) if f is not None]
+    progress = observed if observed is not None and observed.attempt == attempt else None
+    accounting = _restart_accounting(old, attempt, progress)
+    report = progress.restart if progress is not None else None
     return _LiveAttempt(
         job=job,
         old=old,
@@ -616,13 +690,35 @@ def _live_attempt(
         current=current,
         stale=stale,
         attempt=attempt,
-        restarts=_int(old.get("restarts"), 0),
+        restarts=_int(old.get("restarts"), 0) + accounting.added,
         to_create=to_create,
         failures=[*failures, *missing],
         rules=rules,
-        progress=observed if observed is not None and observed.attempt == attempt else None,
+        progress=progress,
         queue=queue if job.kueue is not None else None,
+        accounting=accounting,
+        goodput=recovery.goodput(
+            report.kept_step_seconds if report is not None else None, parse_time(old.get("startTime")), now
+        ),
     )
+
+
+def _restart_accounting(
+    old: Mapping[str, Any], attempt: int, progress: ProgressObservation | None
+) -> recovery.RestartAccounting:
+    """What rank 0's latest read says of restarts: in-place ones to count, or a restart's cost to record."""
+    last = old.get("lastRestart")
+    last = last if isinstance(last, Mapping) else None
+    if progress is None:
+        return recovery.RestartAccounting()
+    accounting = recovery.account(last, attempt, progress.restart)
+    if accounting.record is None and progress.step > 0:
+        # A whole gang's first step after its resume: rank 0's time of it, else when the operator
+        # first saw this attempt's steps move.
+        resumed = progress.restart.any_resumed_at if progress.restart is not None else None
+        first = datetime.fromtimestamp(resumed, UTC) if resumed is not None else progress.step_changed_at
+        accounting = recovery.fill_whole_gang(last, attempt, first)
+    return accounting
 
 
 def _finish(live: _LiveAttempt, phase: str, reason: str, message: str) -> Decision:
@@ -639,6 +735,8 @@ def _finish(live: _LiveAttempt, phase: str, reason: str, message: str) -> Decisi
         completion_time=format_time(live.now),
         # The last progress read stays: how far the job got.
         progress=live.shown_progress,
+        last_restart=live.accounting.record,
+        goodput=live.goodput,
     )
     cleanup = _cleanup(live.job, _status(live.job, live.old, change, live.now), live.pods, live.now)
     return _decision(
@@ -646,21 +744,33 @@ def _finish(live: _LiveAttempt, phase: str, reason: str, message: str) -> Decisi
         live.old,
         change,
         live.now,
-        create_attempt=live.attempt,
-        delete_pods=cleanup.delete_pods,
-        mark_unretriable=cleanup.mark_unretriable,
-        delete_job=cleanup.delete_job,
+        create=Creates(attempt=live.attempt),
+        delete=cleanup.delete,
+        kueue=cleanup.kueue,
         requeue_after=cleanup.requeue_after,
     )
 
 
-def _restart(live: _LiveAttempt, reason: str, message: str, counted: bool = True) -> Decision:
+def _restart(
+    live: _LiveAttempt, reason: str, message: str, counted: bool = True, failure: RankFailure | None = None
+) -> Decision:
     """Tear the gang down; the next attempt is created once none of its pods is alive.
 
     ``counted``: the retry spends backoffLimit (status.restarts); a preemption does not
-    (status.preemptions).
+    (status.preemptions). ``failure``: the one that decided, for status.lastRestart.
     """
     preemptions = _int(live.old.get("preemptions"), 0)
+    in_place = live.job.run_policy.restart_mode == recovery.MODE_IN_PLACE
+    note = recovery.fallback_note(live.failures) if in_place else ""
+    record = recovery.new_record(
+        cause=reason,
+        mode=recovery.MODE_WHOLE_GANG,
+        attempt=live.attempt,
+        failure_time=datetime.fromtimestamp(failure.finish_key, UTC) if failure else live.now,
+        rank=failure.rank if failure else None,
+        exit_code=failure.exit_code if failure else None,
+        note=note,
+    )
     change = _Transition(
         phase=names.PHASE_RESTARTING,
         reason=reason,
@@ -670,6 +780,8 @@ def _restart(live: _LiveAttempt, reason: str, message: str, counted: bool = True
         restarts=live.restarts + (1 if counted else 0),
         preemptions=preemptions if counted else preemptions + 1,
         start_time=live.old.get("startTime"),
+        last_restart=record,
+        goodput=live.goodput,
     )
     return _decision(
         live.job,
@@ -677,7 +789,7 @@ def _restart(live: _LiveAttempt, reason: str, message: str, counted: bool = True
         change,
         live.now,
         gang_restart=True,
-        delete_pods=_deletable(live.pods),
+        delete=Deletes(pods=_deletable(live.pods)),
         requeue_after=0.0 if all(p.terminal for p in live.pods) else RESTART_POLL_SECONDS,
     )
 
@@ -700,7 +812,7 @@ def _rule_judged(live: _LiveAttempt) -> Decision | None:
         success.succeeded_ranks(live.current),
     )
     if verdict.outcome == "retry":
-        return _restart(live, verdict.reason, verdict.message, verdict.counted)
+        return _restart(live, verdict.reason, verdict.message, verdict.counted, verdict.failure)
     if verdict.outcome == "failed":
         return _finish(live, names.PHASE_FAILED, verdict.reason, verdict.message)
     if verdict.outcome == "succeeded":
@@ -732,41 +844,27 @@ def _rule_stalled(live: _LiveAttempt) -> Decision | None:
     left = live.stall_left
     if left is None or left > 0 or live.progress is None:
         return None
-    limit = live.job.run_policy.stall_timeout_seconds
-    steps = live.progress.rank_steps
-    per_pod = live.job.nproc_per_node
+    limit = live.job.run_policy.stall_timeout_seconds or 0
     # Keyed by each pod's first global rank, as the scraper reads every pod's endpoint.
-    nodes = {p.rank * per_pod: p.node for p in live.current if p.rank is not None}
-    # A pod whose endpoint did not answer while the others did (a SIGSTOPped or wedged process) is the
-    # likeliest culprit: it comes first.
-    silent = sorted(r for r in nodes if r not in steps) if steps else []
-    behind = (silent + sorted(steps, key=lambda rank: (steps[rank], rank)))[:3]
-    where = ", ".join(
-        f"rank {r} ({f'step {steps[r]}' if r in steps else 'its metrics did not answer'}) "
-        f"on node {nodes.get(r) or 'unknown'}"
-        for r in behind
-    )
-    stalled = RankFailure(
-        rank=behind[0] if behind else 0, finish_key=live.now.timestamp(), disruption=REASON_STALLED
-    )
+    nodes = {p.rank * live.job.nproc_per_node: p.node for p in live.current if p.rank is not None}
+    stalled, detail = stall.stalled(limit, live.progress.step, live.progress.rank_steps, nodes, live.now)
     verdict = judge_failures(
         live.job.restart_policy, live.job.run_policy.backoff_limit, live.restarts, [stalled], live.attempt
     )
-    detail = f"no synchronized step for {limit}s after step {live.progress.step}"
-    if where:
-        detail += f"; furthest behind: {where}"
     message = f"{detail}; {verdict.message}"
     if verdict.retry:
-        return _restart(live, REASON_STALLED, message)
+        return _restart(live, REASON_STALLED, message, failure=stalled)
     return _finish(live, names.PHASE_FAILED, verdict.reason, message)
 
 
 def _shown_straggler(live: _LiveAttempt) -> tuple[dict[str, Any] | None, tuple[PhaseEvent, ...]]:
-    """status.straggler once a rank has been slowest for the window, and an Event when it is new."""
+    """status.straggler once a rank has been slow for the window, and an Event when it is new."""
     sighting = live.progress.straggler if live.progress is not None else None
     if sighting is None or live.straggler_left:
         return None, ()
-    pod = next((p for p in live.current if p.rank == sighting.rank), None)
+    # The rank is global: its pod is the one of its node rank (docs/api.md's env contract).
+    pod_rank = sighting.rank // max(live.job.nproc_per_node, 1)
+    pod = next((p for p in live.current if p.rank == pod_rank), None)
     shown = straggler_status(sighting, pod.name if pod else "", pod.node if pod else "")
     previous = live.old.get("straggler")
     if isinstance(previous, Mapping) and previous.get("rank") == sighting.rank:
@@ -775,9 +873,9 @@ def _shown_straggler(live: _LiveAttempt) -> tuple[dict[str, Any] | None, tuple[P
         type="Warning",
         reason=REASON_STRAGGLER,
         message=(
-            f"rank {sighting.rank} ({shown['pod']} on node {shown['node'] or 'unknown'}) has been "
-            f"{sighting.slowdown:.2f}x slower than the median rank for "
-            f"{live.rules.straggler_window_seconds:.0f}s"
+            f"{describe_slow_rank(sighting.rank, sighting.slowdown, sighting.phase)} "
+            f"({shown['pod']} on node {shown['node'] or 'unknown'}), for "
+            f"{live.rules.straggler_window_seconds:.0f}s: the other ranks wait for it in every step"
         ),
     )
     return shown, (notice,)
@@ -827,20 +925,19 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
         start_time=live.old.get("startTime") or format_time(live.now),
         progress=live.shown_progress,
         straggler=straggler,
+        last_restart=live.accounting.record,
+        goodput=live.goodput,
     )
-    create = live.to_create
     return _decision(
         job,
         live.old,
         change,
         live.now,
-        delete_pods=_deletable(live.stale),
-        create_attempt=attempt,
-        create_ranks=create,
-        create_service=bool(create),
-        create_pvc=bool(create) and job.checkpoint is not None,
-        create_network_policy=bool(create) and job.network_policy.enabled,
-        notices=notices,
+        delete=Deletes(pods=_deletable(live.stale), lost_pods=_lost(live.stale)),
+        kueue=_release_replaced(live, [p for p in live.stale if p.attempt == attempt]),
+        create=_creates(job, attempt, live.to_create, live.restarts),
+        notices=notices + _restart_notices(live),
+        restart_measured=live.accounting.measured,
         requeue_after=_min_wait(
             live.active_left,
             live.startup_left,
@@ -851,6 +948,125 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
             kueue.QUEUED_POLL_SECONDS if phase == names.PHASE_QUEUED else None,
         ),
     )
+
+
+def _restart_notices(live: _LiveAttempt) -> tuple[PhaseEvent, ...]:
+    """An in-place restart the launchers made (Warning), and any restart's cost once known (Normal)."""
+    record = live.accounting.record
+    if record is None:
+        return ()
+    text = recovery.describe(record, live.restarts, live.job.run_policy.backoff_limit)
+    notices: list[PhaseEvent] = []
+    if live.accounting.added:
+        notices.append(PhaseEvent(type="Warning", reason=REASON_RESTARTED_IN_PLACE, message=text))
+    elif live.accounting.measured is not None:
+        notices.append(PhaseEvent(type="Normal", reason=REASON_RECOVERED, message=text))
+    return tuple(notices)
+
+
+def _rule_replace_lost(live: _LiveAttempt) -> Decision | None:
+    """InPlace: a lost pod (deleted, evicted, its node gone) other than rank 0's is replaced alone; its
+    peers restart in place and wait for the new pod on the rendezvous's next round."""
+    ranks = recovery.replaceable_ranks(live.job.run_policy.restart_mode, live.failures)
+    if ranks is None:
+        return None
+    verdict = judge_failures(
+        live.job.restart_policy, live.job.run_policy.backoff_limit, live.restarts, live.failures, live.attempt
+    )
+    if not verdict.retry:
+        return None  # the judge fails the job, with the same verdict
+    lost = [p for p in live.pods if p.attempt == live.attempt and p.rank in ranks]
+    counted = kueue_policy.still_counted(lost) if live.job.kueue is not None else []
+    if counted:
+        # Kueue still counts the lost pod in the group and would delete its replacement as excess:
+        # release it first (its finalizer goes once it ended), then replace (docs/scheduling.md).
+        return Decision(
+            report=Report(dict(live.old), changed=False),
+            kueue=kueue_policy.release_stale(counted, live.now, live.rules.unconfirmed_deletion_seconds),
+            requeue_after=RESTART_POLL_SECONDS,
+        )
+    used = max([_int(live.old.get("podReplacements"), 0), *(p.replacement for p in live.pods)])
+    replacements = tuple((rank, used + 1 + i) for i, rank in enumerate(ranks))
+    last = live.old.get("lastRestart")
+    accounted = (
+        _int(last.get("groupRestarts"), 0)
+        if isinstance(last, Mapping) and last.get("attempt") == live.attempt
+        else 0
+    )
+    failure = verdict.failure
+    record = recovery.new_record(
+        cause=verdict.reason,
+        mode=recovery.MODE_POD_REPLACED,
+        attempt=live.attempt,
+        failure_time=datetime.fromtimestamp(failure.finish_key, UTC),
+        rank=failure.rank,
+        group_restarts=max(
+            accounted, live.accounting.record.get("groupRestarts", 0) if live.accounting.record else 0
+        )
+        + 1,
+    )
+    restarts = live.restarts + 1
+    message = (
+        f"{failure.describe()} in attempt {live.attempt}: replaced by "
+        + ", ".join(names.pod_name(live.job.name, rank, live.attempt, n) for rank, n in replacements)
+        + f"; the other ranks restart in place (restart {restarts} of {live.job.run_policy.backoff_limit})"
+    )
+    change = _Transition(
+        phase=str(live.old.get("phase") or names.PHASE_RUNNING),
+        reason=str(_condition_reason(live.old) or REASON_RUNNING),
+        message=_condition_message(live.old, str(live.old.get("phase"))) or message,
+        counts=live.counts,
+        attempt=live.attempt,
+        restarts=restarts,
+        start_time=live.old.get("startTime") or format_time(live.now),
+        progress=live.shown_progress,
+        last_restart=record,
+        goodput=live.goodput,
+        pod_replacements=used + len(replacements),
+    )
+    return _decision(
+        live.job,
+        live.old,
+        change,
+        live.now,
+        create=Creates(
+            attempt=live.attempt,
+            replacements=replacements,
+            restart_budget=builders.remaining_restart_budget(live.job, restarts - accounted - 1),
+        ),
+        delete=Deletes(pods=_deletable([p for p in lost if p.terminal]), lost_pods=_lost(lost)),
+        kueue=_release_replaced(live, lost),
+        notices=(PhaseEvent(type="Warning", reason=REASON_POD_REPLACED, message=message),),
+        requeue_after=_min_wait(live.active_left, live.stall_left),
+    )
+
+
+def _release_replaced(live: _LiveAttempt, pods: Sequence[PodObservation]) -> KueueActions:
+    """Replaced pods of a Kueue group go once they have ended: Kueue's finalizer would keep them."""
+    if live.job.kueue is None:
+        return kueue_policy.NONE
+    return kueue_policy.release_stale(pods, live.now, live.rules.unconfirmed_deletion_seconds)
+
+
+def _rule_in_place_budget(live: _LiveAttempt) -> Decision | None:
+    """The launchers restarted the gang in place more often than backoffLimit allows: the job fails."""
+    limit = live.job.run_policy.backoff_limit
+    if not live.accounting.added or live.restarts <= limit:
+        return None
+    record = live.accounting.record or {}
+    message = (
+        f"{recovery.describe(record, live.restarts, limit)}; backoffLimit {limit} exceeded "
+        f"after {live.restarts} restart(s)"
+    )
+    return _finish(live, names.PHASE_FAILED, REASON_BACKOFF, message)
+
+
+def _condition_reason(old: Mapping[str, Any]) -> str | None:
+    phase = old.get("phase")
+    for condition in old.get("conditions") or []:
+        if condition.get("type") == phase and condition.get("status") == "True":
+            return str(condition.get("reason", ""))
+    return None
 
 
 def _rule_restart_stuck(live: _LiveAttempt) -> Decision | None:
@@ -901,7 +1117,9 @@ def _condition_time(old: Mapping[str, Any], kind: str) -> datetime | None:
 
 # In order: the first rule that ends the attempt wins; the last always answers.
 _LIVE_RULES: Final = (
+    _rule_replace_lost,
     _rule_judged,
+    _rule_in_place_budget,
     _rule_active_deadline,
     _rule_startup_deadline,
     _rule_root_image_refused,
@@ -1013,10 +1231,8 @@ def _refused(job: JobSpec, old: Mapping[str, Any], refusal: CreateRefusal, now: 
     failed = failed_status(old, reason, text, now)
     failed.update(observedGeneration=job.generation, attempt=refusal.attempt, worldSize=job.world_size)
     return Decision(
-        status=failed,
-        status_changed=True,
-        create_attempt=refusal.attempt,
-        event=PhaseEvent(type="Warning", reason=reason, message=text),
+        report=Report(failed, changed=True, event=PhaseEvent(type="Warning", reason=reason, message=text)),
+        create=Creates(attempt=refusal.attempt),
         requeue_after=0.0,
     )
 
@@ -1025,7 +1241,7 @@ def decide_invalid_spec(status: Mapping[str, Any], generation: int, message: str
     """A manifest the CRD let through but the operator cannot run (e.g. written under an older CRD)."""
     old: Mapping[str, Any] = status or {}
     if old.get("phase") == names.PHASE_FAILED:
-        return Decision(status=dict(old), status_changed=False)
+        return Decision(report=Report(dict(old), changed=False))
     failed = {
         **failed_status({}, REASON_INVALID_SPEC, message, now),
         "conditions": _conditions(
@@ -1034,7 +1250,9 @@ def decide_invalid_spec(status: Mapping[str, Any], generation: int, message: str
         "observedGeneration": generation,
     }
     return Decision(
-        status=failed,
-        status_changed=True,
-        event=PhaseEvent(type="Warning", reason=REASON_INVALID_SPEC, message=message),
+        report=Report(
+            failed,
+            changed=True,
+            event=PhaseEvent(type="Warning", reason=REASON_INVALID_SPEC, message=message),
+        )
     )

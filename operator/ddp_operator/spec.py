@@ -18,11 +18,17 @@ from ddp_operator import names
 Backend = Literal["nccl", "gloo"]
 RestartPolicy = Literal["Never", "OnFailure", "ExitCode"]
 CleanPodPolicy = Literal["Running", "All", "None"]
+# How a retried failure is recovered (docs/restarts.md): the pods stay and their launchers restart the
+# workers (only a lost pod is replaced), or every pod of the gang is recreated.
+RestartMode = Literal["InPlace", "Recreate"]
 GangMode = Literal["Auto", "Workload", "None"]
 
 BACKENDS: Final = ("auto", "nccl", "gloo")
 RESTART_POLICIES: Final = ("Never", "OnFailure", "ExitCode")
 CLEAN_POD_POLICIES: Final = ("Running", "All", "None")
+RESTART_MODES: Final = ("InPlace", "Recreate")
+RESTART_MODE_IN_PLACE: Final = "InPlace"
+RESTART_MODE_RECREATE: Final = "Recreate"
 GANG_MODES: Final = ("Auto", "Workload", "None")
 DEFAULT_GANG_MODE: Final[GangMode] = "Auto"
 
@@ -33,6 +39,7 @@ DEFAULT_RESTART_POLICY: Final[RestartPolicy] = "ExitCode"
 DEFAULT_BACKOFF_LIMIT: Final = 3
 MAX_BACKOFF_LIMIT: Final = 1000
 DEFAULT_CLEAN_POD_POLICY: Final[CleanPodPolicy] = "Running"
+DEFAULT_RESTART_MODE: Final[RestartMode] = "InPlace"
 DEFAULT_CHECKPOINT_MOUNT_PATH: Final = "/var/run/ddp/checkpoints"
 DEFAULT_RENDEZVOUS_PORT: Final = 29500
 DEFAULT_METRICS_PORT: Final = 9400
@@ -76,6 +83,7 @@ DECLARED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
             "ttlSecondsAfterFinished",
             "cleanPodPolicy",
             "suspend",
+            "restartMode",
         }
     ),
     "spec.template": frozenset({"metadata", "spec"}),
@@ -123,6 +131,7 @@ class RunPolicy:
     ttl_seconds_after_finished: int | None = None
     clean_pod_policy: CleanPodPolicy = DEFAULT_CLEAN_POD_POLICY
     suspend: bool = False
+    restart_mode: RestartMode = DEFAULT_RESTART_MODE
 
 
 @dataclass(frozen=True)
@@ -307,6 +316,7 @@ def _parse_run_policy(raw: Mapping[str, Any]) -> RunPolicy:
             CleanPodPolicy, _enum(raw, "cleanPodPolicy", path, CLEAN_POD_POLICIES, DEFAULT_CLEAN_POD_POLICY)
         ),
         suspend=_bool(raw, "suspend", path, False),
+        restart_mode=cast(RestartMode, _enum(raw, "restartMode", path, RESTART_MODES, DEFAULT_RESTART_MODE)),
     )
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ddp_operator.podcache import JobKey
-
 # Status fields that only count ranks; a change to nothing else is a counter-only change.
 COUNTER_KEYS: Final = frozenset({"replicas", "readyReplicas", "ready", "succeededReplicas", "failedReplicas"})
 # Counter-only status writes allowed per phase of an attempt; the phase change itself writes exact counts.
@@ -22,12 +20,21 @@ REFRESH_INTERVALS: Final = 10.0
 
 
 @dataclass
-class _HeldCounters:
-    phase: tuple[Any, ...]
+class HeldCounters:
+    """One job's counter-only changes in the current phase of its attempt (the controller keeps one per
+    job, in its job record, so it goes with the job)."""
+
+    phase: tuple[Any, ...] | None = None
     spent: int = 0
     counters: tuple[Any, ...] | None = None  # the latest counters not written yet
     held_since: float = 0.0  # when the first of them was held back
     still_since: float = 0.0  # when they last changed
+
+    def enter(self, phase: tuple[Any, ...]) -> None:
+        """A new phase of an attempt starts with a new budget."""
+        if self.phase != phase:
+            self.phase, self.spent, self.counters = phase, 0, None
+            self.held_since = self.still_since = 0.0
 
 
 class CounterWrites:
@@ -47,15 +54,12 @@ class CounterWrites:
         self.interval = interval
         self.refresh = interval * REFRESH_INTERVALS if refresh is None else refresh
         self.budget = budget
-        self._jobs: dict[JobKey, _HeldCounters] = {}
 
     def due_in(
-        self, key: JobKey, phase: tuple[Any, ...], counters: tuple[Any, ...], now: float
+        self, held: HeldCounters, phase: tuple[Any, ...], counters: tuple[Any, ...], now: float
     ) -> float | None:
         """0: write now; a number of seconds: look again then; None: not in this phase (budget spent)."""
-        held = self._jobs.get(key)
-        if held is None or held.phase != phase:
-            held = self._jobs[key] = _HeldCounters(phase)
+        held.enter(phase)
         if held.spent >= self.budget:
             return None
         if held.counters is None:
@@ -65,14 +69,9 @@ class CounterWrites:
         due = min(held.still_since + self.interval, held.held_since + self.refresh)
         return max(due - now, 0.0)
 
-    def written(self, key: JobKey, phase: tuple[Any, ...], counter_only: bool) -> None:
+    def written(self, held: HeldCounters, phase: tuple[Any, ...], counter_only: bool) -> None:
         """A status write carrying the current counters went out."""
-        held = self._jobs.get(key)
-        if held is None or held.phase != phase:
-            held = self._jobs[key] = _HeldCounters(phase)
+        held.enter(phase)
         held.counters = None
         if counter_only:
             held.spent += 1
-
-    def forget(self, key: JobKey) -> None:
-        self._jobs.pop(key, None)

@@ -4,14 +4,18 @@ registry involved), our two images loaded with `kind load docker-image`, the cha
 The tests are the real-node suite's (tests/e2e/test_real_node.py), run here against the kind cluster:
 DNS and a ClusterIP Service from a pod, the digits example across two ranks with a checkpoint volume
 from the default StorageClass (local-path-provisioner), metrics scraped from both ranks through the
-apiserver's pod proxy, a deleted rank pod restarting the gang from its checkpoint, and a rank exiting 1
-failing the job with its reason. Not here: the NetworkPolicy test, since this node image has no
-NetworkPolicy enforcer (kube-network-policies needs CONFIG_NFT_QUEUE, which these machines' kernel
-lacks: docs/kind.md).
+apiserver's pod proxy, a rank exiting 1 failing the job with its reason, and the job's NetworkPolicy
+fencing its ranks; the recovery modes of docs/restarts.md with a real kubelet (a SIGKILLed worker and a
+rank exiting 137 restart the gang in place, a deleted rank pod is replaced alone); a rank pod resized in
+place to a small CPU limit is named the straggler with its node. The node image has no NetworkPolicy
+enforcer of its own (kind's, kube-network-policies, needs CONFIG_NFT_QUEUE, which these machines' kernel
+lacks), so kube-router's firewall runs as a process of this machine inside the node container's network
+namespace (docs/kind.md); the suite checks that it enforces before any job runs.
 
 Prerequisites: Docker with both images (hack/build-images.sh), kind and the node image
-(hack/build-kind.sh; `make kind` builds both), kubectl and helm (hack/build-k8s.sh). A missing one
-fails the module in CI (DDP_CI_STRICT=1), since `make test-e2e` builds them all.
+(hack/build-kind.sh; `make kind` builds both), kubectl and helm (hack/build-k8s.sh), and for the
+enforcer root, kube-router, iptables and ipset (hack/build-kube-router.sh). A missing one fails the
+module in CI (DDP_CI_STRICT=1), since `make test-e2e` builds them all.
 
 Environment: KIND_NODE_IMAGE (default: the image hack/build-kind.sh built), DDP_E2E_KIND_CLUSTER
 (the cluster's name, ddp-e2e), DDP_E2E_KEEP_CLUSTER=1 (leave it for a look: `kind delete cluster
@@ -26,21 +30,26 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 # pytest imports test modules by their basename (tests/ has no packages): the same module object.
 import test_real_node as suite
+import yaml
 from test_real_node import (  # noqa: F401  (fixtures and tests that run here on kind)
     checkpoint_storage,
-    network_policy_enforcer,
     operator_release,
     restricted_namespace,
     test_a_pod_resolves_kubernetes_default_and_reaches_a_cluster_ip_service,
     test_a_rank_exiting_1_fails_the_job_with_the_reason,
-    test_deleting_a_rank_pod_restarts_the_gang_which_resumes_from_the_checkpoint,
+    test_a_rank_pod_slowed_by_its_cpu_limit_is_named_the_straggler,
     test_digits_trains_across_two_pods_with_equal_allreduce_bytes_and_succeeds,
+    test_the_jobs_network_policy_fences_its_ranks,
 )
+
+from ddp_harness import netpol_enforcer
+from ddp_harness.processes import stop_components, write_json
 
 pytestmark = [pytest.mark.e2e]
 
@@ -48,6 +57,8 @@ REPO = Path(__file__).resolve().parents[2]
 BUILD_KIND = REPO / "hack" / "build-kind.sh"
 KIND_CONFIG = REPO / "hack" / "kind" / "cluster.yaml"
 KIND_CLUSTER = os.environ.get("DDP_E2E_KIND_CLUSTER", "ddp-e2e")
+# kind's default Service subnet: hack/kind/cluster.yaml leaves it.
+KIND_SERVICE_SUBNET = "10.96.0.0/16"
 
 
 def _progress(message: str) -> None:
@@ -122,3 +133,170 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[suite.External
                 timeout=300,
                 check=False,
             )
+
+
+# ---- recovery in place (docs/restarts.md): on kind, a real kubelet and our images --------------------
+
+
+def _kill_worker(cluster: suite.ExternalCluster, namespace: str, pod: str) -> int:
+    """SIGKILL the pod's training worker, as the OOM killer or a crash in native code would: the PID its
+    launcher logged when it started the round (`launcher event=started workers=RANK:PID`)."""
+    logs = cluster.kubectl_run("logs", "-n", namespace, pod, "-c", "trainer").stdout
+    started = [line for line in suite.status_lines(logs, "launcher") if line.get("event") == "started"]
+    assert started, f"{pod} logged no started workers:\n{logs[-2000:]}"
+    pid = int(started[-1]["workers"].split(",")[0].split(":")[1])
+    kill = f"import os, signal; os.kill({pid}, signal.SIGKILL)"
+    cluster.kubectl_run("exec", "-n", namespace, pod, "-c", "trainer", "--", "python3", "-c", kill)
+    return pid
+
+
+def _pod_uids(cluster: suite.ExternalCluster, namespace: str, job: str) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in suite.rank_pods(cluster, namespace, job)}
+
+
+def _started_with_a_checkpoint(
+    cluster: suite.ExternalCluster, namespace: str, job: str
+) -> tuple[list[dict[str, Any]], suite.LogFollower]:
+    pods = suite.wait_for(
+        "both ranks Running", lambda: suite.running_ranks(cluster, namespace, job, 0, 2), timeout=600
+    )
+    rank0 = next(p["metadata"]["name"] for p in pods if p["metadata"]["labels"]["ddp.dev/rank"] == "0")
+    follower = suite.LogFollower(cluster, namespace, rank0)
+    suite.wait_for(
+        "a checkpoint on the volume",
+        lambda: suite.checkpoint_files(cluster, namespace, job, rank0),
+        timeout=300,
+    )
+    return pods, follower
+
+
+def _assert_recovered(status: dict[str, Any], logs: str, mode: str, cause: str) -> dict[str, Any]:
+    """Succeeded with the example's accuracy, after one restart of ``mode`` that resumed from a checkpoint
+    and whose cost the status shows."""
+    assert status.get("restarts") == 1, status
+    record = status.get("lastRestart") or {}
+    assert (record.get("mode"), record.get("cause")) == (mode, cause), record
+    phases = [float(record[key]) for key in ("stoppedSeconds", "reformedSeconds", "resumedSeconds")]
+    assert 0 <= phases[0] <= phases[1] <= phases[2] < 300, record
+    assert int(record.get("stepsRedone", -1)) >= 0, record
+    assert 0 < float(status.get("goodput", 0)) <= 1, status
+    final = suite.status_lines(logs, "final")
+    assert final and 0.5 < float(final[-1]["accuracy"]) <= 1.0, logs[-2000:]
+    resumed = suite.status_lines(logs, "resumed")
+    assert resumed and int(resumed[-1]["step"]) > 0, (
+        f"rank 0 did not resume from a checkpoint:\n{logs[-2000:]}"
+    )
+    return record
+
+
+@pytest.mark.parametrize(
+    ("how", "extra_args"),
+    [
+        pytest.param("kill", (), id="worker-sigkilled"),
+        pytest.param("exit", ("--inject-fault", "1:step=60:exit=137:once"), id="rank-exits-137"),
+    ],
+)
+def test_a_process_failure_restarts_the_gang_in_place(
+    cluster: suite.ExternalCluster,
+    checkpoint_storage: str | None,  # noqa: F811 (the suite's fixtures)
+    operator_release: str,  # noqa: F811
+    restricted_namespace: str,  # noqa: F811
+    how: str,
+    extra_args: tuple[str, ...],
+) -> None:
+    namespace, job = restricted_namespace, f"inplace-{how}"
+    manifest = suite.digits_job(
+        job, "--throttle-ms", "60", "--checkpoint-every", "20", *extra_args, storage_class=checkpoint_storage
+    )
+    cluster.apply_json(manifest, "-n", namespace)
+    pods, rank0_log = _started_with_a_checkpoint(cluster, namespace, job)
+    before = _pod_uids(cluster, namespace, job)
+    if how == "kill":
+        victim = next(p["metadata"]["name"] for p in pods if p["metadata"]["labels"]["ddp.dev/rank"] == "1")
+        _kill_worker(cluster, namespace, victim)
+    status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
+    assert _pod_uids(cluster, namespace, job) == before, "no pod was created or deleted"
+    record = _assert_recovered(status, rank0_log.text(), "InPlace", "ExitCode")
+    assert (record.get("rank"), record.get("exitCode")) == (1, 137), record
+    suite.TIMINGS.record(f"in_place_{how}_resumed_s", float(record["resumedSeconds"]))
+
+
+def test_a_deleted_rank_pod_is_replaced_alone_and_the_others_keep_theirs(
+    cluster: suite.ExternalCluster,
+    checkpoint_storage: str | None,  # noqa: F811 (the suite's fixtures)
+    operator_release: str,  # noqa: F811
+    restricted_namespace: str,  # noqa: F811
+) -> None:
+    namespace, job = restricted_namespace, "replaced"
+    manifest = suite.digits_job(
+        job, "--throttle-ms", "60", "--checkpoint-every", "20", storage_class=checkpoint_storage
+    )
+    cluster.apply_json(manifest, "-n", namespace)
+    _, rank0_log = _started_with_a_checkpoint(cluster, namespace, job)
+    before = _pod_uids(cluster, namespace, job)
+    cluster.kubectl_run("delete", "pod", f"{job}-1-0", "-n", namespace, "--wait=false")
+    status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
+    after = _pod_uids(cluster, namespace, job)
+    assert after.get(f"{job}-0-0") == before[f"{job}-0-0"], "rank 0 keeps its pod"
+    assert f"{job}-1-0r1" in after and f"{job}-1-0" not in after, after
+    assert status.get("attempt") == 0 and status.get("podReplacements") == 1, status
+    record = _assert_recovered(status, rank0_log.text(), "PodReplaced", "PodDeleted")
+    suite.TIMINGS.record("pod_replaced_resumed_s", float(record["resumedSeconds"]))
+
+
+@pytest.fixture(scope="module")
+def network_policy_enforcer(
+    cluster: suite.ExternalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """kube-router's firewall for the kind node, started here: a process of this machine in the node
+    container's network namespace (`nsenter --net`), with this machine's iptables and ipset, reaching the
+    apiserver at the node's own 127.0.0.1:6443 with a ServiceAccount token and read-only RBAC.
+
+    Not a DaemonSet: that needs an image with iptables and ipset inside, which no registry can supply
+    here and which would be one more debootstrap rootfs to build; the node shares this kernel, so a
+    host process in its namespace programs the same tables a pod on the host network would."""
+    if os.geteuid() != 0:
+        pytest.skip("kube-router in the kind node's network namespace needs root (nsenter, iptables)")
+    missing = netpol_enforcer.missing_prerequisites()
+    if missing:
+        pytest.skip("no NetworkPolicy enforcer for kind here: " + "; ".join(missing))
+    binary = netpol_enforcer.ensure_binary(build=True)
+    node = f"{KIND_CLUSTER}-control-plane"
+    pid = subprocess.run(
+        ["docker", "inspect", "--format", "{{.State.Pid}}", node], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    cluster.apply_json(
+        {"apiVersion": "v1", "kind": "List", "items": netpol_enforcer.service_account_objects()}
+    )
+    token = cluster.kubectl_run(
+        "create",
+        "token",
+        netpol_enforcer.NAME,
+        "-n",
+        netpol_enforcer.SERVICE_ACCOUNT_NAMESPACE,
+        "--duration=24h",
+    ).stdout.strip()
+    ca_data = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"][
+        "certificate-authority-data"
+    ]
+    work = tmp_path_factory.mktemp("kube-router")
+    kubeconfig = work / "kubeconfig"
+    # The apiserver listens on every address of the node's namespace; its certificate names 127.0.0.1.
+    write_json(kubeconfig, netpol_enforcer.token_kubeconfig("https://127.0.0.1:6443", ca_data, token))
+    kubeconfig.chmod(0o600)
+    enforcer = netpol_enforcer.start(
+        binary,
+        kubeconfig=kubeconfig,
+        node_name=node,
+        service_cidr=KIND_SERVICE_SUBNET,
+        netns=Path(f"/proc/{pid}/ns/net"),
+        log=work / "kube-router.log",
+    )
+    _progress(f"kube-router {netpol_enforcer.version()} enforcing in {node}'s network namespace (log {work})")
+    try:
+        described = f"kube-router {netpol_enforcer.version()} in {node}'s network namespace"
+        suite.assert_network_policies_enforced(cluster, described)
+        yield described
+    finally:
+        # Its rules go with the node; with DDP_E2E_KEEP_CLUSTER they stay, frozen at its last sync.
+        stop_components([enforcer])

@@ -12,15 +12,17 @@ here, as with kind).
 Prerequisites (each missing one skips the module, naming it): root (the node adds a bridge, iptables
 rules and mounts), Docker with both images built by hack/build-images.sh, the control plane's and the
 node's binaries (hack/build-k8s.sh, hack/build-node-binaries.sh; built here when Go is available) and
-Debian's containerd, runc and CNI plugins. NetworkPolicy enforcement (kube-network-policies, built
-by hack/build-kube-network-policies.sh) additionally needs a kernel with nf_tables' queue expression;
-without one only the enforcement test skips, naming it (docs/security.md). Set DDP_E2E_TIMINGS=<file> to record the figures of
-docs/real-node.md (the test never asserts on them).
+Debian's containerd, runc and CNI plugins, and for the node's NetworkPolicy enforcer (kube-router's
+firewall, hack/build-kube-router.sh) Debian's ipset and a kernel with ipsets and xt_set. Every job here
+runs under its NetworkPolicy, enforced; the module first proves that the enforcer enforces (a deny-all
+policy refuses a connection that succeeds without it). Set DDP_E2E_TIMINGS=<file> to record the figures
+of docs/real-node.md (the test never asserts on them).
 
 Against another cluster (DDP_E2E_KUBECONFIG) only kubectl and helm are needed here; the cluster must be
 able to run DDP_E2E_OPERATOR_IMAGE and DDP_E2E_TRAINER_IMAGE (pullable, or loaded beforehand as with
-`kind load docker-image`) and bind a checkpoint claim: through its default StorageClass, or the one
-named by DDP_E2E_STORAGE_CLASS. docs/real-node.md says how."""
+`kind load docker-image`), bind a checkpoint claim (through its default StorageClass, or the one named
+by DDP_E2E_STORAGE_CLASS) and enforce NetworkPolicies (its network plugin's job; the deny-all check
+fails the module where nothing does). docs/real-node.md says how."""
 
 from __future__ import annotations
 
@@ -262,15 +264,12 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
     bin_dir = default_bin_dir()
     real_node.ensure_node_binaries(bin_dir, build=True)
     missing = real_node.missing_prerequisites(bin_dir, real_node.default_cni_bin_dir())
+    missing += netpol_enforcer.missing_prerequisites()
     if missing:
         pytest.skip("a real node cannot run here: " + "; ".join(missing))
     state_dir = tmp_path_factory.mktemp("real-node-cluster")
-    images: tuple[str, ...] = (OPERATOR_IMAGE, TRAINER_IMAGE)
-    if netpol_enforcer.enforcement_unavailable() is None:
-        # The NetworkPolicy enforcer (network_policy_enforcer below), loaded with the other images.
-        netpol_enforcer.ensure_image(netpol_enforcer.ensure_binary(build=True))
-        images += (netpol_enforcer.IMAGE,)
-    node_options = real_node.RealNodeOptions(images=images)
+    # The node enforces NetworkPolicies: network_policy_enforcer below checks that it does.
+    node_options = real_node.RealNodeOptions(images=(OPERATOR_IMAGE, TRAINER_IMAGE), network_policy=True)
     options = ClusterOptions(
         state_dir=state_dir,
         bin_dir=bin_dir,
@@ -291,33 +290,23 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
 
 
 @pytest.fixture(scope="module")
-def network_policy_enforcer(cluster: Cluster) -> str | None:
-    """None once NetworkPolicies are enforced on the cluster's nodes; else why they cannot be here.
-
-    On the local node: kube-network-policies (ddp_harness.netpol_enforcer), as kind runs it, where the
-    kernel can run it. Another cluster is taken to enforce them (kind >= 0.24 does);
-    test_the_jobs_network_policy_fences_its_ranks fails there if it does not.
-    """
-    if not is_local_node(cluster):
-        return None
-    reason = netpol_enforcer.enforcement_unavailable()
-    if reason is not None:
-        _progress(f"no NetworkPolicy enforcer: {reason}")
-        return reason
-    cluster.apply_json({"apiVersion": "v1", "kind": "List", "items": netpol_enforcer.api_objects()})
-
-    def ready() -> bool:
-        daemonset = get_json(cluster, "daemonset", netpol_enforcer.NAME, "-n", netpol_enforcer.NAMESPACE)
-        return int(daemonset.get("status", {}).get("numberReady", 0)) >= 1
-
-    wait_for("kube-network-policies Ready on the node", ready, timeout=120)
-    return None
+def network_policy_enforcer(cluster: Cluster) -> str:
+    """What enforces NetworkPolicies on the cluster's nodes, once a deny-all policy is seen to refuse a
+    connection that succeeds without it: kube-router's firewall on the local node (started with it);
+    another cluster's network plugin. test_kind.py overrides this to start kube-router in kind's node."""
+    enforcer = (
+        f"kube-router {netpol_enforcer.version()} on the real node"
+        if is_local_node(cluster)
+        else "the cluster's own"
+    )
+    assert_network_policies_enforced(cluster, enforcer)
+    return enforcer
 
 
 @pytest.fixture(scope="module")
-def operator_release(cluster: Cluster, network_policy_enforcer: str | None) -> Iterator[str]:
-    """The chart, installed once; every job of this module runs under its NetworkPolicy, enforced where
-    `network_policy_enforcer` could start an enforcer."""
+def operator_release(cluster: Cluster, network_policy_enforcer: str) -> Iterator[str]:
+    """The chart, installed once; every job of this module runs under its NetworkPolicy, enforced by
+    `network_policy_enforcer`."""
     repository, tag = OPERATOR_IMAGE.rsplit(":", 1)
     release = "ddp"
     cluster.helm_run(
@@ -701,11 +690,12 @@ def test_deleting_a_rank_pod_restarts_the_gang_which_resumes_from_the_checkpoint
 ) -> None:
     namespace = restricted_namespace
     job = "digits-restart"
-    cluster.apply_json(
-        digits_job(job, "--throttle-ms", "60", "--checkpoint-every", "20", storage_class=checkpoint_storage),
-        "-n",
-        namespace,
+    manifest = digits_job(
+        job, "--throttle-ms", "60", "--checkpoint-every", "20", storage_class=checkpoint_storage
     )
+    # The whole-gang path (the in-place ones are the kind suite's: test_kind.py).
+    manifest["spec"]["runPolicy"]["restartMode"] = "Recreate"
+    cluster.apply_json(manifest, "-n", namespace)
     pods = wait_for("both ranks Running", lambda: running_ranks(cluster, namespace, job, 0, 2), timeout=600)
     rank0 = next(p["metadata"]["name"] for p in pods if p["metadata"]["labels"]["ddp.dev/rank"] == "0")
     wait_for(
@@ -735,7 +725,9 @@ def test_a_rank_exiting_1_fails_the_job_with_the_reason(
     namespace = restricted_namespace
     job = "digits-crash"
     cluster.apply_json(
-        digits_job(job, "--inject-exit", "1:3:1", storage_class=checkpoint_storage), "-n", namespace
+        digits_job(job, "--inject-fault", "1:step=3:exit=1", storage_class=checkpoint_storage),
+        "-n",
+        namespace,
     )
     status = wait_phase(cluster, namespace, job, "Failed", timeout=600)
     failed = [
@@ -744,6 +736,69 @@ def test_a_rank_exiting_1_fails_the_job_with_the_reason(
     assert failed and failed[0]["reason"] == "ExitCode", status
     assert "rank 1 exited with code 1" in failed[0]["message"], failed[0]
     assert status.get("restarts", 0) == 0, status
+
+
+def cpu_resized(cluster: Cluster, namespace: str, pod: str, cpu: str) -> dict[str, Any] | None:
+    """The pod once its trainer container runs under the CPU limit ``cpu`` (the kubelet applied it)."""
+    found = get_json(cluster, "pod", pod, "-n", namespace)
+    for status in found["status"].get("containerStatuses", []):
+        limits = (status.get("resources") or {}).get("limits") or {}
+        if status["name"] == "trainer" and limits.get("cpu") == cpu:
+            return dict(found)
+    return None
+
+
+def test_a_rank_pod_slowed_by_its_cpu_limit_is_named_the_straggler(
+    cluster: Cluster, checkpoint_storage: str | None, operator_release: str, restricted_namespace: str
+) -> None:
+    """Both ranks train under a CPU limit of a whole CPU; then rank 1's pod is resized in place to 50m,
+    as a pod whose node or limit starves it: its gloo threads wait for a CPU inside the collectives and
+    rank 0 names it (docs/metrics.md); the operator puts it in status.straggler with its pod and node
+    once it stays above the threshold for the window, with one Straggler Event."""
+    namespace = restricted_namespace
+    job = "digits-straggler"
+    manifest = digits_job(job, "--epochs", "1000", "--throttle-ms", "20", storage_class=checkpoint_storage)
+    trainer = manifest["spec"]["template"]["spec"]["containers"][0]
+    trainer["resources"].setdefault("limits", {})["cpu"] = "1"
+    cluster.apply_json(manifest, "-n", namespace)
+    pods = wait_for("both ranks Running", lambda: running_ranks(cluster, namespace, job, 0, 2), timeout=600)
+    rank0 = next(p for p in pods if p["metadata"]["labels"]["ddp.dev/rank"] == "0")
+    victim = next(p for p in pods if p["metadata"]["labels"]["ddp.dev/rank"] == "1")["metadata"]["name"]
+
+    def exchanged() -> str | None:
+        text = read_metrics(cluster, rank0)
+        return (
+            text
+            if text and "ddp_straggler_rank" in text and counter(text, "ddp_sync_steps_total") > 20
+            else None
+        )
+
+    wait_for("rank 0's exchange under way", exchanged, timeout=300)
+    assert "straggler" not in job_status(cluster, namespace, job), "named before any rank was slowed"
+    resize = {"spec": {"containers": [{"name": "trainer", "resources": {
+        "requests": {"cpu": "50m"}, "limits": {"cpu": "50m"}}}]}}  # fmt: skip
+    cluster.kubectl_run(
+        "patch", "pod", victim, "-n", namespace, "--subresource", "resize", "-p", json.dumps(resize)
+    )
+    resized = wait_for("rank 1 resized to 50m", lambda: cpu_resized(cluster, namespace, victim, "50m"), 120)
+
+    def named() -> dict[str, Any] | None:
+        straggler = job_status(cluster, namespace, job).get("straggler")
+        return straggler if straggler and straggler.get("rank") == 1 else None
+
+    try:
+        straggler = wait_for("status.straggler naming rank 1", named, timeout=420)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nrank 0:\n{read_metrics(cluster, rank0)}\n"
+                             f"{diagnostics(cluster, namespace, job)}") from None  # fmt: skip
+    assert straggler["pod"] == victim, straggler
+    assert straggler["node"] == resized["spec"]["nodeName"], straggler
+    assert float(straggler["slowdown"]) >= 1.5, straggler
+    # Where a starved rank loses its time depends on where it wanted a CPU when the limit bit.
+    assert straggler.get("phase") in ("data", "compute", "communication"), straggler
+    events = get_json(cluster, "events", "-n", namespace, "--field-selector", f"involvedObject.name={job}")
+    assert [e for e in events["items"] if e["reason"] == "Straggler" and victim in e["message"]], events
+    cluster.kubectl_run("delete", "ddpjob", job, "-n", namespace, "--wait=false")
 
 
 # ---- the job's NetworkPolicy, enforced ---------------------------------------------------------------
@@ -761,7 +816,8 @@ for target in sys.argv[1:]:
         results[target] = type(error).__name__
 print("PROBE " + json.dumps(results))
 """
-# The TCP ports a pod listens on, from its own network namespace.
+# The TCP ports a pod listens on from outside itself, read in its own network namespace: listening
+# sockets (state 0A) not bound to loopback (127.x is stored little-endian, so its hex ends in 7F).
 LISTENING_SCRIPT = """
 ports = set()
 for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -771,25 +827,30 @@ for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         continue
     for row in rows:
         fields = row.split()
-        if fields[3] == "0A":
-            ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+        address, port = fields[1].rsplit(":", 1)
+        loopback = address.endswith("7F") if len(address) == 8 else address == "0" * 24 + "01000000"
+        if fields[3] == "0A" and not loopback:
+            ports.add(int(port, 16))
 print(" ".join(str(p) for p in sorted(ports)))
 """
 # Where the chart lets Prometheus scrape from by default (rankMetrics.allowFrom).
 PROMETHEUS_NAMESPACE = "monitoring"
+RENDEZVOUS_PORT = 29500
 RESTRICTED_CONTAINER = {
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
     "runAsNonRoot": True,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+# A port served by the deny-all check's server pod.
+CHECK_PORT = 8080
 
 
-def probe_from_pod(
-    cluster: Cluster, namespace: str, name: str, targets: list[str], labels: dict[str, str] | None = None
-) -> dict[str, str]:
-    """Connect to `targets` from a new pod (the trainer image) in `namespace`; what each attempt gave."""
-    pod = {
+def trainer_pod(
+    namespace: str, name: str, command: list[str], labels: dict[str, str] | None = None, **container: Any
+) -> dict[str, Any]:
+    """A pod of the trainer image (it has Python) under Pod Security "restricted", with no API token."""
+    return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
@@ -800,35 +861,46 @@ def probe_from_pod(
                 {
                     "name": "probe",
                     "image": TRAINER_IMAGE,
-                    "command": ["python3", "-c", PROBE_SCRIPT, *targets],
+                    "command": command,
                     "securityContext": RESTRICTED_CONTAINER,
+                    **container,
                 }
             ],
         },
     }
-    cluster.apply_json(pod)
 
-    def finished() -> str | None:
-        phase = get_json(cluster, "pod", name, "-n", namespace)["status"].get("phase")
-        return phase if phase in ("Succeeded", "Failed") else None
 
-    phase = wait_for(f"probe pod {namespace}/{name} to finish", finished, timeout=pod_start_timeout(cluster))
-    logs = cluster.kubectl_run("logs", "-n", namespace, name, check=False)
-    assert phase == "Succeeded", f"probe pod {phase}:\n{logs.stdout}{logs.stderr}"
-    line = next(line for line in logs.stdout.splitlines() if line.startswith("PROBE "))
+def sleeper(namespace: str, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A pod that only waits, to probe from with `kubectl exec` (probe_from_running, container `probe`)."""
+    return trainer_pod(namespace, name, ["python3", "-c", "import time; time.sleep(3600)"], labels)
+
+
+def wait_running(cluster: Cluster, namespace: str, names: list[str]) -> None:
+    for name in names:
+        wait_for(
+            f"pod {namespace}/{name} Running",
+            lambda n=name: get_json(cluster, "pod", n, "-n", namespace)["status"].get("phase") == "Running",
+            timeout=pod_start_timeout(cluster),
+        )
+
+
+def parse_probe(output: str) -> dict[str, str]:
+    line = next(line for line in output.splitlines() if line.startswith("PROBE "))
     results: dict[str, str] = json.loads(line.removeprefix("PROBE "))
     return results
 
 
-def probe_from_rank(cluster: Cluster, namespace: str, pod: str, targets: list[str]) -> dict[str, str]:
-    """Connect to `targets` from inside a running rank pod (kubectl exec into its trainer)."""
+def probe_from_running(
+    cluster: Cluster, namespace: str, pod: str, targets: list[str], container: str = "trainer"
+) -> dict[str, str]:
+    """Connect to `targets` from inside a running pod (kubectl exec; a rank's container is `trainer`)."""
     answer = cluster.kubectl_run(
         "exec",
         "-n",
         namespace,
         pod,
         "-c",
-        "trainer",
+        container,
         "--",
         "python3",
         "-c",
@@ -836,9 +908,7 @@ def probe_from_rank(cluster: Cluster, namespace: str, pod: str, targets: list[st
         *targets,
         timeout=60,
     )
-    line = next(line for line in answer.stdout.splitlines() if line.startswith("PROBE "))
-    results: dict[str, str] = json.loads(line.removeprefix("PROBE "))
-    return results
+    return parse_probe(answer.stdout)
 
 
 def peer_ports(cluster: Cluster, namespace: str, pod: str) -> list[int]:
@@ -846,24 +916,92 @@ def peer_ports(cluster: Cluster, namespace: str, pod: str) -> list[int]:
     answer = cluster.kubectl_run(
         "exec", "-n", namespace, pod, "-c", "trainer", "--", "python3", "-c", LISTENING_SCRIPT, timeout=60
     )
-    return [int(p) for p in answer.stdout.split() if int(p) not in (METRICS_PORT, 29500)]
+    return [int(p) for p in answer.stdout.split() if int(p) not in (METRICS_PORT, RENDEZVOUS_PORT)]
 
 
-@pytest.mark.ci_may_skip
+def pod_ready(cluster: Cluster, namespace: str, name: str) -> bool:
+    conditions = get_json(cluster, "pod", name, "-n", namespace)["status"].get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def assert_network_policies_enforced(cluster: Cluster, enforcer: str) -> None:
+    """Before any "refused" below is believed: in a namespace of its own, a deny-all ingress policy
+    refuses a client's connection to a server, and deleting the policy lets the same connection
+    through. The server is created after the policy, with a readiness probe: it turns Ready only if
+    the kubelet's probes pass the policy, as they must (docs/security.md)."""
+    namespace = f"netpol-check-{uuid.uuid4().hex[:6]}"
+    cluster.create_namespace(namespace)
+    try:
+        deny_all = {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "deny-all", "namespace": namespace},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
+        }
+        cluster.apply_json(deny_all)
+        server = trainer_pod(
+            namespace, "server", ["python3", "-m", "http.server", str(CHECK_PORT), "--directory", "/tmp"],
+            readinessProbe={"tcpSocket": {"port": CHECK_PORT}, "periodSeconds": 1},
+        )  # fmt: skip
+        cluster.apply_json(
+            {"apiVersion": "v1", "kind": "List", "items": [server, sleeper(namespace, "client")]}
+        )
+        wait_for(
+            "the check's server Ready under a deny-all policy (the kubelet's probe admitted)",
+            lambda: pod_ready(cluster, namespace, "server"),
+            timeout=pod_start_timeout(cluster),
+        )
+        wait_running(cluster, namespace, ["client"])
+        target = f"{get_json(cluster, 'pod', 'server', '-n', namespace)['status']['podIP']}:{CHECK_PORT}"
+
+        def result() -> str:
+            return probe_from_running(cluster, namespace, "client", [target], container="probe")[target]
+
+        seen: list[str] = []
+
+        def refusal() -> str | None:
+            seen.append(result())
+            return seen[-1] if seen[-1] != "open" else None
+
+        try:
+            refused = wait_for(f"{enforcer} refusing under deny-all", refusal, timeout=60, interval=2)
+        except AssertionError:
+            raise AssertionError(
+                f"nothing enforces NetworkPolicies here ({enforcer}): under a deny-all policy, the client "
+                f"reached {target} in each of {len(seen)} tries over 60 s"
+            ) from None
+        cluster.kubectl_run("delete", "networkpolicy", "deny-all", "-n", namespace)
+        wait_for(
+            f"the same connection open once the policy is gone ({enforcer}; it was {refused})",
+            lambda: result() == "open",
+            timeout=60,
+            interval=2,
+        )
+        _progress(
+            f"NetworkPolicies are enforced here ({enforcer}): refused ({refused}) under deny-all, open without"
+        )
+    finally:
+        cluster.kubectl_run("delete", "namespace", namespace, "--wait=false", check=False)
+
+
 def test_the_jobs_network_policy_fences_its_ranks(
     cluster: Cluster,
     checkpoint_storage: str | None,
     operator_release: str,
     restricted_namespace: str,
-    network_policy_enforcer: str | None,
+    network_policy_enforcer: str,
 ) -> None:
-    """Rank ports are unauthenticated: only the job's own pods reach them, and Prometheus's namespace
-    reaches /metrics; a pod of another namespace, or of the job's namespace but not of the job, reaches
-    nothing. The job still trains to its accuracy under the policy."""
-    if network_policy_enforcer is not None:
-        pytest.skip(f"NetworkPolicy enforcement cannot run here: {network_policy_enforcer}")
+    """Rank ports are unauthenticated: only the job's own pods reach them, Prometheus's namespace and the
+    operator reach /metrics, and the kubelet's probes pass; a pod of another job, of another namespace,
+    or of the job's namespace but of no job reaches nothing. A job with `networkPolicy.enabled: false`
+    beside it gets no policy, and the same probes reach its ports. The fenced job trains to its accuracy.
+
+    A refusal proves something only when the port listens and the enforcer knows the prober. So the
+    probing pods start before the jobs and probe with `kubectl exec`; the one in Prometheus's namespace
+    must reach /metrics (retried while the enforcer catches up with new pods) before anyone's refusal
+    counts, the ports come from the running ranks, and the ranks reach them after the refusals."""
     namespace = restricted_namespace
-    job = "digits-fenced"
+    job, open_job = "digits-fenced", "digits-open"
     outsider = f"outsider-{uuid.uuid4().hex[:6]}"
     cluster.create_namespace(outsider)
     created_monitoring = (
@@ -872,52 +1010,115 @@ def test_the_jobs_network_policy_fences_its_ranks(
     if created_monitoring:
         cluster.create_namespace(PROMETHEUS_NAMESPACE)  # waits for its default ServiceAccount
     try:
-        cluster.apply_json(
-            digits_job(job, "--throttle-ms", "80", storage_class=checkpoint_storage), "-n", namespace
+        probers = {outsider: "intruder", namespace: "neighbour", PROMETHEUS_NAMESPACE: "ddp-e2e-prober"}
+        for ns, name in probers.items():
+            cluster.apply_json(sleeper(ns, name))
+        # Long enough (~100 s of steps at least) that the ranks still listen when the last probe runs.
+        fenced = digits_job(job, "--throttle-ms", "200", "--epochs", "20", storage_class=checkpoint_storage)
+        # The kubelet probes each rank's /metrics port: the rank turns Ready only if the policy admits it.
+        trainer = fenced["spec"]["template"]["spec"]["containers"][0]
+        trainer["readinessProbe"] = {"tcpSocket": {"port": METRICS_PORT}, "periodSeconds": 2}
+        # Beside it, a job without a policy that trains until it is deleted (CPU requests that still fit).
+        unfenced = digits_job(
+            open_job, "--throttle-ms", "150", "--epochs", "1000", storage_class=checkpoint_storage, cpu="10m"
         )
+        unfenced["spec"]["networkPolicy"] = {"enabled": False}
+        for manifest in (fenced, unfenced):
+            cluster.apply_json(manifest, "-n", namespace)
+        for ns, name in probers.items():
+            wait_running(cluster, ns, [name])
         pods = wait_for(
             "both ranks Running", lambda: running_ranks(cluster, namespace, job, 0, 2), timeout=600
         )
+        others = wait_for(
+            f"both ranks of {open_job} Running",
+            lambda: running_ranks(cluster, namespace, open_job, 0, 2),
+            timeout=600,
+        )
         policy = get_json(cluster, "networkpolicy", job, "-n", namespace)
         assert policy["spec"]["policyTypes"] == ["Ingress"]
+        no_policy = cluster.kubectl_run("get", "networkpolicy", open_job, "-n", namespace, check=False)
+        assert no_policy.returncode != 0 and "NotFound" in no_policy.stderr, no_policy.stdout
         by_rank = {p["metadata"]["labels"]["ddp.dev/rank"]: p for p in pods}
         rank0, rank1 = by_rank["0"], by_rank["1"]
+        other0, other1 = ({p["metadata"]["labels"]["ddp.dev/rank"]: p for p in others}[r] for r in "01")
         rank0_log = LogFollower(cluster, namespace, rank0["metadata"]["name"])
-        # Training has started once both ranks count sync steps: gloo's pairs are listening by then.
+        # Training has started once the ranks count sync steps: gloo's pairs are listening by then. (This
+        # machine reads /metrics as the node, which the policy admits: docs/security.md.)
         wait_for(
-            "both ranks past their first sync step",
+            "all four ranks past their first sync step",
             lambda: all(
-                (t := read_metrics(cluster, p)) and counter(t, "ddp_sync_steps_total") > 0 for p in pods
+                (t := read_metrics(cluster, p)) and counter(t, "ddp_sync_steps_total") > 0
+                for p in pods + others
             ),
             timeout=300,
         )
+        # The kubelet's readiness probes pass the policy; so does the operator, reading rank 0's /metrics
+        # (the chart adds its pods to --metrics-allow-from) for status.progress.
+        for name in (p["metadata"]["name"] for p in pods):
+            wait_for(
+                f"{name} Ready (its readiness probe admitted)",
+                lambda n=name: pod_ready(cluster, namespace, n),
+            )
+        wait_for(
+            f"status.progress of {job} (the operator reading rank 0's /metrics through the policy)",
+            lambda: job_status(cluster, namespace, job).get("progress"),
+            timeout=120,
+        )
         ip0, ip1 = rank0["status"]["podIP"], rank1["status"]["podIP"]
         peers = peer_ports(cluster, namespace, rank1["metadata"]["name"])
-        assert peers, "rank 1 listens on no collective port"
-        rendezvous, peer, metrics0 = f"{ip0}:29500", f"{ip1}:{peers[0]}", f"{ip0}:{METRICS_PORT}"
+        other_peers = peer_ports(cluster, namespace, other1["metadata"]["name"])
+        assert peers and other_peers, f"rank 1 listens on no collective port: {peers}, {other_peers}"
+        rendezvous, peer, metrics0 = f"{ip0}:{RENDEZVOUS_PORT}", f"{ip1}:{peers[0]}", f"{ip0}:{METRICS_PORT}"
+        fenced_ports = [rendezvous, peer, metrics0]
+        open_ports = [
+            f"{other0['status']['podIP']}:{RENDEZVOUS_PORT}",
+            f"{other1['status']['podIP']}:{other_peers[0]}",
+        ]
 
-        # A pod of another namespace reaches nothing: not the store, not a peer, not /metrics.
-        outside = probe_from_pod(cluster, outsider, "intruder", [rendezvous, peer, metrics0])
-        assert all(result != "open" for result in outside.values()), outside
-        # Nor does a pod of the job's own namespace that is not one of the job's ranks.
-        neighbour = probe_from_pod(cluster, namespace, "neighbour", [rendezvous, peer, metrics0])
-        assert all(result != "open" for result in neighbour.values()), neighbour
-        # A rank of the job reaches the store and its peer's port.
-        inside = probe_from_rank(cluster, namespace, rank1["metadata"]["name"], [rendezvous])
-        inside |= probe_from_rank(cluster, namespace, rank0["metadata"]["name"], [peer])
-        assert inside == {rendezvous: "open", peer: "open"}, inside
-        # Prometheus's namespace reaches /metrics, and nothing else.
-        prometheus = probe_from_pod(
-            cluster, PROMETHEUS_NAMESPACE, f"prometheus-{uuid.uuid4().hex[:6]}", [metrics0, rendezvous, peer]
+        def probe(ns: str, targets: list[str]) -> dict[str, str]:
+            return probe_from_running(cluster, ns, probers[ns], targets, container="probe")
+
+        # Prometheus's namespace reaches /metrics (a scraper retries; so does this, while the enforcer
+        # adds the prober to the policy's peers), and nothing else.
+        wait_for(
+            f"a pod of {PROMETHEUS_NAMESPACE} reaching {metrics0}",
+            lambda: probe(PROMETHEUS_NAMESPACE, [metrics0])[metrics0] == "open",
+            timeout=60,
+            interval=2,
         )
+        prometheus = probe(PROMETHEUS_NAMESPACE, fenced_ports)
+        # Refused: a pod of another namespace, a pod of the job's namespace that is no rank, and a rank of
+        # the other job. The same pods reach the unfenced job's store and collective port.
+        outside = probe(outsider, fenced_ports + open_ports)
+        neighbour = probe(namespace, fenced_ports + open_ports)
+        other_job = probe_from_running(cluster, namespace, other0["metadata"]["name"], fenced_ports)
+        # Admitted, after the refusals above: the job's own ranks, to the store and a peer's port.
+        inside = probe_from_running(cluster, namespace, rank1["metadata"]["name"], [rendezvous])
+        inside |= probe_from_running(cluster, namespace, rank0["metadata"]["name"], [peer])
+        _progress(f"fenced {fenced_ports}, unfenced {open_ports}; from {PROMETHEUS_NAMESPACE} {prometheus}; "
+                  f"from another namespace {outside}; from the job's namespace {neighbour}; "
+                  f"from another job {other_job}; from the job's own ranks {inside}")  # fmt: skip
         assert prometheus[metrics0] == "open", prometheus
         assert prometheus[rendezvous] != "open" and prometheus[peer] != "open", prometheus
+        for source, results in (("another namespace", outside), ("the job's namespace", neighbour),
+                                ("another job", other_job)):  # fmt: skip
+            assert all(results[t] != "open" for t in fenced_ports), (source, results)
+        for source, results in (("another namespace", outside), ("the job's namespace", neighbour)):
+            assert all(results[t] == "open" for t in open_ports), (source, results)
+        assert inside == {rendezvous: "open", peer: "open"}, inside
 
+        cluster.kubectl_run("delete", "ddpjob", open_job, "-n", namespace, "--wait=false")
         # The policy costs the job nothing: it trains to its accuracy.
         wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
         final = status_lines(rank0_log.text(), "final")
         assert final and 0.5 < float(final[-1]["accuracy"]) <= 1.0, final
     finally:
+        cluster.kubectl_run("delete", "ddpjob", open_job, "-n", namespace, "--wait=false", check=False)
         cluster.kubectl_run("delete", "namespace", outsider, "--wait=false", check=False)
         if created_monitoring:
             cluster.kubectl_run("delete", "namespace", PROMETHEUS_NAMESPACE, "--wait=false", check=False)
+        else:
+            cluster.kubectl_run(
+                "delete", "pod", "ddp-e2e-prober", "-n", PROMETHEUS_NAMESPACE, "--wait=false", check=False
+            )

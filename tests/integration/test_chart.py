@@ -383,8 +383,11 @@ def test_grafana_dashboard_charts_the_trainer_metrics(helm: Path) -> None:
         "ddp_comm_overlap_ratio",
         "ddp_step_duration_seconds_bucket",
         "ddp_rank_compute_seconds",
+        "ddp_rank_wait_seconds",
+        "ddp_step_phase_seconds",
         "ddp_straggler_slowdown",
         "ddp_straggler_rank",
+        "ddp_straggler_phase",
     ):
         assert metric in exprs, metric
     assert all("rank" in panel["title"] for panel in dashboard["panels"])

@@ -159,7 +159,12 @@ def test_valid_job_is_accepted_with_defaults(kubectl: Callable[..., Any]) -> Non
     assert spec["nprocPerNode"] == 1
     assert spec["backend"] == "auto"
     assert spec["restartPolicy"] == "ExitCode"
-    assert spec["runPolicy"] == {"backoffLimit": 3, "cleanPodPolicy": "Running", "suspend": False}
+    assert spec["runPolicy"] == {
+        "backoffLimit": 3,
+        "cleanPodPolicy": "Running",
+        "suspend": False,
+        "restartMode": "InPlace",
+    }
     assert spec["rendezvousPort"] == 29500
     assert spec["metrics"] == {"enabled": True, "port": 9400}
 

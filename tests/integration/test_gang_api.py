@@ -338,6 +338,56 @@ def test_two_jobs_that_each_fit_deadlock_pod_by_pod_and_run_one_after_the_other_
         gated_cluster.kubectl_run("delete", "priorityclass", waits, preempts, "--ignore-not-found")
 
 
+def test_one_new_member_of_a_scheduled_pod_group_is_placed_alone(
+    gated_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """restartMode InPlace with `gang: Workload` (docs/scheduling.md): rank 1's pod of a gang the scheduler
+    placed whole is deleted; its replacement names the same PodGroup, which the scheduler already
+    scheduled and never returns to not-scheduled. What the 1.36 scheduler does with that one new member:
+    it places it alone (the gang's minimum was met once), and the job keeps its other pods."""
+    gated_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
+    gated_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    namespace = f"gang-mend-{uuid.uuid4().hex[:6]}"
+    gated_cluster.create_namespace(namespace)
+    operator = OperatorProcess(gated_cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    passed = False
+    try:
+        wait_for("no pod on any node", lambda: not _pods_on_nodes(gated_cluster), timeout=120)
+        job = _operator_job("mend", "Workload")
+        job["spec"]["runPolicy"] = {"backoffLimit": 2}
+        gated_cluster.apply_json(job, "-n", namespace)
+        wait_for("mend bound whole", lambda: len(_bound(gated_cluster, namespace, "mend")) == 3, timeout=90)
+        wait_for("mend Running", lambda: _status(gated_cluster, namespace, "mend").get("phase") == "Running")
+        pods = {p["metadata"]["name"]: p for p in _pods(gated_cluster, namespace, "ddp.dev/job-name=mend")}
+        gated_cluster.kubectl_run("delete", "pod", "mend-1-0", "-n", namespace, "--wait=false")
+
+        def replacement_bound() -> dict[str, Any] | None:
+            now = {p["metadata"]["name"]: p for p in _pods(gated_cluster, namespace, "ddp.dev/job-name=mend")}
+            new = now.get("mend-1-0r1")
+            return new if new is not None and new["spec"].get("nodeName") else None
+
+        new = wait_for("the replacement bound", replacement_bound, timeout=90)
+        wanted = pods["mend-0-0"]["spec"].get("schedulingGroup") or pods["mend-0-0"]["spec"].get(
+            "workloadRef"
+        )
+        assert (new["spec"].get("schedulingGroup") or new["spec"].get("workloadRef")) == wanted, new["spec"]
+        survivors = {
+            p["metadata"]["name"]: p["metadata"]["uid"]
+            for p in _pods(gated_cluster, namespace, "ddp.dev/job-name=mend")
+        }
+        for name in ("mend-0-0", "mend-2-0"):
+            assert survivors[name] == pods[name]["metadata"]["uid"], f"{name} kept its pod"
+        status = _status(gated_cluster, namespace, "mend")
+        assert (status["attempt"], status["restarts"]) == (0, 1), status
+        print(f"one new member of a scheduled PodGroup: bound to {new['spec']['nodeName']}")
+        passed = True
+    finally:
+        operator.stop()
+        if not passed:
+            print(operator.log_tail(30))
+        gated_cluster.kubectl_run("delete", "namespace", namespace, "--wait=false")
+
+
 # ---- both together: Kueue admits the gang, the scheduler places it whole -------------------------------
 
 

@@ -339,6 +339,7 @@ def ddpjob(
     startup_deadline: int | None = None,
     backoff_limit: int = 0,
     pod_spec: dict[str, Any] | None = None,
+    restart_mode: str | None = None,
 ) -> dict[str, Any]:
     labels = {names.KUEUE_QUEUE_LABEL: local_queue}
     if priority is not None:
@@ -346,6 +347,8 @@ def ddpjob(
     run_policy: dict[str, Any] = {"backoffLimit": backoff_limit}
     if startup_deadline is not None:
         run_policy["startupDeadlineSeconds"] = startup_deadline
+    if restart_mode is not None:
+        run_policy["restartMode"] = restart_mode
     return gpu_ddpjob(
         name,
         replicas,
@@ -548,7 +551,18 @@ def test_a_pod_stuck_on_a_lost_node_does_not_make_kueue_delete_the_next_attempt(
     ).start()
     node = ""
     try:
-        apply(kueue, ddpjob(namespace, "lost", local_queue, 2, 8, backoff_limit=1, pod_spec=QUICK_EVICTION))
+        # The next attempt (whole gang): the in-place replacement is the next test's.
+        lost = ddpjob(
+            namespace,
+            "lost",
+            local_queue,
+            2,
+            8,
+            backoff_limit=1,
+            pod_spec=QUICK_EVICTION,
+            restart_mode="Recreate",
+        )
+        apply(kueue, lost)
         wait_for("lost Running", lambda: phase_is(kueue, namespace, "lost", "Running"), timeout=90)
         victim = next(p for p in job_pods(kueue, namespace, "lost") if p["metadata"]["name"] == "lost-1-0")
         node = victim["spec"]["nodeName"]
@@ -609,3 +623,36 @@ def test_a_suspended_job_gives_its_quota_back_and_queues_again_when_resumed(
     finish(kueue, namespace, "waiter")
     wait_for("holder Running again", lambda: phase_is(kueue, namespace, "holder", "Running"), timeout=90)
     assert job_status(kueue, namespace, "holder").get("restarts", 0) == 0
+
+
+def test_a_lost_pod_of_an_admitted_group_is_replaced_alone_inside_the_group(
+    kueue: KueueProcess, queue: tuple[str, str], operator: OperatorProcess
+) -> None:
+    """restartMode InPlace under Kueue (docs/scheduling.md): rank 1's pod of an admitted 2 x 4-GPU group
+    is deleted; the operator creates one replacement with the group's labels, and Kueue admits it into
+    the same group (same Kueue Workload, not requeued) instead of holding it gated; the survivor keeps
+    its pod and the job finishes."""
+    namespace, local_queue = queue
+    apply(kueue, ddpjob(namespace, "mend", local_queue, 2, 4, backoff_limit=2))
+    wait_for("mend Running", lambda: phase_is(kueue, namespace, "mend", "Running"), timeout=90)
+    before = {p["metadata"]["name"]: p for p in job_pods(kueue, namespace, "mend")}
+    group = before["mend-0-0"]["metadata"]["labels"][names.KUEUE_POD_GROUP_LABEL]
+    workload_uid = (kueue_workload(kueue, namespace, group) or {}).get("metadata", {}).get("uid")
+    assert workload_uid, "the admitted group has a Kueue Workload"
+    kubectl(kueue, "delete", "pod", "mend-1-0", "-n", namespace, "--wait=false")
+
+    def replacement_runs() -> dict[str, Any] | None:
+        pods = {p["metadata"]["name"]: p for p in job_pods(kueue, namespace, "mend")}
+        new = pods.get("mend-1-0r1")
+        running = new is not None and new["status"].get("phase") == "Running" and not gated(new)
+        return new if running else None
+
+    new = wait_for("the replacement admitted and Running", replacement_runs, timeout=90)
+    assert new["metadata"]["labels"][names.KUEUE_POD_GROUP_LABEL] == group
+    survivor = next(p for p in job_pods(kueue, namespace, "mend") if p["metadata"]["name"] == "mend-0-0")
+    assert survivor["metadata"]["uid"] == before["mend-0-0"]["metadata"]["uid"]
+    assert (kueue_workload(kueue, namespace, group) or {}).get("metadata", {}).get("uid") == workload_uid
+    status = job_status(kueue, namespace, "mend")
+    assert (status["phase"], status["attempt"], status["restarts"]) == ("Running", 0, 1), status
+    finish(kueue, namespace, "mend")
+    wait_for("mend Succeeded", lambda: phase_is(kueue, namespace, "mend", "Succeeded"), timeout=90)

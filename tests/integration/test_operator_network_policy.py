@@ -1,8 +1,9 @@
 """The operator's NetworkPolicy per DDPJob on the real control plane: what it selects and admits, that
 the apiserver accepts it as built, and that a job that turns it off gets none.
 
-No enforcer runs here (kwok's pods have no network): tests/e2e/test_network_policy.py proves that the
-policy is enforced, on the real node with kube-network-policies.
+No enforcer runs here (kwok's pods have no network):
+tests/e2e/test_real_node.py::test_the_jobs_network_policy_fences_its_ranks proves that the policy is
+enforced, under kube-router's firewall on the real node and on kind.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def test_an_own_error_is_permanent_and_its_peers_exit_peer_lost(
     ("fault", "expected"),
     [
         pytest.param("1:step=3:kill", 128 + signal.SIGKILL, id="worker-killed-without-record"),
-        pytest.param("1:step=3:exit=3", 3, id="worker-exits-3-without-record"),
+        pytest.param("1:step=3:crash=3", 3, id="worker-exits-3-without-record"),
         pytest.param("1:step=3:bad-shape", EXIT_OWN_ERROR, id="worker-own-error"),
     ],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -76,7 +77,10 @@ def test_watchdog_ends_a_rank_stuck_in_a_collective(gangs: Gangs) -> None:
 
 def test_a_local_worker_exit_code_becomes_the_pod_exit_code(gangs: Gangs) -> None:
     pods = gangs.pods(
-        1, 2, ["--max-steps", "500", "--throttle-ms", "20", "--inject-exit", "1:3:3"], with_metrics=False
+        1,
+        2,
+        ["--max-steps", "500", "--throttle-ms", "20", "--inject-fault", "1:step=3:exit=3"],
+        with_metrics=False,
     )
     assert pods[0].wait() == 3, describe(pods)
 
@@ -112,6 +116,32 @@ def test_bad_env_exits_2_with_one_line_naming_the_variable(env: dict[str, str], 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert f" {variable}: " in lines[0] and "fix: " in lines[0]
+
+
+@pytest.mark.parametrize(
+    "nproc", [pytest.param(1, id="one-process-per-pod"), pytest.param(2, id="launcher-of-two-workers")]
+)
+def test_a_taken_metrics_port_exits_2_naming_it(nproc: int) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {
+            **base_env(),
+            "WORLD_SIZE": str(nproc),
+            "NPROC_PER_NODE": str(nproc),
+            "DDP_METRICS_PORT": str(port),
+            "DDP_METRICS_HOST": "127.0.0.1",
+        }
+        result = subprocess.run(
+            [PYTHON, "-m", "ddp_trainer", "--max-steps", "1"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == EXIT_BAD_CONFIG, result.stderr
+    assert f"DDP_METRICS_PORT: cannot serve /metrics on 127.0.0.1:{port}" in result.stderr, result.stderr
 
 
 def test_unreachable_master_fails_within_the_init_timeout_naming_the_endpoint() -> None:

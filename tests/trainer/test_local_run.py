@@ -34,6 +34,7 @@ spec:
   replicas: 2
   runPolicy:
     backoffLimit: 2
+    restartMode: {mode}
   template:
     spec:
       terminationGracePeriodSeconds: 60
@@ -133,9 +134,10 @@ def start(runs: list[DdpjobRun], manifest: Path, workdir: Path, *extra: str) -> 
     return run
 
 
-def trainer_manifest(tmp_path: Path, name: str, *args: str) -> Path:
+def trainer_manifest(tmp_path: Path, name: str, *args: str, mode: str = "Recreate") -> Path:
+    """A 2-rank job of the built-in trainer; whole-gang restarts unless ``mode`` says InPlace."""
     path = tmp_path / f"{name}.yaml"
-    path.write_text(TRAINER_JOB.format(name=name, args=", ".join(f'"{a}"' for a in args)))
+    path.write_text(TRAINER_JOB.format(name=name, args=", ".join(f'"{a}"' for a in args), mode=mode))
     return path
 
 
@@ -271,3 +273,84 @@ def test_a_stop_while_a_failed_attempt_winds_down_starts_no_new_attempt(
     assert "outcome: Interrupted (SIGINT)" in output and "attempts: 1 (restarts: 0)" in output, output
     assert "attempt 1:" not in output, output
     assert not job_processes("winding-down")
+
+
+def test_active_deadline_stops_every_rank(tmp_path: Path, runs: list[DdpjobRun]) -> None:
+    manifest = tmp_path / "deadline.yaml"
+    manifest.write_text(
+        "apiVersion: ddp.dev/v1alpha1\nkind: DDPJob\nmetadata: {name: deadline}\n"
+        "spec:\n  replicas: 2\n  runPolicy: {activeDeadlineSeconds: 2}\n"
+        "  template:\n    spec:\n      containers:\n      - name: trainer\n        image: unused\n"
+        "        command: [bash, -c, 'echo holding; sleep 600']\n"
+    )
+    run = start(runs, manifest, tmp_path / "work", "--grace-period", "5")
+    code = run.wait()
+    output = run.output
+    assert code == 1, output
+    assert "outcome: Failed (DeadlineExceeded): activeDeadlineSeconds 2 reached" in output, output
+    assert not job_processes("deadline")
+
+
+def test_a_stalled_gang_restarts_and_succeeds(tmp_path: Path, runs: list[DdpjobRun]) -> None:
+    # runPolicy.stallTimeoutSeconds as the operator honours it: one rank stopped after training started,
+    # no new step for 10 s, the gang restarts (reason Stalled, counted against backoffLimit 1) and the
+    # next attempt resumes from the checkpoint and finishes.
+    name = "stall"
+    manifest = trainer_manifest(
+        tmp_path, name, "--max-steps=200", "--checkpoint-every=10", "--progress-every=10", "--throttle-ms=50"
+    )
+    manifest.write_text(
+        manifest.read_text().replace("backoffLimit: 2", "backoffLimit: 1\n    stallTimeoutSeconds: 10")
+    )
+    # The stopped rank cannot take its SIGTERM, nor its peer blocked in the allreduce: keep the grace short.
+    run = start(runs, manifest, tmp_path / "work", "--grace-period", "3")
+    checkpoints = tmp_path / "work" / "checkpoints"
+    wait_for(lambda: checkpoint_steps(checkpoints) or run.process.poll() is not None, "a first checkpoint")
+    victim = rank_pid(name, node_rank=1, attempt=0)
+    assert checkpoint_steps(checkpoints) and victim is not None, run.output
+    os.kill(victim, signal.SIGSTOP)
+
+    code = run.wait()
+    output = run.output
+    assert code == 0, output
+    stalled = re.search(
+        r"no synchronized step for 10s after step (\d+); furthest behind: rank 1 \(its metrics did not answer\)"
+        r".*; the gang stalled \(rank 1 furthest behind\) in attempt 0; restarting the gang as attempt 1 "
+        r"\(restart 1 of 1\)",
+        output,
+    )
+    assert stalled and int(stalled.group(1)) >= 10, output
+    assert re.search(r"^\[rank 0\] resumed step=\d+", output, re.MULTILINE), output
+    assert re.search(r"^\[rank 0\] final accuracy=.* steps=200", output, re.MULTILINE), output
+    assert "attempts: 2 (restarts: 1)" in output and "outcome: Succeeded" in output, output
+    assert not job_processes(name)
+
+
+def test_a_failed_worker_restarts_in_place_and_is_counted(tmp_path: Path, runs: list[DdpjobRun]) -> None:
+    # runPolicy.restartMode InPlace as the operator honours it: rank 1's worker exits 137 once; every
+    # rank's launcher restarts its workers in place (no new attempt), rank 0 resumes from the checkpoint,
+    # and `ddpjob run` counts and prints the restart from rank 0's metrics as the operator's Event says it.
+    name = "in-place"
+    manifest = trainer_manifest(
+        tmp_path,
+        name,
+        "--max-steps=80",
+        "--checkpoint-every=10",
+        "--progress-every=10",
+        "--throttle-ms=40",
+        "--inject-fault=1:step=35:exit=137:once",
+        mode="InPlace",
+    )
+    run = start(runs, manifest, tmp_path / "work")
+    code = run.wait()
+    output = run.output
+    assert code == 0, output
+    assert re.search(
+        r"restarted in place: ExitCode of rank 1 \(exit code 137\): restarted in place \(restart 1 of 2\)",
+        output,
+    ), output
+    assert re.search(r"^\[rank 0\] resumed step=(\d+)", output, re.MULTILINE), output
+    assert "attempt 1:" not in output, "no new attempt: the launchers restarted in place"
+    assert re.search(r"^\[rank 0\] final accuracy=.* steps=80", output, re.MULTILINE), output
+    assert "outcome: Succeeded" in output
+    assert not job_processes(name)

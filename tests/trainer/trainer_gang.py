@@ -70,6 +70,10 @@ class TrainerProcess:
     stdout_path: Path
     stderr_path: Path
     metrics_port: int | None = None
+    # What it was started with (``Gangs.start``), so a test can start the same pod again.
+    env: Mapping[str, str] = field(default_factory=dict)
+    args: Sequence[str] = ()
+    program: Sequence[str] | None = None
 
     @property
     def stdout(self) -> str:
@@ -91,6 +95,30 @@ class TrainerProcess:
     def final(self) -> FinalResult | None:
         results = [f for line in self.stdout.splitlines() if (f := parse_final(line)) is not None]
         return results[-1] if results else None
+
+    def status_lines(self, kind: str) -> list[dict[str, str]]:
+        """The fields of every status line of one kind (e.g. "restart": the in-place launcher's)."""
+        found = []
+        for line in self.stdout.splitlines():
+            parsed = parse_status_line(line)
+            if parsed is not None and parsed[0] == kind:
+                found.append(parsed[1])
+        return found
+
+    def worker_pids(self) -> dict[int, int]:
+        """Global rank -> pid of the workers a launcher runs now: the in-place launcher says so in its
+        last ``launcher event=started`` line (its workers are forked by a forkserver); torch's static
+        launcher's workers are its children (from /proc), keyed by their order."""
+        started = [fields for fields in self.status_lines("launcher") if fields["event"] == "started"]
+        if started:
+            pairs = (item.split(":") for item in started[-1]["workers"].split(","))
+            return {int(rank): int(pid) for rank, pid in pairs}
+        pid = self.process.pid
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return {}
+        return {index: int(child) for index, child in enumerate(children)}
 
     def digests(self) -> dict[int, str]:
         found = {}
@@ -124,7 +152,12 @@ class TrainerProcess:
             return str(response.read().decode())
 
     def end(self) -> None:
+        """SIGKILL the whole "pod": the process, and the workers a launcher started (torch starts each
+        in a session of its own, so they are not in the process's group)."""
         if self.process.poll() is None:
+            for worker in self.worker_pids().values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=30)
@@ -159,7 +192,7 @@ class Gangs:
                 stderr=stderr,
                 start_new_session=True,
             )
-        started = TrainerProcess(name, process, out, err, metrics_port)
+        started = TrainerProcess(name, process, out, err, metrics_port, dict(env), list(args), program)
         self.started.append(started)
         return started
 
@@ -188,21 +221,35 @@ class Gangs:
         return gang
 
     def pods(
-        self, nnodes: int, nproc: int, args: Sequence[str], with_metrics: bool = True, tag: str = "pod"
+        self,
+        nnodes: int,
+        nproc: int,
+        args: Sequence[str],
+        with_metrics: bool = True,
+        tag: str = "pod",
+        env: Mapping[str, str] | None = None,
+        start_order: Sequence[int] | None = None,
     ) -> list[TrainerProcess]:
-        """One launcher per pod, each starting NPROC_PER_NODE local workers."""
+        """One launcher per pod, each starting NPROC_PER_NODE local workers; returned by NODE_RANK,
+        started in ``start_order`` (default: by NODE_RANK)."""
         port = free_port()
-        pods = []
-        for node in range(nnodes):
-            env = {
+        pods: dict[int, TrainerProcess] = {}
+        for node in start_order or range(nnodes):
+            pod_env = {
                 "WORLD_SIZE": str(nnodes * nproc),
                 "NNODES": str(nnodes),
                 "NODE_RANK": str(node),
                 "NPROC_PER_NODE": str(nproc),
                 "MASTER_PORT": str(port),
+                **(env or {}),
             }
-            pods.append(self.start(f"{tag}{node}", env, args, free_port() if with_metrics else None))
-        return pods
+            metrics_port = free_port() if with_metrics else None
+            pods[node] = self.start(f"{tag}{node}", pod_env, args, metrics_port)
+        return [pods[node] for node in range(nnodes)]
+
+    def again(self, pod: TrainerProcess, name: str) -> TrainerProcess:
+        """The same pod started again (a replacement: same env, NODE_RANK and metrics port)."""
+        return self.start(name, pod.env, pod.args, pod.metrics_port, pod.program)
 
     def end_all(self) -> None:
         for started in self.started:
@@ -268,3 +315,57 @@ def run_torchrun(
         text=True,
         timeout=RUN_TIMEOUT,
     )
+
+
+# --- starving a process of CPU ------------------------------------------------------------------------
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass
+class CpuLimit:
+    """A cgroup with a CPU limit, as a pod's ``resources.limits.cpu`` makes one: CFS quota per period.
+
+    cgroup v2 (``cpu.max``) or v1's cpu controller (``cpu.cfs_quota_us``); :func:`cpu_limit` says
+    None where this process may not create one (not root, no cpu controller delegated).
+    """
+
+    path: Path
+
+    def add(self, pid: int) -> None:
+        """Move every thread of process ``pid`` under the limit."""
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def remove(self) -> None:
+        """Give its processes back to the parent cgroup and delete it."""
+        procs = self.path / "cgroup.procs"
+        with contextlib.suppress(OSError):
+            for pid in procs.read_text().split():
+                with contextlib.suppress(OSError):
+                    (self.path.parent / "cgroup.procs").write_text(pid)
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+def cpu_limit(name: str, cpus: float, period_us: int = 100_000) -> CpuLimit | None:
+    """A fresh cgroup allowing ``cpus`` CPUs (e.g. 0.05), or None where none can be made here."""
+    quota = max(int(cpus * period_us), 1000)
+    v2 = CGROUP_ROOT / "cgroup.controllers"
+    candidates = (
+        [(CGROUP_ROOT / name, "cpu.max", f"{quota} {period_us}")]
+        if v2.exists() and "cpu" in v2.read_text().split()
+        else [(CGROUP_ROOT / "cpu" / name, "cpu.cfs_quota_us", str(quota))]
+    )
+    for path, knob, value in candidates:
+        try:
+            path.mkdir()
+        except OSError:
+            continue
+        try:
+            if knob == "cpu.cfs_quota_us":
+                (path / "cpu.cfs_period_us").write_text(str(period_us))
+            (path / knob).write_text(value)
+        except OSError:
+            CpuLimit(path).remove()
+            continue
+        return CpuLimit(path)
+    return None

@@ -40,6 +40,16 @@ def with_run_policy(**policy: Any) -> dict[str, Any]:
     return {"runPolicy": policy}
 
 
+# The status of a 2-rank job whose attempt 0 has been Running since T0 (what progress is read for).
+RUNNING_STATUS: dict[str, Any] = {
+    "phase": "Running",
+    "attempt": 0,
+    "replicas": 2,
+    "startTime": format_time(T0),
+    "conditions": [],
+}
+
+
 def pod(
     rank: int,
     attempt: int = 0,
@@ -59,15 +69,19 @@ def pod(
     disruption: str | None = None,
     owner_uid: str = JOB_UID,
     phase_lags: bool = False,
+    replacement: int = 0,
 ) -> dict[str, Any]:
     """A rank pod; a given exit_code makes the trainer terminated (phase defaults from the code, unless
     phase_lags: a real kubelet keeps the phase Running until it has torn the pod's sandbox down)."""
     metadata: dict[str, Any] = {
-        "name": names.pod_name(job, rank, attempt),
+        "name": names.pod_name(job, rank, attempt, replacement),
         "namespace": "team-a",
-        "uid": f"pod-{rank}-{attempt}",
+        "uid": f"pod-{rank}-{attempt}-{replacement}",
         "creationTimestamp": format_time(at(created)),
-        "labels": names.rank_labels(job, rank, attempt),
+        "labels": {
+            **names.rank_labels(job, rank, attempt),
+            **({names.LABEL_REPLACEMENT: str(replacement)} if replacement else {}),
+        },
         "ownerReferences": [{"kind": names.KIND, "name": job, "uid": owner_uid, "controller": True}],
     }
     if deleting_at is not None:

@@ -118,16 +118,26 @@ def test_the_service_selects_every_rank_pod_of_its_attempt_and_no_other() -> Non
                 "DDPJOB_ATTEMPT": "4",
                 "DDP_BACKEND": "gloo",
                 "DDP_METRICS_PORT": "9400",
+                "DDP_RESTART_MODE": "InPlace",
+                "DDP_RESTART_BUDGET": "3",
+                "DDP_RUN_ID": "uid-1234-4",
+                "PET_RDZV_BACKEND": "c10d",
+                "PET_RDZV_ENDPOINT": "mnist-0.mnist.team-a.svc:29500",
+                "PET_RDZV_ID": "uid-1234-4",
+                "PET_MAX_RESTARTS": "3",
+                "PET_RDZV_CONF": "is_host=0",
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                 "POD_IP": {"fieldRef": {"fieldPath": "status.podIP"}},
                 "PYTHONUNBUFFERED": "1",
             },
-            id="cpu-one-process-per-pod",
+            id="cpu-one-process-per-pod-in-place",
         ),
         pytest.param(
             {
                 "replicas": 2,
                 "nprocPerNode": 8,
                 "rendezvousPort": 23456,
+                "runPolicy": {"restartMode": "Recreate"},
                 "metrics": {"port": 9100},
                 "checkpoint": CHECKPOINT,
                 "template": {
@@ -157,15 +167,41 @@ def test_the_service_selects_every_rank_pod_of_its_attempt_and_no_other() -> Non
                 "DDP_BACKEND": "nccl",
                 "DDP_METRICS_PORT": "9100",
                 "DDP_CHECKPOINT_DIR": "/ckpt",
+                "DDP_RESTART_MODE": "Recreate",
                 "POD_IP": {"fieldRef": {"fieldPath": "status.podIP"}},
                 "PYTHONUNBUFFERED": "1",
             },
-            id="gpu-eight-processes-no-rank-variables",
+            id="gpu-eight-processes-no-rank-variables-recreate",
         ),
     ],
 )
 def test_env_contract(spec: dict[str, Any], rank: int, expected: dict[str, Any]) -> None:
     assert env_of(builders.build_rank_pod(job_spec(**spec), rank, 4)) == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "budget", "expected"),
+    [
+        pytest.param({}, None, "3", id="default-is-backoff-limit"),
+        pytest.param({"runPolicy": {"backoffLimit": 5}}, 2, "2", id="what-is-left"),
+        pytest.param({"runPolicy": {"backoffLimit": 5}}, -1, "0", id="never-negative"),
+        pytest.param({"restartPolicy": "Never"}, None, "0", id="never-restarts"),
+    ],
+)
+def test_restart_budget_env(spec: dict[str, Any], budget: int | None, expected: str) -> None:
+    env = env_of(builders.build_rank_pod(job_spec(**spec), 1, 0, restart_budget=budget))
+    assert env["DDP_RESTART_BUDGET"] == env["PET_MAX_RESTARTS"] == expected
+
+
+def test_a_replacement_pod_has_a_new_name_and_the_ranks_hostname() -> None:
+    first = builders.build_rank_pod(job_spec(), 2, 1)
+    second = builders.build_rank_pod(job_spec(), 2, 1, replacement=2)
+    assert first["metadata"]["name"] == "mnist-2-1"
+    assert second["metadata"]["name"] == "mnist-2-1r2"
+    assert second["metadata"]["labels"]["ddp.dev/replacement"] == "2"
+    assert "ddp.dev/replacement" not in first["metadata"]["labels"]
+    assert first["spec"]["hostname"] == second["spec"]["hostname"] == "mnist-2"
+    assert env_of(first) == env_of(second)
 
 
 def test_contract_env_replaces_the_templates_but_other_user_env_stays() -> None:

@@ -88,12 +88,15 @@ def test_a_gated_gang_is_queued_naming_kueue(queue: kueue.QueueObservation | Non
     pods = [kueue_managed(pod(r, phase="Pending", scheduled=False), gated=True) for r in (0, 1)]
     decision = run(kueue_job(), status_of("Pending"), pods, now=5, queue=queue)
     assert decision.phase == names.PHASE_QUEUED
-    queued = condition(decision.status, names.PHASE_QUEUED)
+    queued = condition(decision.report.status, names.PHASE_QUEUED)
     assert queued is not None and queued["status"] == "True" and queued["reason"] == "Queued"
     assert in_message in queued["message"]
-    assert decision.event is not None and (decision.event.type, decision.event.reason) == ("Normal", "Queued")
+    assert decision.report.event is not None and (
+        decision.report.event.type,
+        decision.report.event.reason,
+    ) == ("Normal", "Queued")
     assert decision.requeue_after is not None and decision.requeue_after <= kueue.QUEUED_POLL_SECONDS
-    assert decision.create_ranks == () and decision.delete_pods == ()
+    assert decision.create.ranks == () and decision.delete.pods == ()
 
 
 def test_a_job_without_a_queue_is_never_queued() -> None:
@@ -152,7 +155,7 @@ def test_the_startup_deadline_does_not_run_while_queued(
         for r in (0, 1)
     ]
     decision = run(kueue_job(**STARTUP), status, pods, now=now)
-    assert decision.phase == phase, decision.status["conditions"]
+    assert decision.phase == phase, decision.report.status["conditions"]
 
 
 # ---- preemption ----------------------------------------------------------------------------------
@@ -177,12 +180,12 @@ def test_a_kueue_preemption_does_not_spend_backoff_limit(
     job = kueue_job(restartPolicy=restart_policy, runPolicy={"backoffLimit": 3})
     decision = run(job, status_of("Running", restarts=restarts), [preempted(0), preempted(1)], now=25)
     assert decision.phase == phase
-    kind = condition(decision.status, phase)
+    kind = condition(decision.report.status, phase)
     assert kind is not None and kind["reason"] == reason
     assert "prioritization in the ClusterQueue" in kind["message"], "Kueue's own words are kept"
-    assert decision.status["restarts"] == restarts + spent
+    assert decision.report.status["restarts"] == restarts + spent
     if phase == "Restarting":
-        assert decision.status["preemptions"] == 1
+        assert decision.report.status["preemptions"] == 1
         assert "does not count against backoffLimit" in kind["message"]
 
 
@@ -199,9 +202,9 @@ def test_every_eviction_by_kueue_is_retried_free(stopped_by: str, reason: str) -
     pods = [preempted(0, stopped_by), preempted(1, stopped_by)]
     decision = run(kueue_job(runPolicy={"backoffLimit": 0}), status_of("Running"), pods, now=25)
     assert decision.phase == "Restarting"
-    kind = condition(decision.status, "Restarting")
+    kind = condition(decision.report.status, "Restarting")
     assert kind is not None and kind["reason"] == reason
-    assert (decision.status["restarts"], decision.status["preemptions"]) == (0, 1)
+    assert (decision.report.status["restarts"], decision.report.status["preemptions"]) == (0, 1)
 
 
 def test_a_preemption_by_the_scheduler_still_counts() -> None:
@@ -209,28 +212,28 @@ def test_a_preemption_by_the_scheduler_still_counts() -> None:
     pods = [kueue_managed(pod(0, disruption="PreemptionByScheduler", deleting_at=20)), old(1, exit_code=143)]
     decision = run(kueue_job(runPolicy={"backoffLimit": 3}), status_of("Running", restarts=3), pods, now=25)
     assert decision.phase == "Failed"
-    kind = condition(decision.status, "Failed")
+    kind = condition(decision.report.status, "Failed")
     assert kind is not None and kind["reason"] == "BackoffLimitExceeded"
 
 
 def test_preemptions_add_up_and_survive_the_next_attempt() -> None:
     job = kueue_job()
-    first = run(job, status_of("Running"), [preempted(0), preempted(1)], now=25).status
+    first = run(job, status_of("Running"), [preempted(0), preempted(1)], now=25).report.status
     first["preemptions"] = 2  # as if preempted before
     again = run(job, status_of("Running") | {"preemptions": 2}, [preempted(0), preempted(1)], now=25)
-    assert again.status["preemptions"] == 3
+    assert again.report.status["preemptions"] == 3
     # Attempt 1 starts once Kueue's pods are gone: the count stays.
-    restarting = again.status
+    restarting = again.report.status
     started = run(job, restarting, [], now=40)
-    assert started.create_attempt == 1 and started.status["preemptions"] == 3
+    assert started.create.attempt == 1 and started.report.status["preemptions"] == 3
 
 
 def test_a_deleted_kueue_workload_is_a_counted_disruption() -> None:
     pods = [preempted(0, "WorkloadDeleted"), preempted(1, "WorkloadDeleted")]
     decision = run(kueue_job(), status_of("Running"), pods, now=25)
     assert decision.phase == "Restarting"
-    assert decision.status["restarts"] == 1 and "preemptions" not in decision.status
-    kind = condition(decision.status, "Restarting")
+    assert decision.report.status["restarts"] == 1 and "preemptions" not in decision.report.status
+    kind = condition(decision.report.status, "Restarting")
     assert kind is not None and kind["reason"] == "PodDeleted"
 
 
@@ -298,16 +301,16 @@ def test_old_pods_kueue_still_counts_go_before_the_next_attempt(
     pods: list[dict[str, Any]], now: float, creates: bool, release: tuple[str, ...], force: tuple[str, ...]
 ) -> None:
     decision = run(kueue_job(), restarting(), pods, now=now)
-    assert bool(decision.create_ranks) is creates
-    assert decision.release_pods == release
-    assert decision.force_delete_pods == force
+    assert bool(decision.create.ranks) is creates
+    assert decision.kueue.release_pods == release
+    assert decision.kueue.force_delete_pods == force
 
 
 def test_without_kueue_an_unconfirmed_pod_does_not_block_and_is_not_forced() -> None:
     pods = [pod(0, deleting_at=10), pod(1, exit_code=143, deleting_at=10)]
     decision = run(job_spec(), restarting(), pods, now=71)
-    assert decision.create_ranks == (0, 1)
-    assert decision.release_pods == () and decision.force_delete_pods == ()
+    assert decision.create.ranks == (0, 1)
+    assert decision.kueue.release_pods == () and decision.kueue.force_delete_pods == ()
 
 
 # ---- ending the group ----------------------------------------------------------------------------
@@ -356,14 +359,14 @@ def failed_status() -> dict[str, Any]:
 def test_a_failed_job_tells_kueue_its_group_failed_for_good(
     job: JobSpec, status: dict[str, Any], pods: list[dict[str, Any]], marked: tuple[str, ...]
 ) -> None:
-    assert run(job, status, pods, now=40).mark_unretriable == marked
+    assert run(job, status, pods, now=40).kueue.mark_unretriable == marked
 
 
 def test_the_judged_failure_marks_the_group_at_once() -> None:
     pods = [old(0, exit_code=1, finished=20), old(1, exit_code=170, finished=21)]
     decision = run(kueue_job(), status_of("Running"), pods, now=25)
     assert decision.phase == "Failed"
-    assert decision.mark_unretriable == ("mnist-0-0",)
+    assert decision.kueue.mark_unretriable == ("mnist-0-0",)
 
 
 # ---- what is read of pods and of Kueue -------------------------------------------------------------
@@ -460,7 +463,7 @@ def test_a_suspended_job_ends_its_kueue_group(
 ) -> None:
     decision = run(job, status_of("Running"), pods, now=30)
     assert decision.phase == "Suspended"
-    assert decision.release_kueue_group is released
+    assert decision.kueue.release_group is released
 
 
 def test_pods_kueue_does_not_manage_are_not_counted_for_it() -> None:
@@ -468,5 +471,5 @@ def test_pods_kueue_does_not_manage_are_not_counted_for_it() -> None:
     unmanaged = pod(0, exit_code=0, deleting_at=10)
     unmanaged["metadata"]["labels"][names.KUEUE_POD_GROUP_LABEL] = "mnist-uid1234"
     decision = run(kueue_job(), restarting(), [unmanaged, pod(1, exit_code=143, deleting_at=10)], now=20)
-    assert decision.create_ranks == (0, 1)
-    assert decision.release_pods == () and decision.force_delete_pods == ()
+    assert decision.create.ranks == (0, 1)
+    assert decision.kueue.release_pods == () and decision.kueue.force_delete_pods == ()

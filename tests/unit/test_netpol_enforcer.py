@@ -1,6 +1,10 @@
-"""The NetworkPolicy enforcer of the real node: when the kernel can run it, and what is deployed."""
+"""The e2e tier's NetworkPolicy enforcer (kube-router's firewall): what it needs of the kernel, how it is
+run, when it has started, what it may read, and what is cleaned up after it."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -9,26 +13,7 @@ from ddp_harness import netpol_enforcer
 pytestmark = pytest.mark.unit
 
 COMPLETE = "\n".join(
-    [
-        "CONFIG_MODULES=y",
-        "CONFIG_NF_TABLES=y",
-        "CONFIG_NF_TABLES_INET=y",
-        "CONFIG_NFT_QUEUE=m",
-        "CONFIG_NETFILTER_NETLINK_QUEUE=y",
-        "CONFIG_NFT_CT=y",
-    ]
-)
-# This machine's Firecracker kernel: no modules, no nft queue expression (the xt NFQUEUE target exists).
-NO_NFT_QUEUE = "\n".join(
-    [
-        "# CONFIG_MODULES is not set",
-        "CONFIG_NF_TABLES=y",
-        "CONFIG_NF_TABLES_INET=y",
-        "# CONFIG_NFT_QUEUE is not set",
-        "CONFIG_NETFILTER_XT_TARGET_NFQUEUE=y",
-        "CONFIG_NETFILTER_NETLINK_QUEUE=y",
-        "CONFIG_NFT_CT=y",
-    ]
+    ["CONFIG_MODULES=y"] + [f"CONFIG_{name}=y" for name, _ in netpol_enforcer.KERNEL_OPTIONS]
 )
 
 
@@ -36,16 +21,18 @@ NO_NFT_QUEUE = "\n".join(
     ("config", "named"),
     [
         pytest.param(None, None, id="unknown-config-is-tried"),
-        pytest.param(COMPLETE, None, id="modules"),
-        pytest.param(COMPLETE.replace("CONFIG_NFT_QUEUE=m", "CONFIG_NFT_QUEUE=y"), None, id="built-in"),
+        pytest.param(COMPLETE, None, id="built-in"),
+        pytest.param(COMPLETE.replace("CONFIG_IP_SET=y", "CONFIG_IP_SET=m"), None, id="module"),
         pytest.param(
-            NO_NFT_QUEUE,
-            "CONFIG_NFT_QUEUE (nf_tables' `queue` expression (nft_queue)) is not built",
-            id="no-nft-queue",
+            COMPLETE.replace("CONFIG_NETFILTER_XT_SET=y", "# CONFIG_NETFILTER_XT_SET is not set"),
+            "CONFIG_NETFILTER_XT_SET (the `-m set` match) is not built",
+            id="no-xt-set",
         ),
         pytest.param(
-            COMPLETE.replace("CONFIG_MODULES=y", "# CONFIG_MODULES is not set"),
-            "CONFIG_NFT_QUEUE (nf_tables' `queue` expression (nft_queue)) is a module, and this kernel loads none",
+            COMPLETE.replace("CONFIG_MODULES=y", "# CONFIG_MODULES is not set").replace(
+                "CONFIG_IP_SET=y", "CONFIG_IP_SET=m"
+            ),
+            "CONFIG_IP_SET (ipsets of each policy's peers) is a module, and this kernel loads none",
             id="module-without-loading",
         ),
     ],
@@ -55,17 +42,95 @@ def test_kernel_problem_names_what_is_missing(config: str | None, named: str | N
     if named is None:
         assert problem is None
     else:
-        assert problem is not None and named in problem and "nothing would be enforced" in problem
+        assert problem is not None and named in problem
 
 
-def test_the_enforcer_runs_on_the_host_network_with_read_only_rbac() -> None:
-    objects = {obj["kind"]: obj for obj in netpol_enforcer.api_objects("img:1")}
-    assert set(objects) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"}
-    verbs = {verb for rule in objects["ClusterRole"]["rules"] for verb in rule["verbs"]}
-    assert verbs == {"list", "watch"}
-    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
-    assert pod["hostNetwork"] is True and pod["serviceAccountName"] == netpol_enforcer.NAME
-    (container,) = pod["containers"]
-    assert container["image"] == "img:1" and container["imagePullPolicy"] == "Never"
-    assert f"--nfqueue-id={netpol_enforcer.QUEUE_ID}" in container["args"]
-    assert container["securityContext"]["privileged"] is True
+BINARY = Path("/cache/kube-router")
+KUBECONFIG = Path("/state/kube-router.kubeconfig")
+
+
+@pytest.mark.parametrize(
+    ("netns", "prefix"),
+    [
+        pytest.param(None, [str(BINARY)], id="this-namespace"),
+        pytest.param(
+            Path("/proc/42/ns/net"), ["nsenter", "--net=/proc/42/ns/net", "--", str(BINARY)], id="kind-node"
+        ),
+    ],
+)
+def test_only_the_firewall_runs_with_no_port_open(netns: Path | None, prefix: list[str]) -> None:
+    argv = netpol_enforcer.command(
+        BINARY, kubeconfig=KUBECONFIG, node_name="node-a", service_cidr="10.96.0.0/16", netns=netns
+    )
+    assert argv[: len(prefix)] == prefix
+    flags = set(argv[len(prefix) :])
+    assert {"--run-firewall=true", "--run-router=false", "--run-service-proxy=false"} <= flags
+    assert {"--health-port=0", "--metrics-port=0"} <= flags
+    assert {
+        f"--kubeconfig={KUBECONFIG}",
+        "--hostname-override=node-a",
+        "--service-cluster-ip-range=10.96.0.0/16",
+    } <= flags
+
+
+JUMPED = """*filter
+:FORWARD DROP [0:0]
+:KUBE-ROUTER-FORWARD - [0:0]
+-A FORWARD -m comment --comment "kube-router netpol - TEMCG2JMHZYE7H7T" -j KUBE-ROUTER-FORWARD
+-A FORWARD -j DOCKER-USER
+COMMIT
+"""
+
+
+@pytest.mark.parametrize(
+    ("table", "started"),
+    [
+        pytest.param(JUMPED, True, id="jump-from-forward"),
+        pytest.param(JUMPED.replace("-A FORWARD -m comment", "-A OTHER -m comment"), False, id="chain-only"),
+        pytest.param("*filter\n:FORWARD ACCEPT [0:0]\nCOMMIT\n", False, id="nothing"),
+    ],
+)
+def test_enforcing_once_forward_jumps_to_its_chain(table: str, started: bool) -> None:
+    assert netpol_enforcer.enforcing(table) is started
+
+
+def test_only_its_own_new_sets_are_destroyed() -> None:
+    listing = "KUBE-DST-ABC\nKUBE-SRC-DEF\ninet6:KUBE-SRC-GHI\nTMP-XYZ\nKUBE-SRC-OLD\nother-set\n\n"
+    names = netpol_enforcer.ipset_names(listing)
+    assert netpol_enforcer.sets_to_destroy(names, before=["KUBE-SRC-OLD"]) == [
+        "KUBE-DST-ABC",
+        "KUBE-SRC-DEF",
+        "TMP-XYZ",
+        "inet6:KUBE-SRC-GHI",
+    ]
+
+
+@pytest.mark.parametrize(
+    "objects",
+    [
+        pytest.param(netpol_enforcer.rbac_objects(netpol_enforcer.user_subject()), id="real-node-user"),
+        pytest.param(netpol_enforcer.service_account_objects(), id="kind-service-account"),
+    ],
+)
+def test_it_may_only_read(objects: list[dict[str, Any]]) -> None:
+    by_kind = {obj["kind"]: obj for obj in objects}
+    role, binding = by_kind["ClusterRole"], by_kind["ClusterRoleBinding"]
+    verbs = {verb for rule in role["rules"] for verb in rule["verbs"]}
+    assert verbs == {"get", "list", "watch"}
+    resources = {r for rule in role["rules"] for r in rule["resources"]}
+    assert {"pods", "namespaces", "networkpolicies", "nodes"} <= resources
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    (subject,) = binding["subjects"]
+    if "ServiceAccount" in by_kind:
+        assert subject == {"kind": "ServiceAccount", "name": "kube-router", "namespace": "kube-system"}
+    else:
+        assert subject["name"] == netpol_enforcer.USER
+
+
+def test_token_kubeconfig_points_at_the_server_with_its_ca() -> None:
+    config = netpol_enforcer.token_kubeconfig("https://127.0.0.1:6443", "Q0E=", "t0ken")
+    (cluster,) = config["clusters"]
+    assert cluster["cluster"] == {"server": "https://127.0.0.1:6443", "certificate-authority-data": "Q0E="}
+    (user,) = config["users"]
+    assert user["user"] == {"token": "t0ken"}
+    assert config["current-context"] == config["contexts"][0]["name"]

@@ -182,9 +182,9 @@ def test_iptables_cleanup_removes_only_what_the_node_added() -> None:
     assert commands == [
         [
             "-t", "filter", "-D", "INPUT", "-m", "conntrack", "--ctstate", "NEW", "-m", "comment",
-            "--comment", "kubernetes", "service", "portals", "-j", "KUBE-SERVICES",
+            "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES",
         ],
-        ["-t", "filter", "-D", "FORWARD", "-m", "comment", "--comment", "kubernetes", "forwarding", "rules",
+        ["-t", "filter", "-D", "FORWARD", "-m", "comment", "--comment", "kubernetes forwarding rules",
          "-j", "KUBE-FORWARD"],
         ["-t", "filter", "-D", "DOCKER-USER", "-d", "10.85.0.0/24", "-m", "comment", "--comment",
          "ddp-real-node", "-j", "ACCEPT"],

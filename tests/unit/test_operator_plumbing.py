@@ -21,11 +21,18 @@ JOB_UID = "uid-1"
 
 
 def _pod(
-    name: str, *, owner: str | None = JOB_UID, attempt: str = "0", rv: str = "10", phase: str = "Pending"
+    name: str,
+    *,
+    owner: str | None = JOB_UID,
+    attempt: str = "0",
+    rv: str = "10",
+    phase: str = "Pending",
+    uid: str = "pod-uid-1",
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "name": name,
         "namespace": "ns",
+        "uid": uid,
         "resourceVersion": rv,
         "labels": {**names.rank_labels("job", 0, int(attempt))},
     }
@@ -101,38 +108,79 @@ def _cache(changed: list[tuple[str, str]]) -> PodCache:
     return PodCache(api=None, namespaces=["ns"], on_change=changed.append)  # type: ignore[arg-type]
 
 
+# (where the copy comes from: a watch event type, or "answer" for the operator's own write's answer, pod)
+Copy = tuple[str, dict[str, Any]]
+
+
 @pytest.mark.parametrize(
-    ("events", "expected_phases"),
+    ("copies", "expected_phases"),
     [
         pytest.param([("ADDED", _pod("job-0-0", rv="5"))], {"job-0-0": "Pending"}, id="added"),
         pytest.param(
             [("ADDED", _pod("job-0-0", rv="5")), ("MODIFIED", _pod("job-0-0", rv="7", phase="Running"))],
             {"job-0-0": "Running"},
-            id="newer-wins",
+            id="the-watch-is-in-order",
         ),
         pytest.param(
-            [("MODIFIED", _pod("job-0-0", rv="7", phase="Running")), ("MODIFIED", _pod("job-0-0", rv="6"))],
+            [
+                ("answer", _pod("job-0-0", rv="7", phase="Running")),
+                ("ADDED", _pod("job-0-0", rv="6")),
+                ("MODIFIED", _pod("job-0-0", rv="7", phase="Running")),
+            ],
             {"job-0-0": "Running"},
-            id="older-ignored",
+            id="events-in-flight-before-the-answer-are-older",
+        ),
+        pytest.param(
+            [
+                ("answer", _pod("job-0-0", rv="7")),
+                ("MODIFIED", _pod("job-0-0", rv="7")),
+                ("MODIFIED", _pod("job-0-0", rv="8", phase="Running")),
+            ],
+            {"job-0-0": "Running"},
+            id="events-after-the-answer-are-newer",
+        ),
+        pytest.param(
+            [
+                ("ADDED", _pod("job-0-0", rv="5")),
+                ("MODIFIED", _pod("job-0-0", rv="7", phase="Running")),
+                ("answer", _pod("job-0-0", rv="5")),
+            ],
+            {"job-0-0": "Running"},
+            id="an-answer-the-watch-delivered-first-is-older",
         ),
         pytest.param(
             [
                 ("ADDED", _pod("job-0-0", rv="5")),
                 ("DELETED", _pod("job-0-0", rv="9")),
-                ("MODIFIED", _pod("job-0-0", rv="8")),
+                ("answer", _pod("job-0-0", rv="8")),
             ],
             {},
             id="late-answer-does-not-resurrect",
         ),
+        pytest.param(
+            [
+                ("ADDED", _pod("job-0-0", rv="5")),
+                ("DELETED", _pod("job-0-0", rv="9")),
+                ("answer", _pod("job-0-0", rv="12", uid="pod-uid-2")),
+            ],
+            {"job-0-0": "Pending"},
+            id="a-new-pod-of-the-same-name-is-taken",
+        ),
+        pytest.param(
+            [("ADDED", _pod("job-0-0", rv="b")), ("MODIFIED", _pod("job-0-0", rv="a", phase="Running"))],
+            {"job-0-0": "Running"},
+            id="versions-are-opaque-not-ordered",
+        ),
     ],
 )
-def test_pod_cache_orders_by_resource_version(
-    events: list[tuple[str, dict[str, Any]]], expected_phases: dict[str, str]
-) -> None:
+def test_pod_cache_keeps_the_newest_copy(copies: list[Copy], expected_phases: dict[str, str]) -> None:
     changed: list[tuple[str, str]] = []
     cache = _cache(changed)
-    for event_type, pod in events:
-        cache._apply(event_type, pod)
+    for source, pod in copies:
+        if source == "answer":
+            cache.remember(pod)
+        else:
+            cache._apply(source, pod)
     assert {p.name: p.phase for p in cache.pods_of(("ns", "job"))} == expected_phases
     assert changed and set(changed) == {("ns", "job")}
 

@@ -1,27 +1,30 @@
-"""Training progress from rank 0's metrics (progress.py) and what decide() does with it: status.progress,
-Stalled restarts, status.straggler."""
+"""Training progress from rank 0's metrics as the operator reads it (ddp_operator.progress) and what
+decide() does with it: status.progress, status.straggler. Stalls: tests/unit/test_progress_stall.py."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from tests.unit.kube_factories import at, job_spec, observe, pod, with_run_policy
+from tests.unit.kube_factories import RUNNING_STATUS, at, job_spec, observe, pod
 
-from ddp_operator import progress, promtext
+from ddp_operator.progress import render, tracker
+from ddp_operator.progress.exposition import PodScrape, reduce_text
 from ddp_operator.reconcile import decide
 
 pytestmark = pytest.mark.unit
 
 
-def scrape(
+def rank_zero(
     seconds: float,
     steps: float,
     samples: float,
     *,
     target: float = 0,
     straggler: tuple[int, float] | None = None,
-) -> progress.RankZeroScrape:
+    phase: str = "compute",
+) -> PodScrape:
+    """Rank 0's pod as the trainer exports it at ``seconds`` (at()'s clock)."""
     lines = [
         f'ddp_sync_steps_total{{rank="0"}} {steps}',
         f'ddp_samples_total{{rank="0"}} {samples}',
@@ -39,152 +42,183 @@ def scrape(
         lines += [
             f'ddp_straggler_rank{{rank="0"}} {straggler[0]}',
             f'ddp_straggler_slowdown{{rank="0"}} {straggler[1]}',
+            *(
+                f'ddp_straggler_phase{{phase="{name}",rank="0"}} {1.0 if name == phase else 0.0}'
+                for name in ("data", "compute", "communication")
+            ),
         ]
-    return progress.reduce_scrape(promtext.parse("\n".join(lines) + "\n"), at(seconds))
+    return reduce_text("\n".join(lines) + "\n")
 
 
-def test_progress_from_two_scrapes_of_rank_zero() -> None:
-    shown = progress.progress_status(
-        scrape(20, 300, 9600, target=1000), scrape(10, 200, 6400), pods=4, world_size=8
-    )
-    assert shown is not None
-    assert shown["step"] == 300
-    assert shown["samplesPerSecond"] == "1280"  # (9600 - 6400) / 10 s on rank 0's pod, times 4 pods
-    assert shown["loss"] == "0.25"
-    assert shown["percentComplete"] == 30
-    assert shown["estimatedSecondsRemaining"] == 70  # 700 steps left at 10 steps/s
-    assert shown["busBandwidthBytesPerSecond"] == "175000000"  # 1e8 B/s x 2 x 7/8
-    assert 0.001 < float(str(shown["allreduceP50Seconds"])) <= 0.01
-    assert shown["lastSyncTime"] == "2025-01-01T12:00:20Z"
+def shown(
+    reads: list[tuple[float, PodScrape]], pods: int = 4, world_size: int = 8
+) -> dict[str, object] | None:
+    """status.progress after the operator's reads of rank 0's pod, at (seconds, scrape)."""
+    followed = tracker.ProgressTracker(pods, world_size)
+    for seconds, scrape in reads:
+        followed.record(at(seconds), {0: scrape})
+    return render.status_progress(followed.view())
+
+
+def test_progress_from_two_reads_of_rank_zero() -> None:
+    status = shown([(10, rank_zero(10, 200, 6400)), (20, rank_zero(20, 300, 9600, target=1000))])
+    assert status is not None
+    assert status["step"] == 300
+    assert status["samplesPerSecond"] == "1280"  # (9600 - 6400) / 10 s on rank 0's pod, times 4 pods
+    assert status["loss"] == "0.25"
+    assert status["percentComplete"] == 30
+    assert status["estimatedSecondsRemaining"] == 70  # 700 steps left at 10 steps/s
+    assert status["busBandwidthBytesPerSecond"] == "175000000"  # 1e8 B/s x 2 x 7/8
+    assert 0.001 < float(str(status["allreduceP50Seconds"])) <= 0.01
+    assert status["lastSyncTime"] == "2025-01-01T12:00:20Z"
+    assert status["observedTime"] == "2025-01-01T12:00:20Z"
 
 
 @pytest.mark.parametrize(
-    ("newest", "older", "absent"),
+    ("reads", "absent"),
     [
-        pytest.param(scrape(5, 0, 0), None, "everything", id="before-the-first-step"),
+        pytest.param([(5, rank_zero(5, 0, 0))], "everything", id="before-the-first-step"),
         pytest.param(
-            scrape(20, 300, 100), scrape(10, 200, 6400), "samplesPerSecond", id="counters-went-back"
+            [(10, rank_zero(10, 200, 6400)), (20, rank_zero(20, 300, 100))],
+            "samplesPerSecond",
+            id="counters-went-back",
         ),
-        pytest.param(scrape(20, 300, 9600), None, "percentComplete", id="total-unknown"),
+        pytest.param([(20, rank_zero(20, 300, 9600))], "percentComplete", id="total-unknown"),
+        pytest.param(
+            [(20, rank_zero(20, 300, 9600, target=1000))], "estimatedSecondsRemaining", id="one-read-no-rate"
+        ),
     ],
 )
 def test_what_progress_cannot_know_it_does_not_show(
-    newest: progress.RankZeroScrape, older: progress.RankZeroScrape | None, absent: str
+    reads: list[tuple[float, PodScrape]], absent: str
 ) -> None:
-    shown = progress.progress_status(newest, older, pods=2, world_size=2)
+    status = shown(reads, pods=2, world_size=2)
     if absent == "everything":
-        assert shown is None
+        assert status is None
     else:
-        assert shown is not None and absent not in shown
+        assert status is not None and absent not in status
 
 
-def observed(step: int, changed: float, **extra: Any) -> progress.ProgressObservation:
-    return progress.ProgressObservation(attempt=0, step=step, step_changed_at=at(changed), **extra)
+def test_the_rate_is_between_the_last_two_reads_at_the_operators_interval() -> None:
+    # Reads 15 s apart (the default --progress-interval) are further apart than the rate window.
+    reads = [(0, rank_zero(0, 0, 0)), (15, rank_zero(15, 100, 1500)), (30, rank_zero(30, 400, 6000))]
+    status = shown(reads, pods=1, world_size=2)
+    assert status is not None and status["samplesPerSecond"] == "300"  # (6000 - 1500) / 15 s
 
 
-RUNNING = {
-    "phase": "Running",
-    "attempt": 0,
-    "replicas": 2,
-    "startTime": "2025-01-01T12:00:00Z",
-    "conditions": [],
-}
-
-
-@pytest.mark.parametrize(
-    ("timeout", "step", "changed", "now", "phase", "rank_steps", "named"),
-    [
-        pytest.param(60, 120, 100, 159, "Running", {0: 120, 1: 119}, "", id="inside-the-timeout"),
-        pytest.param(
-            60,
-            120,
-            100,
-            161,
-            "Restarting",
-            {0: 120, 1: 119},
-            "rank 1 (step 119)",
-            id="no-step-for-the-timeout",
-        ),
-        pytest.param(
-            60,
-            120,
-            100,
-            161,
-            "Restarting",
-            {0: 120},
-            "rank 1 (its metrics did not answer)",
-            id="a-silent-rank-comes-first",
-        ),
-        pytest.param(60, 0, 0, 500, "Running", {}, "", id="training-never-started"),
-        pytest.param(None, 120, 100, 500, "Running", {}, "", id="no-stall-timeout"),
-    ],
-)
-def test_a_stall_restarts_the_gang_once_training_started(
-    timeout: int | None,
-    step: int,
-    changed: float,
-    now: float,
-    phase: str,
-    rank_steps: dict[int, int],
-    named: str,
-) -> None:
-    job = job_spec(**with_run_policy(stallTimeoutSeconds=timeout)) if timeout else job_spec()
-    seen = observed(step, changed, rank_steps=rank_steps)
-    decision = decide(job, RUNNING, observe(pod(0), pod(1)), at(now), observed=seen)
-    assert decision.status["phase"] == phase
-    if phase == "Restarting":
-        (restarting,) = [c for c in decision.status["conditions"] if c["type"] == "Restarting"]
-        assert restarting["reason"] == "Stalled"
-        assert f"furthest behind: {named}" in restarting["message"]
-        assert decision.status["restarts"] == 1 and set(decision.delete_pods) == {"mnist-0-0", "mnist-1-0"}
-    elif timeout and step:
-        assert decision.requeue_after == pytest.approx(changed + timeout - now)
+def observed(step: int, changed: float, **extra: Any) -> tracker.ProgressObservation:
+    return tracker.ProgressObservation(attempt=0, step=step, step_changed_at=at(changed), **extra)
 
 
 def test_progress_is_shown_while_running_and_kept_when_the_job_finishes() -> None:
-    shown = {"step": 120, "observedTime": "2025-01-01T12:01:00Z"}
+    status = {"step": 120, "observedTime": "2025-01-01T12:01:00Z"}
     running = decide(
-        job_spec(), RUNNING, observe(pod(0), pod(1)), at(61), observed=observed(120, 50, status=shown)
+        job_spec(), RUNNING_STATUS, observe(pod(0), pod(1)), at(61), observed=observed(120, 50, status=status)
     )
-    assert running.status["progress"] == shown and running.status_changed
-    done = decide(job_spec(), running.status, observe(pod(0, exit_code=0), pod(1, exit_code=0)), at(70))
-    assert done.status["phase"] == "Succeeded" and done.status["progress"] == shown
-    other_attempt = progress.ProgressObservation(
-        attempt=3, step=5, step_changed_at=at(60), status={"step": 5}
+    assert running.report.status["progress"] == status and running.report.changed
+    done = decide(
+        job_spec(), running.report.status, observe(pod(0, exit_code=0), pod(1, exit_code=0)), at(70)
     )
-    assert (
-        "progress"
-        not in decide(job_spec(), RUNNING, observe(pod(0), pod(1)), at(61), observed=other_attempt).status
-    )
+    assert done.report.status["phase"] == "Succeeded" and done.report.status["progress"] == status
+
+
+def test_progress_of_another_attempt_is_not_shown() -> None:
+    other_attempt = tracker.ProgressObservation(attempt=3, step=5, step_changed_at=at(60), status={"step": 5})
+    decision = decide(job_spec(), RUNNING_STATUS, observe(pod(0), pod(1)), at(61), observed=other_attempt)
+    assert "progress" not in decision.report.status
 
 
 def test_a_persistent_straggler_is_named_in_status_with_one_event() -> None:
-    since = at(100)
-    sighting = progress.StragglerSighting(rank=1, slowdown=2.0, since=since)
+    window = tracker.STRAGGLER_WINDOW_SECONDS
+    sighting = tracker.StragglerSighting(rank=1, slowdown=2.0, since=at(100), phase="communication")
     early = decide(
-        job_spec(), RUNNING, observe(pod(0), pod(1)), at(130), observed=observed(50, 125, straggler=sighting)
+        job_spec(),
+        RUNNING_STATUS,
+        observe(pod(0), pod(1)),
+        at(110),
+        observed=observed(50, 105, straggler=sighting),
     )
-    assert "straggler" not in early.status and early.requeue_after == pytest.approx(30)
+    assert "straggler" not in early.report.status and early.requeue_after == pytest.approx(window - 10)
+    later = 100 + window + 1
     named = decide(
-        job_spec(), RUNNING, observe(pod(0), pod(1)), at(161), observed=observed(60, 160, straggler=sighting)
+        job_spec(),
+        RUNNING_STATUS,
+        observe(pod(0), pod(1)),
+        at(later),
+        observed=observed(60, later, straggler=sighting),
     )
-    assert named.status["straggler"] == {"rank": 1, "pod": "mnist-1-0", "node": "node-1", "slowdown": "2.00"}
-    assert [n.reason for n in named.notices] == ["Straggler"]
+    assert named.report.status["straggler"] == {
+        "rank": 1,
+        "pod": "mnist-1-0",
+        "node": "node-1",
+        "slowdown": "2.00",
+        "phase": "communication",
+    }
+    assert [n.reason for n in named.report.notices] == ["Straggler"]
+    assert named.report.notices[0].message == (
+        "rank 1 makes the job's step 2.00x as long as it would be without it, losing its time in "
+        f"communication (mnist-1-0 on node node-1), for {window:.0f}s: the other ranks wait for it in "
+        "every step"
+    )
     again = decide(
         job_spec(),
-        named.status,
+        named.report.status,
         observe(pod(0), pod(1)),
-        at(175),
-        observed=observed(70, 174, straggler=sighting),
+        at(later + 14),
+        observed=observed(70, later + 13, straggler=sighting),
     )
-    assert again.notices == () and again.status["straggler"]["rank"] == 1
+    assert again.report.notices == () and again.report.status["straggler"]["rank"] == 1
 
 
-def test_the_straggler_sighting_follows_one_rank() -> None:
-    first = progress.follow_straggler(None, scrape(10, 5, 5, straggler=(2, 1.8)), threshold=1.5)
-    assert first is not None and first.since == at(10)
-    same = progress.follow_straggler(first, scrape(20, 6, 6, straggler=(2, 1.9)), threshold=1.5)
-    assert same is not None and same.since == at(10)
-    other = progress.follow_straggler(same, scrape(30, 7, 7, straggler=(3, 1.9)), threshold=1.5)
-    assert other is not None and (other.rank, other.since) == (3, at(30))
-    assert progress.follow_straggler(other, scrape(40, 8, 8, straggler=(3, 1.2)), threshold=1.5) is None
+def test_a_straggler_of_a_pod_with_several_ranks_is_shown_with_that_pod() -> None:
+    # 2 pods x 2 processes: global rank 3 is pod 1's second process.
+    sighting = tracker.StragglerSighting(rank=3, slowdown=1.8, since=at(0), phase="data")
+    later = tracker.STRAGGLER_WINDOW_SECONDS + 1
+    named = decide(
+        job_spec(nprocPerNode=2),
+        {**RUNNING_STATUS, "worldSize": 4},
+        observe(pod(0), pod(1)),
+        at(later),
+        observed=observed(60, later, straggler=sighting),
+    )
+    assert named.report.status["straggler"] == {
+        "rank": 3,
+        "pod": "mnist-1-0",
+        "node": "node-1",
+        "slowdown": "1.80",
+        "phase": "data",
+    }
+
+
+def test_a_trainer_that_names_no_phase_shows_none() -> None:
+    sighting = tracker.StragglerSighting(rank=1, slowdown=2.0, since=at(0))
+    assert "phase" not in render.straggler_status(sighting, "mnist-1-0", "node-1")
+
+
+# Reads of rank 0 at 10, 20, 30, 40 s naming (rank, slowdown) -> (rank, since) of the sighting after each.
+FOLLOWING = {
+    "one rank stays slow": ([(2, 1.8), (2, 1.9)], [(2, 10), (2, 10)]),
+    "another rank starts anew": ([(2, 1.8), (3, 1.9)], [(2, 10), (3, 20)]),
+    "below the threshold ends it": ([(2, 1.8), (2, 1.2), (2, 1.8)], [(2, 10), None, (2, 30)]),
+    "at the threshold counts": ([(2, tracker.STRAGGLER_THRESHOLD)], [(2, 10)]),
+}
+
+
+def test_the_sighting_keeps_the_phase_rank_zero_last_named() -> None:
+    followed = tracker.ProgressTracker(4, 4)
+    for seconds, phase in ((10.0, "compute"), (20.0, "communication")):
+        followed.record(at(seconds), {0: rank_zero(seconds, seconds, 0, straggler=(2, 2.5), phase=phase)})
+    assert followed.straggler == tracker.StragglerSighting(2, 2.5, at(10), "communication")
+
+
+@pytest.mark.parametrize("case", FOLLOWING, ids=list(FOLLOWING))
+def test_the_straggler_sighting_follows_one_rank(case: str) -> None:
+    named, expected = FOLLOWING[case]
+    followed = tracker.ProgressTracker(4, 4)
+    seen = []
+    for index, straggler in enumerate(named):
+        seconds = 10.0 * (index + 1)
+        followed.record(at(seconds), {0: rank_zero(seconds, index + 1, 0, straggler=straggler)})
+        sighting = followed.straggler
+        seen.append(None if sighting is None else (sighting.rank, sighting.since))
+    assert seen == [None if e is None else (e[0], at(e[1])) for e in expected]

@@ -55,23 +55,23 @@ def live_status(phase: str = "Running", attempt: int = 0, restarts: int = 0, **e
 
 def test_new_job_creates_every_rank_of_attempt_zero() -> None:
     decision = run(job_spec(), {}, [], now=0)
-    assert decision.create_ranks == (0, 1)
-    assert decision.create_attempt == 0
-    assert decision.create_service is True
-    assert decision.create_pvc is False
-    assert decision.delete_pods == ()
-    assert decision.status["phase"] == "Pending"
-    assert decision.status["attempt"] == 0
-    assert decision.status["worldSize"] == 2
-    assert decision.status["observedGeneration"] == 1
-    assert decision.status["startTime"] == format_time(at(0))
-    assert decision.status_changed
-    assert decision.event is not None
-    assert (decision.event.type, decision.event.reason) == ("Normal", "Created")
+    assert decision.create.ranks == (0, 1)
+    assert decision.create.attempt == 0
+    assert decision.create.service is True
+    assert decision.create.pvc is False
+    assert decision.delete.pods == ()
+    assert decision.report.status["phase"] == "Pending"
+    assert decision.report.status["attempt"] == 0
+    assert decision.report.status["worldSize"] == 2
+    assert decision.report.status["observedGeneration"] == 1
+    assert decision.report.status["startTime"] == format_time(at(0))
+    assert decision.report.changed
+    assert decision.report.event is not None
+    assert (decision.report.event.type, decision.report.event.reason) == ("Normal", "Created")
 
 
 def test_checkpoint_pvc_is_created_with_the_first_attempt() -> None:
-    assert run(job_spec(checkpoint=CHECKPOINT), {}, [], now=0).create_pvc is True
+    assert run(job_spec(checkpoint=CHECKPOINT), {}, [], now=0).create.pvc is True
 
 
 @pytest.mark.parametrize(
@@ -84,13 +84,13 @@ def test_checkpoint_pvc_is_created_with_the_first_attempt() -> None:
 def test_network_policy_is_created_with_each_attempt_unless_turned_off(
     spec: dict[str, Any], wanted: bool
 ) -> None:
-    assert run(job_spec(**spec), {}, [], now=0).create_network_policy is wanted
+    assert run(job_spec(**spec), {}, [], now=0).create.network_policy is wanted
 
 
 def test_interrupted_first_creation_creates_only_the_missing_ranks() -> None:
     decision = run(job_spec(replicas=3), {}, [pod(0), pod(2)], now=1)
-    assert decision.create_ranks == (1,)
-    assert decision.create_attempt == 0
+    assert decision.create.ranks == (1,)
+    assert decision.create.attempt == 0
 
 
 def built_from(spec: JobSpec, pod_object: dict[str, Any]) -> dict[str, Any]:
@@ -103,29 +103,29 @@ def test_pods_built_from_an_older_spec_are_replaced_before_the_attempt_starts() 
     old_spec, new_spec = job_spec(replicas=2), job_spec(replicas=3)
     pods = [built_from(old_spec, pod(0)), built_from(new_spec, pod(1))]
     decision = run(new_spec, {}, pods, now=1)
-    assert decision.delete_pods == ("mnist-0-0",)
-    assert decision.create_ranks == () and not decision.status_changed
+    assert decision.delete.pods == ("mnist-0-0",)
+    assert decision.create.ranks == () and not decision.report.changed
     assert decision.requeue_after is not None
     # While the old pod terminates its name is taken: still nothing created.
     terminating = [built_from(old_spec, pod(0, deleting_at=1)), built_from(new_spec, pod(1))]
-    assert run(new_spec, {}, terminating, now=2).create_ranks == ()
+    assert run(new_spec, {}, terminating, now=2).create.ranks == ()
     # Once it is gone, the missing ranks come from the new spec.
-    assert run(new_spec, {}, [built_from(new_spec, pod(1))], now=3).create_ranks == (0, 2)
+    assert run(new_spec, {}, [built_from(new_spec, pod(1))], now=3).create.ranks == (0, 2)
 
 
 def test_a_running_attempt_is_never_replaced_for_its_spec_hash() -> None:
     # Running, the spec is locked (CEL); a differing hash there means a newer operator, not an edit.
     pods = [built_from(job_spec(replicas=5), pod(rank)) for rank in (0, 1)]
     decision = run(job_spec(), live_status("Running"), pods, now=10)
-    assert decision.delete_pods == () and decision.status["phase"] == "Running"
+    assert decision.delete.pods == () and decision.report.status["phase"] == "Running"
 
 
 def test_missing_ranks_before_all_were_seen_are_created_again() -> None:
     status = live_status("Pending", replicas=1)
     decision = run(job_spec(), status, [pod(0, phase="Pending")], now=1)
-    assert decision.create_ranks == (1,)
-    assert decision.status["phase"] == "Pending"
-    assert decision.status.get("restarts") == 0
+    assert decision.create.ranks == (1,)
+    assert decision.report.status["phase"] == "Pending"
+    assert decision.report.status.get("restarts") == 0
 
 
 # --- phases and conditions -------------------------------------------------------------------------
@@ -148,30 +148,30 @@ def test_missing_ranks_before_all_were_seen_are_created_again() -> None:
 )
 def test_phase_follows_the_ranks(pods: list[dict[str, Any]], phase: str, ready: int) -> None:
     decision = run(job_spec(), live_status("Pending", replicas=0), pods, now=3)
-    assert decision.status["phase"] == phase
-    assert decision.status["readyReplicas"] == ready
-    assert decision.status["replicas"] == 2
-    assert decision.create_ranks == ()
-    assert (decision.event is not None) is (phase != "Pending")
+    assert decision.report.status["phase"] == phase
+    assert decision.report.status["readyReplicas"] == ready
+    assert decision.report.status["replicas"] == 2
+    assert decision.create.ranks == ()
+    assert (decision.report.event is not None) is (phase != "Pending")
 
 
 def test_running_sets_its_condition_and_later_events_keep_its_time() -> None:
     job = job_spec()
     first = run(job, live_status("Starting"), [pod(0), pod(1)], now=10)
-    running = condition(first.status, "Running")
+    running = condition(first.report.status, "Running")
     assert running is not None
     assert (running["status"], running["lastTransitionTime"]) == ("True", format_time(at(10)))
-    assert first.event is not None and first.event.reason == "Running"
+    assert first.report.event is not None and first.report.event.reason == "Running"
 
-    again = run(job, first.status, [pod(0), pod(1)], now=50)
-    assert condition(again.status, "Running") == running
-    assert not again.status_changed
-    assert again.event is None
+    again = run(job, first.report.status, [pod(0), pod(1)], now=50)
+    assert condition(again.report.status, "Running") == running
+    assert not again.report.changed
+    assert again.report.event is None
 
 
 def test_success_finishes_the_job_and_flips_conditions() -> None:
     decision = run(job_spec(), live_status(), [pod(0, exit_code=0), pod(1, exit_code=0)], now=100)
-    status = decision.status
+    status = decision.report.status
     assert status["phase"] == "Succeeded"
     assert status["completionTime"] == format_time(at(100))
     assert status["succeededReplicas"] == 2
@@ -184,14 +184,14 @@ def test_success_finishes_the_job_and_flips_conditions() -> None:
     }
     running = condition(status, "Running")
     assert running is not None and running["status"] == "False"
-    assert decision.delete_pods == ()
-    assert decision.event is not None and decision.event.type == "Normal"
+    assert decision.delete.pods == ()
+    assert decision.report.event is not None and decision.report.event.type == "Normal"
 
 
 def test_observed_generation_follows_the_job() -> None:
     job = job_spec()
     newer = JobSpec(**{**job.__dict__, "generation": 7})
-    assert run(newer, live_status(), [pod(0), pod(1)], now=10).status["observedGeneration"] == 7
+    assert run(newer, live_status(), [pod(0), pod(1)], now=10).report.status["observedGeneration"] == 7
 
 
 # --- failures and restarts -------------------------------------------------------------------------
@@ -286,51 +286,54 @@ def test_observed_generation_follows_the_job() -> None:
 def test_failures(
     pods: list[dict[str, Any]], restarts: int, phase: str, reason: str, in_message: str
 ) -> None:
-    decision = run(job_spec(), live_status(restarts=restarts), pods, now=30)
-    assert decision.status["phase"] == phase
-    kind = condition(decision.status, phase)
+    """Under restartMode Recreate every retried failure recreates the gang (InPlace: test_recovery.py)."""
+    decision = run(
+        job_spec(**with_run_policy(restartMode="Recreate")), live_status(restarts=restarts), pods, now=30
+    )
+    assert decision.report.status["phase"] == phase
+    kind = condition(decision.report.status, phase)
     assert kind is not None
     assert kind["reason"] == reason
     assert in_message in kind["message"]
-    assert decision.event is not None
-    assert (decision.event.type, decision.event.reason) == ("Warning", reason)
-    assert decision.create_ranks == ()
+    assert decision.report.event is not None
+    assert (decision.report.event.type, decision.report.event.reason) == ("Warning", reason)
+    assert decision.create.ranks == ()
     if phase == "Restarting":
-        assert decision.gang_restart
+        assert decision.report.gang_restart
         # The scheduler's preemption counts (only a queue's does not: test_kueue_decisions.py).
-        assert decision.status["restarts"] == restarts + 1
-        assert "preemptions" not in decision.status
-        assert decision.status["attempt"] == 0
+        assert decision.report.status["restarts"] == restarts + 1
+        assert "preemptions" not in decision.report.status
+        assert decision.report.status["attempt"] == 0
         alive = {p["metadata"]["name"] for p in pods if "deletionTimestamp" not in p["metadata"]}
-        assert set(decision.delete_pods) == alive
+        assert set(decision.delete.pods) == alive
     else:
-        assert not decision.gang_restart
-        assert decision.status["restarts"] == restarts
-        assert decision.status["completionTime"] == format_time(at(30))
+        assert not decision.report.gang_restart
+        assert decision.report.status["restarts"] == restarts
+        assert decision.report.status["completionTime"] == format_time(at(30))
         # Ranks still up when the job failed are being stopped, not ready: READY reads 0/2.
-        assert (decision.status["readyReplicas"], decision.status["ready"]) == (0, "0/2")
+        assert (decision.report.status["readyReplicas"], decision.report.status["ready"]) == (0, "0/2")
 
 
 def test_never_policy_fails_on_a_retryable_code() -> None:
     decision = run(job_spec(restartPolicy="Never"), live_status(), [pod(0), pod(1, exit_code=143)], now=30)
-    assert decision.status["phase"] == "Failed"
-    assert decision.delete_pods == ("mnist-0-0",), "cleanPodPolicy Running stops the ranks still running"
+    assert decision.report.status["phase"] == "Failed"
+    assert decision.delete.pods == ("mnist-0-0",), "cleanPodPolicy Running stops the ranks still running"
 
 
 def test_on_failure_policy_retries_exit_code_1() -> None:
     decision = run(job_spec(restartPolicy="OnFailure"), live_status(), [pod(0), pod(1, exit_code=1)], now=30)
-    assert decision.status["phase"] == "Restarting"
+    assert decision.report.status["phase"] == "Restarting"
 
 
 def test_restart_waits_until_every_old_pod_is_gone_or_terminal() -> None:
     status = live_status("Restarting", restarts=1)
     pods = [pod(0, deleting_at=20), pod(1, exit_code=137)]
     decision = run(job_spec(), status, pods, now=25)
-    assert decision.create_ranks == ()
-    assert decision.delete_pods == ("mnist-1-0",), (
+    assert decision.create.ranks == ()
+    assert decision.delete.pods == ("mnist-1-0",), (
         "the terminal pod is deleted too; the deleting one is not again"
     )
-    assert not decision.status_changed
+    assert not decision.report.changed
     assert decision.requeue_after is not None
 
 
@@ -338,33 +341,35 @@ def test_restart_creates_the_next_attempt_with_new_names() -> None:
     status = live_status("Restarting", restarts=1)
     pods = [pod(0, exit_code=143, deleting_at=20), pod(1, exit_code=137, deleting_at=20)]
     decision = run(job_spec(), status, pods, now=30)
-    assert decision.create_ranks == (0, 1)
-    assert decision.create_attempt == 1
-    assert decision.status["attempt"] == 1
-    assert decision.status["phase"] == "Pending"
-    assert decision.status["restarts"] == 1
-    assert decision.status["startTime"] == format_time(at(0)), "restarts count against activeDeadlineSeconds"
-    restarting = condition(decision.status, "Restarting")
+    assert decision.create.ranks == (0, 1)
+    assert decision.create.attempt == 1
+    assert decision.report.status["attempt"] == 1
+    assert decision.report.status["phase"] == "Pending"
+    assert decision.report.status["restarts"] == 1
+    assert decision.report.status["startTime"] == format_time(at(0)), (
+        "restarts count against activeDeadlineSeconds"
+    )
+    restarting = condition(decision.report.status, "Restarting")
     assert restarting is not None and restarting["status"] == "False"
 
 
 def test_new_attempt_after_everything_old_is_gone() -> None:
     decision = run(job_spec(), live_status("Restarting", attempt=2, restarts=2), [], now=30)
-    assert (decision.create_ranks, decision.create_attempt) == ((0, 1), 3)
+    assert (decision.create.ranks, decision.create.attempt) == ((0, 1), 3)
 
 
 def test_pods_of_older_attempts_are_deleted_while_running() -> None:
     pods = [pod(0, attempt=1), pod(1, attempt=1), pod(0, attempt=0, exit_code=143)]
     decision = run(job_spec(), live_status(attempt=1), pods, now=30)
-    assert decision.status["phase"] == "Running"
-    assert decision.delete_pods == ("mnist-0-0",)
+    assert decision.report.status["phase"] == "Running"
+    assert decision.delete.pods == ("mnist-0-0",)
 
 
 def test_pods_of_another_job_with_the_same_name_are_ignored() -> None:
     pods = [pod(0), pod(1), pod(1, attempt=0, exit_code=1, owner_uid="old-job")]
     decision = run(job_spec(), live_status(), pods, now=30)
-    assert decision.status["phase"] == "Running"
-    assert decision.delete_pods == ()
+    assert decision.report.status["phase"] == "Running"
+    assert decision.delete.pods == ()
 
 
 # --- suspend ---------------------------------------------------------------------------------------
@@ -373,18 +378,18 @@ def test_pods_of_another_job_with_the_same_name_are_ignored() -> None:
 def test_suspend_deletes_the_pods() -> None:
     job = job_spec(**with_run_policy(suspend=True))
     decision = run(job, live_status(), [pod(0), pod(1)], now=30)
-    assert decision.status["phase"] == "Suspended"
-    assert set(decision.delete_pods) == {"mnist-0-0", "mnist-1-0"}
-    assert "startTime" not in decision.status, "suspended time does not count against the deadline"
-    assert decision.event is not None and decision.event.reason == "Suspended"
-    assert decision.create_ranks == ()
+    assert decision.report.status["phase"] == "Suspended"
+    assert set(decision.delete.pods) == {"mnist-0-0", "mnist-1-0"}
+    assert "startTime" not in decision.report.status, "suspended time does not count against the deadline"
+    assert decision.report.event is not None and decision.report.event.reason == "Suspended"
+    assert decision.create.ranks == ()
 
 
 def test_a_job_created_suspended_creates_nothing() -> None:
     decision = run(job_spec(**with_run_policy(suspend=True)), {}, [], now=0)
-    assert decision.status["phase"] == "Suspended"
-    assert "attempt" not in decision.status
-    assert decision.create_ranks == ()
+    assert decision.report.status["phase"] == "Suspended"
+    assert "attempt" not in decision.report.status
+    assert decision.create.ranks == ()
 
 
 @pytest.mark.parametrize(
@@ -401,18 +406,18 @@ def test_resume(
     status: dict[str, Any], pods: list[dict[str, Any]], create: tuple[int, ...], attempt: int
 ) -> None:
     decision = run(job_spec(), status, pods, now=30)
-    assert decision.create_ranks == create
+    assert decision.create.ranks == create
     if create:
-        assert decision.create_attempt == attempt
-        assert decision.status["phase"] == "Pending"
-        assert decision.status["startTime"] == format_time(at(30))
-        assert decision.event is not None and decision.event.reason == "Resumed"
+        assert decision.create.attempt == attempt
+        assert decision.report.status["phase"] == "Pending"
+        assert decision.report.status["startTime"] == format_time(at(30))
+        assert decision.report.event is not None and decision.report.event.reason == "Resumed"
 
 
 def test_suspend_during_first_creation_does_not_reuse_names_on_resume() -> None:
     suspended = run(job_spec(**with_run_policy(suspend=True)), {}, [pod(0, phase="Pending")], now=1)
-    resumed = run(job_spec(), suspended.status, [], now=5)
-    assert resumed.create_attempt == 1
+    resumed = run(job_spec(), suspended.report.status, [], now=5)
+    assert resumed.create.attempt == 1
 
 
 # --- deadlines and TTL -----------------------------------------------------------------------------
@@ -421,13 +426,13 @@ def test_suspend_during_first_creation_does_not_reuse_names_on_resume() -> None:
 def test_active_deadline_fails_the_job_and_stops_its_pods() -> None:
     job = job_spec(**with_run_policy(activeDeadlineSeconds=60, cleanPodPolicy="None"))
     early = run(job, live_status(), [pod(0), pod(1)], now=20)
-    assert early.status["phase"] == "Running"
+    assert early.report.status["phase"] == "Running"
     assert early.requeue_after == 40.0
     late = run(job, live_status(), [pod(0), pod(1)], now=61)
-    assert late.status["phase"] == "Failed"
-    failed = condition(late.status, "Failed")
+    assert late.report.status["phase"] == "Failed"
+    failed = condition(late.report.status, "Failed")
     assert failed is not None and failed["reason"] == "DeadlineExceeded"
-    assert set(late.delete_pods) == {"mnist-0-0", "mnist-1-0"}, "a job past its deadline stops even with None"
+    assert set(late.delete.pods) == {"mnist-0-0", "mnist-1-0"}, "a job past its deadline stops even with None"
 
 
 @pytest.mark.parametrize(
@@ -443,17 +448,17 @@ def test_active_deadline_fails_the_job_and_stops_its_pods() -> None:
 def test_startup_deadline(pods: list[dict[str, Any]], reason: str) -> None:
     job = job_spec(**with_run_policy(startupDeadlineSeconds=120))
     waiting = run(job, live_status("Starting"), pods, now=100)
-    assert waiting.status["phase"] in ("Pending", "Starting")
+    assert waiting.report.status["phase"] in ("Pending", "Starting")
     assert waiting.requeue_after == 20.0
     late = run(job, live_status("Starting"), pods, now=121)
-    assert late.status["phase"] == "Failed"
-    failed = condition(late.status, "Failed")
+    assert late.report.status["phase"] == "Failed"
+    failed = condition(late.report.status, "Failed")
     assert failed is not None and failed["reason"] == reason
 
 
 def test_startup_deadline_does_not_apply_once_running() -> None:
     job = job_spec(**with_run_policy(startupDeadlineSeconds=10))
-    assert run(job, live_status(), [pod(0), pod(1)], now=500).status["phase"] == "Running"
+    assert run(job, live_status(), [pod(0), pod(1)], now=500).report.status["phase"] == "Running"
 
 
 def finished_status(reason: str = "AllRanksSucceeded", phase: str = "Succeeded") -> dict[str, Any]:
@@ -478,9 +483,9 @@ def finished_status(reason: str = "AllRanksSucceeded", phase: str = "Succeeded")
 def test_ttl_deletes_the_finished_job(now: float, delete_job: bool, requeue: float | None) -> None:
     job = job_spec(**with_run_policy(ttlSecondsAfterFinished=60))
     decision = run(job, finished_status(), [pod(0, exit_code=0), pod(1, exit_code=0)], now=now)
-    assert decision.delete_job is delete_job
+    assert decision.delete.job is delete_job
     assert decision.requeue_after == requeue
-    assert not decision.status_changed
+    assert not decision.report.changed
 
 
 @pytest.mark.parametrize(
@@ -495,7 +500,7 @@ def test_ttl_deletes_the_finished_job(now: float, delete_job: bool, requeue: flo
 def test_clean_pod_policy(policy: str, reason: str, deleted: set[str]) -> None:
     job = job_spec(**with_run_policy(cleanPodPolicy=policy))
     decision = run(job, finished_status(reason, "Failed"), [pod(0), pod(1, exit_code=1)], now=200)
-    assert set(decision.delete_pods) == deleted
+    assert set(decision.delete.pods) == deleted
     assert decision.requeue_after is None, "no TTL set"
 
 
@@ -503,14 +508,14 @@ def test_clean_pod_policy_running_keeps_ranks_whose_trainer_exited_before_the_ph
     job = job_spec(**with_run_policy(cleanPodPolicy="Running"))
     pods = [pod(0, exit_code=0, phase_lags=True), pod(1, exit_code=0)]
     decision = run(job, finished_status(), pods, now=200)
-    assert decision.delete_pods == (), "both trainers exited 0: nothing is running, the logs stay"
+    assert decision.delete.pods == (), "both trainers exited 0: nothing is running, the logs stay"
 
 
 def test_finished_jobs_do_not_come_back_to_life() -> None:
     decision = run(job_spec(), finished_status(), [pod(0, exit_code=1)], now=200)
-    assert decision.status["phase"] == "Succeeded"
-    assert decision.create_ranks == ()
-    assert decision.event is None
+    assert decision.report.status["phase"] == "Succeeded"
+    assert decision.create.ranks == ()
+    assert decision.report.event is None
 
 
 # --- failures found outside decide -----------------------------------------------------------------
@@ -520,13 +525,13 @@ def test_pod_create_forbidden_fails_the_job_with_the_apiservers_message() -> Non
     message = 'pods "mnist-1-0" is forbidden: violates PodSecurity "restricted:latest"'
     refusal = CreateRefusal(forbidden=True, child="rank 1's pod", attempt=0, message=message)
     decision = decide(job_spec(), live_status("Pending"), observe(pod(0, phase="Pending")), at(5), refusal)
-    assert decision.status["phase"] == "Failed"
-    failed = condition(decision.status, "Failed")
+    assert decision.report.status["phase"] == "Failed"
+    failed = condition(decision.report.status, "Failed")
     assert failed is not None and failed["reason"] == "PodCreateForbidden"
     assert message in failed["message"] and "rank 1" in failed["message"]
-    assert decision.event is not None and decision.event.reason == "PodCreateForbidden"
-    after = run(job_spec(), decision.status, [pod(0, phase="Pending")], now=6)
-    assert after.delete_pods == ("mnist-0-0",), "the ranks that were created are cleaned up"
+    assert decision.report.event is not None and decision.report.event.reason == "PodCreateForbidden"
+    after = run(job_spec(), decision.report.status, [pod(0, phase="Pending")], now=6)
+    assert after.delete.pods == ("mnist-0-0",), "the ranks that were created are cleaned up"
 
 
 def test_failed_status_keeps_existing_fields() -> None:
@@ -566,28 +571,28 @@ def test_local_attempts_follow_the_cluster_rules(
 
 def test_a_rank_that_exited_0_is_not_failed_by_a_later_disruption() -> None:
     pods = [pod(0, exit_code=0, disruption="DeletionByPodGC"), pod(1, exit_code=0)]
-    assert run(job_spec(), live_status(), pods, now=30).status["phase"] == "Succeeded"
+    assert run(job_spec(), live_status(), pods, now=30).report.status["phase"] == "Succeeded"
 
 
 def test_a_child_the_apiserver_finds_invalid_fails_the_job_once() -> None:
     message = 'Pod "mnist-0-0" is invalid: metadata.labels: Invalid value: "a b"'
     refusal = CreateRefusal(forbidden=False, child="rank 0's pod", attempt=0, message=message)
     decision = decide(job_spec(), live_status("Pending"), [], at(5), refusal)
-    failed = decision.status["conditions"][-1]
-    assert decision.status["phase"] == "Failed" and failed["reason"] == "InvalidSpec"
+    failed = decision.report.status["conditions"][-1]
+    assert decision.report.status["phase"] == "Failed" and failed["reason"] == "InvalidSpec"
     assert "rank 0's pod of attempt 0" in failed["message"] and "metadata.labels" in failed["message"]
-    assert decision.event is not None and decision.event.reason == "InvalidSpec"
-    assert not decision.create_ranks, "no retry: the same spec builds the same invalid object"
+    assert decision.report.event is not None and decision.report.event.reason == "InvalidSpec"
+    assert not decision.create.ranks, "no retry: the same spec builds the same invalid object"
 
 
 def test_a_spec_the_operator_cannot_parse_fails_the_job_once() -> None:
     decision = decide_invalid_spec(live_status("Pending"), 3, "spec.replicas: must be at least 1", at(7))
-    failed = condition(decision.status, "Failed")
-    assert decision.status["phase"] == "Failed" and decision.status["observedGeneration"] == 3
+    failed = condition(decision.report.status, "Failed")
+    assert decision.report.status["phase"] == "Failed" and decision.report.status["observedGeneration"] == 3
     assert failed is not None and failed["reason"] == "InvalidSpec" and "spec.replicas" in failed["message"]
-    assert decision.event is not None and decision.event.type == "Warning"
-    again = decide_invalid_spec(decision.status, 3, "spec.replicas: must be at least 1", at(9))
-    assert not again.status_changed and again.event is None
+    assert decision.report.event is not None and decision.report.event.type == "Warning"
+    again = decide_invalid_spec(decision.report.status, 3, "spec.replicas: must be at least 1", at(9))
+    assert not again.report.changed and again.report.event is None
 
 
 # --- what happened decides, not the order it is reported in (docs/restarts.md) ---------------------
@@ -638,11 +643,11 @@ def test_failures_are_judged_by_what_happened_not_by_report_order(
     pods: list[dict[str, Any]], seen_at: float, now: float, phase: str, in_message: str
 ) -> None:
     decision = decide(job_spec(), live_status(), observe(*pods, seen_at=seen_at), at(now))
-    assert decision.status["phase"] == phase
+    assert decision.report.status["phase"] == phase
     if phase == "Running":
-        assert decision.delete_pods == () and decision.requeue_after == pytest.approx(seen_at + 10 - now)
+        assert decision.delete.pods == () and decision.requeue_after == pytest.approx(seen_at + 10 - now)
     else:
-        kind = condition(decision.status, phase)
+        kind = condition(decision.report.status, phase)
         assert kind is not None and in_message in kind["message"]
 
 
@@ -651,11 +656,11 @@ def test_a_lost_nodes_terminating_pod_does_not_block_the_next_attempt() -> None:
     # Rank 1's old pod was deleted at t=10 (30 s grace) and its node never confirms.
     stuck = [pod(0, exit_code=143, finished=12), pod(1, deleting_at=10)]
     waiting = run(job_spec(), restarting, stuck, now=50)
-    assert waiting.create_ranks == (), "inside the grace period plus margin, the old pod may still confirm"
+    assert waiting.create.ranks == (), "inside the grace period plus margin, the old pod may still confirm"
     assert waiting.requeue_after is not None
     moved_on = run(job_spec(), restarting, stuck, now=71)
-    assert moved_on.create_ranks == (0, 1) and moved_on.create_attempt == 1
-    assert moved_on.status["phase"] == "Pending"
+    assert moved_on.create.ranks == (0, 1) and moved_on.create.attempt == 1
+    assert moved_on.report.status["phase"] == "Pending"
 
 
 @pytest.mark.parametrize(
@@ -670,8 +675,8 @@ def test_deadlines_hold_while_restarting(policy: dict[str, Any], now: float, pha
     # An old pod on a node that stays up but never finishes terminating (grace 30 s from t=5).
     restarting = live_status("Restarting", restarts=1)
     decision = run(job_spec(**with_run_policy(**policy)), restarting, [pod(0, deleting_at=5)], now=now)
-    assert decision.status["phase"] == phase
-    kind = condition(decision.status, phase)
+    assert decision.report.status["phase"] == phase
+    kind = condition(decision.report.status, phase)
     assert kind is not None and kind["reason"] == reason
     if phase == "Restarting":
         assert decision.requeue_after is not None and decision.requeue_after <= 1.0
@@ -682,11 +687,11 @@ def test_a_root_image_under_run_as_non_root_fails_the_job_instead_of_waiting_for
     stuck = pod(1, waiting="CreateContainerConfigError")
     stuck["status"]["containerStatuses"][0]["state"]["waiting"]["message"] = message
     decision = run(job_spec(), live_status("Pending"), [pod(0), stuck], now=5)
-    failed = condition(decision.status, "Failed")
-    assert decision.status["phase"] == "Failed"
+    failed = condition(decision.report.status, "Failed")
+    assert decision.report.status["phase"] == "Failed"
     assert failed is not None and failed["reason"] == "InvalidSpec"
     assert "rank 1" in failed["message"] and "runAsUser" in failed["message"] and message in failed["message"]
-    assert decision.delete_pods == ("mnist-0-0", "mnist-1-0"), (
+    assert decision.delete.pods == ("mnist-0-0", "mnist-1-0"), (
         "nothing of a job that cannot start keeps running"
     )
 
@@ -694,7 +699,9 @@ def test_a_root_image_under_run_as_non_root_fails_the_job_instead_of_waiting_for
 def test_a_missing_config_map_is_not_judged_permanent() -> None:
     waiting = pod(1, waiting="CreateContainerConfigError")
     waiting["status"]["containerStatuses"][0]["state"]["waiting"]["message"] = 'configmap "cfg" not found'
-    assert run(job_spec(), live_status("Pending"), [pod(0), waiting], now=5).status["phase"] == "Starting"
+    assert (
+        run(job_spec(), live_status("Pending"), [pod(0), waiting], now=5).report.status["phase"] == "Starting"
+    )
 
 
 def test_a_native_sidecars_brief_termination_is_not_the_ranks_failure() -> None:

@@ -6,11 +6,10 @@ from typing import Any
 
 import pytest
 
-from ddp_operator.status_writes import CounterWrites
+from ddp_operator.status_writes import CounterWrites, HeldCounters
 
 pytestmark = pytest.mark.unit
 
-KEY = ("ns", "job")
 PENDING = (0, "Pending")
 STARTING = (0, "Starting")
 PENDING_NEXT_ATTEMPT = (1, "Pending")
@@ -20,15 +19,16 @@ Step = tuple[Any, ...]
 
 
 def _run(policy: CounterWrites, steps: list[Step]) -> None:
+    held = HeldCounters()
     for number, step in enumerate(steps):
         if step[0] == "ask":
             _, phase, counters, now, expected = step
-            due_in = policy.due_in(KEY, phase, counters, now)
+            due_in = policy.due_in(held, phase, counters, now)
             wanted = None if expected is None else pytest.approx(expected)
             assert due_in == wanted, f"step {number}: {step}"
         else:
             _, phase, counter_only = step
-            policy.written(KEY, phase, counter_only)
+            policy.written(held, phase, counter_only)
 
 
 @pytest.mark.parametrize(
@@ -101,11 +101,11 @@ def test_counter_writes(steps: list[Step]) -> None:
     _run(CounterWrites(interval=1.0, refresh=10.0, budget=2), steps)
 
 
-def test_default_refresh_is_ten_intervals_and_forget_clears_the_budget() -> None:
+def test_default_refresh_is_ten_intervals_and_a_new_job_record_has_a_new_budget() -> None:
     policy = CounterWrites(interval=2.0)
     assert policy.refresh == 20.0
-    policy.written(KEY, PENDING, True)
-    policy.written(KEY, PENDING, True)
-    assert policy.due_in(KEY, PENDING, (1,), 0.0) is None
-    policy.forget(KEY)
-    assert policy.due_in(KEY, PENDING, (1,), 0.0) == 2.0
+    held = HeldCounters()
+    policy.written(held, PENDING, True)
+    policy.written(held, PENDING, True)
+    assert policy.due_in(held, PENDING, (1,), 0.0) is None
+    assert policy.due_in(HeldCounters(), PENDING, (1,), 0.0) == 2.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -78,6 +79,61 @@ def test_parse_env_accepts_the_contract(env: dict[str, str], expected: dict[str,
     assert {key: getattr(parsed, key) for key in expected} == expected
 
 
+POD = {
+    **BASE,
+    "WORLD_SIZE": "2",
+    "NNODES": "2",
+    "NODE_RANK": "1",
+    "DDPJOB_NAME": "digits",
+    "DDPJOB_ATTEMPT": "4",
+}
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param(
+            POD,
+            {
+                "restart_mode": "Recreate",
+                "launches_workers": False,
+                "run_id": "digits-4",
+                "restart_budget": 3,
+            },
+            id="no-variable-is-recreate",
+        ),
+        pytest.param(
+            {**POD, "DDP_RESTART_MODE": "InPlace", "DDP_RESTART_BUDGET": "2", "DDP_RUN_ID": "uid-4"},
+            {"restart_mode": "InPlace", "launches_workers": True, "run_id": "uid-4", "restart_budget": 2},
+            id="in-place-launches-one-worker",
+        ),
+        pytest.param(
+            {**POD, "DDP_RESTART_MODE": "inplace", "DDP_RESTART_BUDGET": "0"},
+            {"restart_mode": "InPlace", "launches_workers": True, "restart_budget": 0},
+            id="mode-case-insensitive-budget-zero",
+        ),
+        pytest.param(
+            {**POD, "DDP_RESTART_MODE": "InPlace", "DDP_TRAINER_WORKER": "1", "RANK": "1"},
+            {"restart_mode": "InPlace", "launches_workers": False, "rank": 1},
+            id="its-worker-trains",
+        ),
+        pytest.param(
+            {**POD, "DDP_RESTART_MODE": "Recreate", "NPROC_PER_NODE": "2", "WORLD_SIZE": "4"},
+            {"restart_mode": "Recreate", "launches_workers": True},
+            id="recreate-still-launches-several",
+        ),
+        pytest.param(
+            {"WORLD_SIZE": "1", "DDP_RESTART_MODE": "InPlace"},
+            {"run_id": "ddp-trainer-0", "launches_workers": True},
+            id="local-default-run-id",
+        ),
+    ],
+)
+def test_restart_mode_and_budget(env: dict[str, str], expected: dict[str, object]) -> None:
+    parsed = parse_env(env)
+    assert {key: getattr(parsed, key) for key in expected} == expected
+
+
 @pytest.mark.parametrize(
     ("env", "variable"),
     [
@@ -99,6 +155,15 @@ def test_parse_env_accepts_the_contract(env: dict[str, str], expected: dict[str,
             {**BASE, "WORLD_SIZE": "2", "NNODES": "2", "NODE_RANK": "2", "RANK": "1"},
             "NODE_RANK",
             id="node-rank",
+        ),
+        pytest.param(
+            {"WORLD_SIZE": "1", "DDP_RESTART_MODE": "Sometimes"}, "DDP_RESTART_MODE", id="restart-mode"
+        ),
+        pytest.param(
+            {"WORLD_SIZE": "1", "DDP_RESTART_BUDGET": "-1"}, "DDP_RESTART_BUDGET", id="budget-negative"
+        ),
+        pytest.param(
+            {"WORLD_SIZE": "1", "DDP_RESTART_BUDGET": "many"}, "DDP_RESTART_BUDGET", id="budget-text"
         ),
     ],
 )
@@ -160,8 +225,14 @@ def test_exit_codes_fall_on_the_right_side_of_the_restart_policy(code: int, retr
         pytest.param("2:ddp:value-error", InjectedFault(2, "ddp", "value-error"), id="value-error-at-ddp"),
         pytest.param("1:step=3:bad-shape", InjectedFault(1, "step", "bad-shape", step=3), id="bad-shape"),
         pytest.param("1:step=0:exit=3", InjectedFault(1, "step", "exit", step=0, code=3), id="exit-code"),
+        pytest.param("1:ddp:crash=3", InjectedFault(1, "ddp", "crash", code=3), id="crash-code"),
         pytest.param(
             "1:final-barrier:kill", InjectedFault(1, "final-barrier", "kill"), id="kill-at-final-barrier"
+        ),
+        pytest.param(
+            "1:step=60:exit=137:once",
+            InjectedFault(1, "step", "exit", step=60, code=137, once=True),
+            id="exit-in-the-first-run-only",
         ),
     ],
 )
@@ -177,10 +248,13 @@ def test_injected_fault_parses(text: str, expected: InjectedFault) -> None:
         pytest.param("1:ddp:exit", id="exit-without-code"),
         pytest.param("1:ddp:kill=3", id="code-on-another-action"),
         pytest.param("1:ddp:bad-shape", id="bad-shape-outside-the-loop"),
+        pytest.param("1:ddp:exit=3", id="exit-outside-the-loop"),
+        pytest.param("1:step=2:crash", id="crash-without-code"),
         pytest.param("1:startup:kill", id="unknown-point"),
         pytest.param("1:ddp:explode", id="unknown-action"),
         pytest.param("-1:ddp:kill", id="negative-rank"),
         pytest.param("1:ddp", id="two-parts"),
+        pytest.param("1:ddp:kill:twice", id="unknown-fourth-part"),
     ],
 )
 def test_injected_fault_refuses(text: str) -> None:
@@ -192,3 +266,31 @@ def test_injected_fault_matches_only_its_rank_point_and_step() -> None:
     fault = InjectedFault(1, "step", "kill", step=3)
     assert fault.at(1, "step", 3)
     assert not fault.at(0, "step", 3) and not fault.at(1, "step", 4) and not fault.at(1, "ddp")
+
+
+@pytest.mark.parametrize(
+    ("attempt", "restarts", "armed"),
+    [
+        pytest.param("0", 0, True, id="first-run"),
+        pytest.param("0", 1, False, id="after-an-in-place-restart"),
+        pytest.param("1", 0, False, id="a-later-attempt"),
+    ],
+)
+def test_a_once_fault_goes_off_in_the_jobs_first_run_only(
+    attempt: str, restarts: int, armed: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ddp_trainer import faults
+    from ddp_trainer.resume import PROGRESS_DIR_ENV, write_restarts
+
+    write_restarts(tmp_path, restarts)
+    monkeypatch.setenv(PROGRESS_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("DDPJOB_ATTEMPT", attempt)
+    once = InjectedFault(1, "step", "value-error", step=3, once=True)
+    every = InjectedFault(1, "step", "value-error", step=3)
+    if armed:
+        with pytest.raises(ValueError):
+            faults.inject(once, 1, "step", 3)
+    else:
+        faults.inject(once, 1, "step", 3)
+    with pytest.raises(ValueError):
+        faults.inject(every, 1, "step", 3)

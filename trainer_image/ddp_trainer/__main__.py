@@ -8,20 +8,11 @@ from collections.abc import Sequence
 
 from ddp_trainer.config import ConfigError, parse_args, parse_env
 from ddp_trainer.exitcodes import EXIT_BAD_CONFIG
-
-
-def _whole_lines(*streams: object) -> None:
-    """Local workers share the pod's stdout and stderr. Under PYTHONUNBUFFERED (the env contract) a
-    print() is two writes, text then newline, and another worker's line can land between them: line
-    buffering hands each line to the pipe in one write, which the pipe keeps whole."""
-    for stream in streams:
-        reconfigure = getattr(stream, "reconfigure", None)
-        if reconfigure is not None:
-            reconfigure(line_buffering=True, write_through=False)
+from ddp_trainer.worker import whole_lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _whole_lines(sys.stdout, sys.stderr)
+    whole_lines(sys.stdout, sys.stderr)
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:
         config = parse_args(arguments)
@@ -31,12 +22,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ddp_trainer.launcher import launch_local_workers
 
             return launch_local_workers(env, config, arguments)
-        from ddp_trainer.control import write_exit_record
         from ddp_trainer.teardown import exit_without_finalizing
-        from ddp_trainer.trainer import run_worker
+        from ddp_trainer.worker import train_and_record
 
-        code = run_worker(config, env)
-        write_exit_record(env.rank, code)
+        code = train_and_record(config, env)
         # Whatever still holds the process group (see ddp_trainer.teardown), and even if nothing does:
         # the exit code is decided and everything that matters is on disk (checkpoints fsynced, the
         # exit record written). Finalizing torch takes a noticeable time during which Python has reset

@@ -21,6 +21,13 @@ SYNC_METRICS_MODES: Final = ("detailed", "light")
 WORKLOADS: Final = ("digits", "mnist", "synthetic", "gcn")
 GRAPH_DATA: Final = ("generated", "ogbn-products")
 DEFAULT_MASTER_PORT: Final = 29500
+# DDP_RESTART_MODE: how a failed worker is restarted (docs/restarts.md). InPlace: the pod's launcher
+# restarts the worker group where it is, on a new round of an elastic (c10d) rendezvous; Recreate: the
+# process ends and the operator recreates the gang. A pod without the variable behaves as Recreate.
+RestartMode = Literal["InPlace", "Recreate"]
+RESTART_MODES: Final = ("InPlace", "Recreate")
+# DDP_RESTART_BUDGET when unset: runPolicy.backoffLimit's default.
+DEFAULT_RESTART_BUDGET: Final = 3
 DEFAULT_MNIST_URL: Final = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 # Set by the trainer on the local workers it launches when NPROC_PER_NODE > 1.
 WORKER_MARKER: Final = "DDP_TRAINER_WORKER"
@@ -34,6 +41,15 @@ class ConfigError(Exception):
         self.variable = variable
         self.problem = problem
         self.fix = fix
+
+
+def metrics_port_error(host: str, port: int | None, error: OSError) -> ConfigError:
+    """The metrics endpoint could not bind DDP_METRICS_PORT: a usage error, found before the rendezvous."""
+    return ConfigError(
+        "DDP_METRICS_PORT",
+        f"cannot serve /metrics on {host}:{port} ({error.strerror or error})",
+        "choose a free port (or 0 for no endpoint)",
+    )
 
 
 @dataclass(frozen=True)
@@ -58,11 +74,19 @@ class DistEnv:
     launched_worker: bool
     # DDP_STALL_TIMEOUT_SECONDS (runPolicy.stallTimeoutSeconds): when to dump stacks; None: never.
     stall_timeout: float | None = None
+    restart_mode: RestartMode = "Recreate"
+    # DDP_RESTART_BUDGET: how many more gang restarts the job may spend (in place: the launcher's cap).
+    restart_budget: int = DEFAULT_RESTART_BUDGET
+    # DDP_RUN_ID: the elastic rendezvous' run id, the same on every pod of one attempt.
+    run_id: str = "ddp-trainer-0"
 
     @property
     def launches_workers(self) -> bool:
-        """True for the pod's main process when it must start NPROC_PER_NODE local workers."""
-        return self.nproc_per_node > 1 and not self.launched_worker
+        """True for the pod's main process when it must start its local workers: NPROC_PER_NODE > 1,
+        or any pod that restarts its workers in place."""
+        if self.launched_worker:
+            return False
+        return self.nproc_per_node > 1 or self.restart_mode == "InPlace"
 
 
 def _lookup(env: Mapping[str, str], name: str) -> str | None:
@@ -92,73 +116,10 @@ def _int(env: Mapping[str, str], name: str, fix: str, *, default: int | None = N
 
 def parse_env(env: Mapping[str, str]) -> DistEnv:
     """Validate the env contract; raises ConfigError naming the first bad variable."""
-    world_size = _int(
-        env,
-        "WORLD_SIZE",
-        "set WORLD_SIZE to replicas x nprocPerNode (a positive integer; the operator sets it)",
-        minimum=1,
-    )
-    nproc = _int(
-        env, "NPROC_PER_NODE", "set NPROC_PER_NODE to the processes per pod (>= 1)", default=1, minimum=1
-    )
+    world_size, nproc, nnodes = _world(env)
     launched_worker = env.get(WORKER_MARKER) == "1"
-    if world_size % nproc != 0:
-        raise ConfigError(
-            "WORLD_SIZE",
-            f"{world_size} is not a multiple of NPROC_PER_NODE={nproc}",
-            "set WORLD_SIZE to NNODES x NPROC_PER_NODE",
-        )
-    nnodes = _int(
-        env, "NNODES", "set NNODES to the number of pods (replicas)", default=world_size // nproc, minimum=1
-    )
-    if nnodes * nproc != world_size:
-        raise ConfigError(
-            "WORLD_SIZE",
-            f"{world_size} != NNODES x NPROC_PER_NODE = {nnodes} x {nproc}",
-            "set WORLD_SIZE to NNODES x NPROC_PER_NODE",
-        )
-    node_rank = _int(
-        env, "NODE_RANK", "set NODE_RANK to this pod's index (0 .. NNODES-1)", default=-1, minimum=-1
-    )
-    if node_rank >= nnodes:
-        raise ConfigError(
-            "NODE_RANK", f"{node_rank} >= NNODES={nnodes}", f"set NODE_RANK to a value in 0..{nnodes - 1}"
-        )
-    rank_fix = f"set RANK to this process's global rank, 0..{world_size - 1}"
-    if nproc == 1 or launched_worker:
-        default_rank = node_rank if node_rank >= 0 and nproc == 1 else (0 if world_size == 1 else None)
-        rank = _int(env, "RANK", rank_fix, default=default_rank)
-        if rank >= world_size:
-            raise ConfigError("RANK", f"{rank} >= WORLD_SIZE={world_size}", rank_fix)
-        local_rank = _int(env, "LOCAL_RANK", f"set LOCAL_RANK to 0..{nproc - 1}", default=0)
-        if local_rank >= nproc:
-            raise ConfigError(
-                "LOCAL_RANK", f"{local_rank} >= NPROC_PER_NODE={nproc}", f"set LOCAL_RANK to 0..{nproc - 1}"
-            )
-        if node_rank < 0:
-            node_rank = rank // nproc
-    else:
-        if node_rank < 0:
-            if nnodes != 1:
-                raise ConfigError(
-                    "NODE_RANK", "is not set", "set NODE_RANK to this pod's index (0 .. NNODES-1)"
-                )
-            node_rank = 0
-        rank = node_rank * nproc
-        local_rank = 0
-    master_addr = _lookup(env, "MASTER_ADDR")
-    if master_addr is None:
-        if world_size > 1:
-            raise ConfigError("MASTER_ADDR", "is not set", "set MASTER_ADDR to rank 0's DNS name or address")
-        master_addr = "127.0.0.1"
-    master_port = _int(
-        env,
-        "MASTER_PORT",
-        "set MASTER_PORT to rank 0's rendezvous port (1..65535)",
-        default=DEFAULT_MASTER_PORT,
-    )
-    if not 1 <= master_port <= 65535:
-        raise ConfigError("MASTER_PORT", f"{master_port} is not a TCP port", "set MASTER_PORT to 1..65535")
+    rank, local_rank, node_rank = _ranks(env, world_size, nproc, nnodes, launched_worker)
+    master_addr, master_port = _rendezvous(env, world_size)
     backend_text = (env.get("DDP_BACKEND") or "auto").strip().lower()
     if backend_text not in BACKENDS:
         raise ConfigError(
@@ -179,6 +140,9 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
         raise ConfigError(
             "DDP_STALL_TIMEOUT_SECONDS", str(error), "set it to a positive number of seconds, or unset it"
         ) from None
+    restart_mode, restart_budget = _restarts(env)
+    job_name = env.get("DDPJOB_NAME") or None
+    run_id = (env.get("DDP_RUN_ID") or "").strip() or f"{job_name or 'ddp-trainer'}-{attempt}"
     return DistEnv(
         world_size=world_size,
         nnodes=nnodes,
@@ -191,12 +155,112 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
         backend=backend,
         metrics_port=metrics_port or None,
         checkpoint_dir=(env.get("DDP_CHECKPOINT_DIR") or "").strip() or None,
-        job_name=env.get("DDPJOB_NAME") or None,
+        job_name=job_name,
         namespace=env.get("DDPJOB_NAMESPACE") or None,
         attempt=attempt,
         launched_worker=launched_worker,
         stall_timeout=stall_timeout,
+        restart_mode=restart_mode,
+        restart_budget=restart_budget,
+        run_id=run_id,
     )
+
+
+def _restarts(env: Mapping[str, str]) -> tuple[RestartMode, int]:
+    """DDP_RESTART_MODE (case-insensitive; unset: Recreate) and DDP_RESTART_BUDGET."""
+    text = (env.get("DDP_RESTART_MODE") or "Recreate").strip()
+    if text.lower() not in {mode.lower() for mode in RESTART_MODES}:
+        raise ConfigError(
+            "DDP_RESTART_MODE",
+            f"unknown restart mode {text!r}",
+            "set DDP_RESTART_MODE to InPlace or Recreate",
+        )
+    budget = _int(
+        env,
+        "DDP_RESTART_BUDGET",
+        "set DDP_RESTART_BUDGET to the restarts the job may still spend (an integer >= 0)",
+        default=DEFAULT_RESTART_BUDGET,
+    )
+    return ("InPlace" if text.lower() == "inplace" else "Recreate"), budget
+
+
+def _world(env: Mapping[str, str]) -> tuple[int, int, int]:
+    """WORLD_SIZE, NPROC_PER_NODE and NNODES, checked against each other."""
+    world_size = _int(
+        env,
+        "WORLD_SIZE",
+        "set WORLD_SIZE to replicas x nprocPerNode (a positive integer; the operator sets it)",
+        minimum=1,
+    )
+    nproc = _int(
+        env, "NPROC_PER_NODE", "set NPROC_PER_NODE to the processes per pod (>= 1)", default=1, minimum=1
+    )
+    if world_size % nproc != 0:
+        raise ConfigError(
+            "WORLD_SIZE",
+            f"{world_size} is not a multiple of NPROC_PER_NODE={nproc}",
+            "set WORLD_SIZE to NNODES x NPROC_PER_NODE",
+        )
+    nnodes = _int(
+        env, "NNODES", "set NNODES to the number of pods (replicas)", default=world_size // nproc, minimum=1
+    )
+    if nnodes * nproc != world_size:
+        raise ConfigError(
+            "WORLD_SIZE",
+            f"{world_size} != NNODES x NPROC_PER_NODE = {nnodes} x {nproc}",
+            "set WORLD_SIZE to NNODES x NPROC_PER_NODE",
+        )
+    return world_size, nproc, nnodes
+
+
+def _ranks(
+    env: Mapping[str, str], world_size: int, nproc: int, nnodes: int, launched_worker: bool
+) -> tuple[int, int, int]:
+    """RANK, LOCAL_RANK and NODE_RANK of this process (a pod that launches workers is its first one)."""
+    node_rank = _int(
+        env, "NODE_RANK", "set NODE_RANK to this pod's index (0 .. NNODES-1)", default=-1, minimum=-1
+    )
+    if node_rank >= nnodes:
+        raise ConfigError(
+            "NODE_RANK", f"{node_rank} >= NNODES={nnodes}", f"set NODE_RANK to a value in 0..{nnodes - 1}"
+        )
+    rank_fix = f"set RANK to this process's global rank, 0..{world_size - 1}"
+    if nproc == 1 or launched_worker:
+        default_rank = node_rank if node_rank >= 0 and nproc == 1 else (0 if world_size == 1 else None)
+        rank = _int(env, "RANK", rank_fix, default=default_rank)
+        if rank >= world_size:
+            raise ConfigError("RANK", f"{rank} >= WORLD_SIZE={world_size}", rank_fix)
+        local_rank = _int(env, "LOCAL_RANK", f"set LOCAL_RANK to 0..{nproc - 1}", default=0)
+        if local_rank >= nproc:
+            raise ConfigError(
+                "LOCAL_RANK", f"{local_rank} >= NPROC_PER_NODE={nproc}", f"set LOCAL_RANK to 0..{nproc - 1}"
+            )
+        if node_rank < 0:
+            node_rank = rank // nproc
+        return rank, local_rank, node_rank
+    if node_rank < 0:
+        if nnodes != 1:
+            raise ConfigError("NODE_RANK", "is not set", "set NODE_RANK to this pod's index (0 .. NNODES-1)")
+        node_rank = 0
+    return node_rank * nproc, 0, node_rank
+
+
+def _rendezvous(env: Mapping[str, str], world_size: int) -> tuple[str, int]:
+    """MASTER_ADDR and MASTER_PORT (a gang of one needs no address)."""
+    master_addr = _lookup(env, "MASTER_ADDR")
+    if master_addr is None:
+        if world_size > 1:
+            raise ConfigError("MASTER_ADDR", "is not set", "set MASTER_ADDR to rank 0's DNS name or address")
+        master_addr = "127.0.0.1"
+    master_port = _int(
+        env,
+        "MASTER_PORT",
+        "set MASTER_PORT to rank 0's rendezvous port (1..65535)",
+        default=DEFAULT_MASTER_PORT,
+    )
+    if not 1 <= master_port <= 65535:
+        raise ConfigError("MASTER_PORT", f"{master_port} is not a TCP port", "set MASTER_PORT to 1..65535")
+    return master_addr, master_port
 
 
 def resolve_backend(requested: Backend, cuda_available: bool) -> Literal["nccl", "gloo"]:
@@ -206,23 +270,18 @@ def resolve_backend(requested: Backend, cuda_available: bool) -> Literal["nccl",
     return requested
 
 
-@dataclass(frozen=True)
-class InjectedExit:
-    """Testing aid: exit with ``code`` on global rank ``rank`` when it reaches ``step``."""
-
-    rank: int
-    step: int
-    code: int
-
-
 # Where a rank can be made to fail on purpose (testing): before the check-in barrier of the rendezvous,
 # before the checkpoint broadcast, before DDP's constructor (which broadcasts the parameters), at a
 # training step, before the final barrier.
 FAULT_POINTS: Final = ("rendezvous", "resume", "ddp", "step", "final-barrier")
-# How: vanish (SIGKILL, like a lost node), exit with a code without writing an exit record (a crash
-# in native code), raise a ValueError (a bug in the rank's own code), or feed the model a batch of the
-# wrong shape (a RuntimeError from torch that is not about a peer; steps only).
-FAULT_ACTIONS: Final = ("kill", "exit", "value-error", "bad-shape")
+# How: vanish (SIGKILL, like a lost node), exit with a code through the normal exit path (this rank's
+# own failure: its exit record is written; steps only), exit with a code without writing an exit
+# record (a crash in native code), raise a ValueError (a bug in the rank's own code), or feed the model
+# a batch of the wrong shape (a RuntimeError from torch that is not about a peer; steps only).
+FAULT_ACTIONS: Final = ("kill", "exit", "crash", "value-error", "bad-shape")
+# Actions that take a code (ACTION=CODE), and actions that only a training step can take.
+_CODED_ACTIONS: Final = ("exit", "crash")
+_STEP_ACTIONS: Final = ("exit", "bad-shape")
 
 
 @dataclass(frozen=True)
@@ -233,14 +292,17 @@ class InjectedFault:
     point: str
     action: str
     step: int | None = None
-    code: int | None = None  # for "exit"
+    code: int | None = None  # for "exit" and "crash"
+    # ":once": only in the job's first run (attempt 0, before any in-place restart), so the restart it
+    # causes can get past it; otherwise it goes off every time a run reaches its point.
+    once: bool = False
 
     def at(self, rank: int, point: str, step: int | None = None) -> bool:
         return self.rank == rank and self.point == point and self.step == step
 
     def describe(self) -> str:
         where = f"step {self.step}" if self.point == "step" else self.point
-        what = f"exit {self.code}" if self.action == "exit" else self.action
+        what = f"{self.action} {self.code}" if self.action in _CODED_ACTIONS else self.action
         return f"{what} at {where}"
 
 
@@ -279,7 +341,6 @@ class TrainConfig:
     gcn_layers: int
     powersgd_rank: int
     throttle_ms: float
-    inject_exit: InjectedExit | None
     inject_fault: InjectedFault | None
 
 
@@ -311,22 +372,17 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-def _injected_exit(text: str) -> InjectedExit:
-    try:
-        rank, step, code = (int(part) for part in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected RANK:STEP:CODE, got {text!r}") from None
-    return InjectedExit(rank=rank, step=step, code=code)
-
-
 def parse_injected_fault(text: str) -> InjectedFault:
-    """``RANK:POINT:ACTION``, POINT one of FAULT_POINTS (``step=N`` for a step), ACTION one of
-    FAULT_ACTIONS (``exit=CODE`` for an exit)."""
+    """``RANK:POINT:ACTION[:once]``, POINT one of FAULT_POINTS (``step=N`` for a step), ACTION one of
+    FAULT_ACTIONS (``exit=CODE``, ``crash=CODE``); ``once``: only in the job's first run."""
     usage = (
-        f"expected RANK:POINT:ACTION with POINT in {', '.join(FAULT_POINTS)} (step=N) and ACTION in "
-        f"{', '.join(FAULT_ACTIONS)} (exit=CODE), got {text!r}"
+        f"expected RANK:POINT:ACTION[:once] with POINT in {', '.join(FAULT_POINTS)} (step=N) and ACTION in "
+        f"{', '.join(FAULT_ACTIONS)} (exit=CODE, crash=CODE; exit and bad-shape at a step), got {text!r}"
     )
     parts = text.split(":")
+    once = len(parts) == 4 and parts[3] == "once"
+    if once:
+        parts = parts[:3]
     if len(parts) != 3:
         raise argparse.ArgumentTypeError(usage)
     rank_text, point_text, action_text = parts
@@ -343,12 +399,12 @@ def parse_injected_fault(text: str) -> InjectedFault:
         and point in FAULT_POINTS
         and action in FAULT_ACTIONS
         and (step is not None) == (point == "step")
-        and (code is not None) == (action == "exit")
-        and (action != "bad-shape" or point == "step")
+        and (code is not None) == (action in _CODED_ACTIONS)
+        and (action not in _STEP_ACTIONS or point == "step")
     )
     if not valid:
         raise argparse.ArgumentTypeError(usage)
-    return InjectedFault(rank=rank, point=point, action=action, step=step, code=code)
+    return InjectedFault(rank=rank, point=point, action=action, step=step, code=code, once=once)
 
 
 def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -481,20 +537,14 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         help="testing and demos: sleep this long after each step",
     )
     add(
-        "--inject-exit",
-        type=_injected_exit,
-        default=None,
-        metavar="RANK:STEP:CODE",
-        help="testing: global rank RANK exits with CODE when it reaches step STEP",
-    )
-    add(
         "--inject-fault",
         type=parse_injected_fault,
         default=None,
         metavar="RANK:POINT:ACTION",
         help="testing: global rank RANK fails at POINT (rendezvous, resume, ddp, step=N, final-barrier) "
-        "by ACTION (kill: SIGKILL itself; exit=CODE: exit without an exit record; value-error: raise "
-        "ValueError; bad-shape: a batch of the wrong shape, at a step)",
+        "by ACTION (kill: SIGKILL itself; exit=CODE: exit with CODE through the normal exit path, at a "
+        "step; crash=CODE: exit without an exit record; value-error: raise ValueError; bad-shape: a "
+        "batch of the wrong shape, at a step)",
     )
     return parser
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Final
+from typing import Any, Final
 
 from ddp_trainer.exitcodes import EXIT_PEER_LOST
 
@@ -50,6 +50,17 @@ def write_exit_record(rank: int, exit_code: int) -> None:
         path.write_text(json.dumps(record))
     except OSError:
         pass
+
+
+def read_exit_records(directory: Path) -> list[dict[str, Any]]:
+    """The exit records the workers left in ``directory`` (unreadable ones skipped)."""
+    records = []
+    for path in sorted(directory.glob("rank-*.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return records
 
 
 class Watchdog:

@@ -12,7 +12,9 @@ closed by peer", "Timed out waiting ... for recv operation"), NCCL and the rende
 
 from __future__ import annotations
 
-from typing import Final
+import signal
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
 
 EXIT_OK: Final = 0
 # An error of the rank's own code (the traceback is on stderr): retrying the same code cannot help.
@@ -31,6 +33,9 @@ RETRYABLE_THRESHOLD: Final = 128
 # Codes a rank exits with because of something that happened to another rank or to the whole gang,
 # never because of its own code: when workers of one pod fail together, they are not the cause.
 COLLATERAL_CODES: Final = frozenset({EXIT_PEER_LOST, EXIT_STOPPED})
+# What a pod's launcher counts as collateral among its workers: also the stop signals torch's agent
+# sends the remaining workers once one has failed (128 + SIGTERM, + SIGINT).
+LAUNCHER_COLLATERAL_CODES: Final = COLLATERAL_CODES | {128 + signal.SIGTERM, 128 + signal.SIGINT}
 
 # What gloo, NCCL and the TCP store say when the other end of a connection went away or never
 # answered (matched case-insensitively anywhere in the message).
@@ -97,3 +102,47 @@ def exit_code_for(error: BaseException) -> int:
     """The exit code of a rank that ends with ``error``: a lost peer is retried, anything else is the
     rank's own error, permanent (a RuntimeError from torch included: a shape error, CUDA OOM)."""
     return EXIT_PEER_LOST if is_peer_lost(error) else EXIT_OWN_ERROR
+
+
+def signal_exit_code(code: int) -> int:
+    """torch reports a worker killed by signal N as -N; a shell would say 128 + N."""
+    return 128 - code if code < 0 else code
+
+
+def first_failure(
+    failures: Mapping[int, int], records: Sequence[Mapping[str, Any]]
+) -> tuple[int, int] | None:
+    """The global rank and exit code of the pod's worker whose own failure came first, or None.
+
+    ``records`` are the workers' own exit records (rank, exit_code, time_ns); ``failures`` maps the
+    global rank of every failed worker the launcher saw to its exit code (-N for signal N). A worker's
+    own failure wins over every collateral code (LAUNCHER_COLLATERAL_CODES), recorded or not: a worker
+    killed (the OOM killer's SIGKILL) or crashed in native code cannot write a record, and its peers'
+    recorded 170s are only the echo of it. Within each kind, recorded workers come first, by time,
+    then the others by rank.
+    """
+    recorded = {
+        int(record["rank"]): (int(record["time_ns"]), int(record["exit_code"]))
+        for record in records
+        if int(record["exit_code"]) != 0
+    }
+    # (collateral?, unrecorded?, time, rank, code): the smallest decides.
+    candidates = [
+        (code in LAUNCHER_COLLATERAL_CODES, False, time_ns, rank, code)
+        for rank, (time_ns, code) in recorded.items()
+    ]
+    candidates += [
+        (code in LAUNCHER_COLLATERAL_CODES, True, 0, rank, code)
+        for rank, code in ((rank, signal_exit_code(raw)) for rank, raw in failures.items())
+        if rank not in recorded
+    ]
+    if not candidates:
+        return None
+    chosen = min(candidates)
+    return chosen[3], chosen[4]
+
+
+def first_failure_code(failures: Mapping[int, int], records: Sequence[Mapping[str, Any]]) -> int:
+    """The pod's exit code: that of :func:`first_failure`, or EXIT_OK when no worker failed."""
+    found = first_failure(failures, records)
+    return EXIT_OK if found is None else found[1]

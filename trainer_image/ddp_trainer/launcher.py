@@ -1,102 +1,100 @@
-"""NPROC_PER_NODE > 1: start the pod's local workers with torch.distributed's elastic launcher.
+"""The pod's launcher: starts the pod's workers and exits with the code of the one that failed first.
+
+It runs when NPROC_PER_NODE > 1 (as in Recreate mode, today's behaviour: torch's elastic launcher on a
+static rendezvous, no local restarts, the operator recreates the gang) and on every pod in InPlace
+mode (DDP_RESTART_MODE=InPlace, ``ddp_trainer.elastic``: restarts in place on a c10d rendezvous).
 
 Stock torchrun exits 1 whatever its workers' codes were; the operator's restart policy needs the code
 of the worker whose own failure it was (a worker's 3 is permanent, a lost peer's 170 is retryable), so
 each worker records its exit code and time, and this launcher exits with the first own failure, over
-its peers' collateral codes.
+its peers' collateral codes (``ddp_trainer.exitcodes.first_failure``).
+
+The launcher serves the pod's one /metrics endpoint, combining its workers' series (prometheus-client's
+multiprocess mode) and, in place, its own (restarts); it outlives the workers it restarts.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from ddp_trainer.config import WORKER_MARKER, DistEnv, TrainConfig
-from ddp_trainer.control import EXIT_RECORD_ENV
-from ddp_trainer.exitcodes import COLLATERAL_CODES, EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED
+from ddp_trainer.control import EXIT_RECORD_ENV, read_exit_records
+from ddp_trainer.exitcodes import (
+    EXIT_OK,
+    EXIT_PEER_LOST,
+    EXIT_STOPPED,
+    LAUNCHER_COLLATERAL_CODES,
+    first_failure_code,
+    signal_exit_code,
+)
 from ddp_trainer.metrics import MULTIPROC_ENV
+from ddp_trainer.restarts import RestartLedger, RestartRecord
+from ddp_trainer.resume import PROGRESS_DIR_ENV, read_resume_note, resume_note_path
 
-# A worker ends with one of these because of the others: a lost peer, an agreed stop, or the stop
-# signals torch's agent sends the remaining workers once one has failed (128 + SIGTERM, + SIGINT).
-LAUNCHER_COLLATERAL_CODES = COLLATERAL_CODES | {128 + signal.SIGTERM, 128 + signal.SIGINT}
-
-
-def signal_exit_code(code: int) -> int:
-    """torch reports a worker killed by signal N as -N; a shell would say 128 + N."""
-    return 128 - code if code < 0 else code
-
-
-def first_failure_code(failures: Mapping[int, int], records: Sequence[Mapping[str, Any]]) -> int:
-    """The exit code of the worker whose own failure came first.
-
-    ``records`` are the workers' own exit records (rank, exit_code, time_ns); ``failures`` maps the
-    global rank of every failed worker the launcher saw to its exit code (-N for signal N). A worker's
-    own failure wins over every collateral code (LAUNCHER_COLLATERAL_CODES), recorded or not: a worker
-    killed (the OOM killer's SIGKILL) or crashed in native code cannot write a record, and its peers'
-    recorded 170s are only the echo of it. Within each kind, recorded workers come first, by time,
-    then the others by rank.
-    """
-    recorded = {
-        int(record["rank"]): (int(record["time_ns"]), int(record["exit_code"]))
-        for record in records
-        if int(record["exit_code"]) != 0
-    }
-    # (collateral?, unrecorded?, time, rank, code): the smallest is the pod's exit code.
-    candidates = [
-        (code in LAUNCHER_COLLATERAL_CODES, False, time_ns, rank, code)
-        for rank, (time_ns, code) in recorded.items()
-    ]
-    candidates += [
-        (code in LAUNCHER_COLLATERAL_CODES, True, 0, rank, code)
-        for rank, code in ((rank, signal_exit_code(raw)) for rank, raw in failures.items())
-        if rank not in recorded
-    ]
-    return min(candidates)[-1] if candidates else EXIT_OK
-
-
-def _read_records(directory: Path) -> list[dict[str, Any]]:
-    records = []
-    for path in sorted(directory.glob("rank-*.json")):
-        try:
-            records.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return records
+__all__ = ["LAUNCHER_COLLATERAL_CODES", "first_failure_code", "launch_local_workers", "signal_exit_code"]
 
 
 def launch_local_workers(env: DistEnv, config: TrainConfig, argv: Sequence[str]) -> int:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     workspace = Path(tempfile.mkdtemp(prefix="ddp-trainer-"))
-    metrics_dir, exit_dir = workspace / "metrics", workspace / "exits"
-    metrics_dir.mkdir()
-    exit_dir.mkdir()
+    metrics_dir, exit_dir, progress_dir = workspace / "metrics", workspace / "exits", workspace / "progress"
+    for directory in (metrics_dir, exit_dir, progress_dir):
+        directory.mkdir()
     # The workers inherit these: prometheus-client reads its directory when it is first imported.
     os.environ[MULTIPROC_ENV] = str(metrics_dir)
     os.environ[EXIT_RECORD_ENV] = str(exit_dir)
     os.environ[WORKER_MARKER] = "1"
+    in_place = env.restart_mode == "InPlace"
+    ledger = RestartLedger()
+    if in_place:
+        os.environ[PROGRESS_DIR_ENV] = str(progress_dir)
     server = None
     if env.metrics_port:
-        from ddp_trainer.config import ConfigError
-        from ddp_trainer.metrics import serve_multiprocess
+        from ddp_trainer.config import metrics_port_error
+        from ddp_trainer.metrics import RestartCollector, serve_multiprocess
 
+        def resume(record: RestartRecord) -> RestartRecord:
+            note = read_resume_note(resume_note_path(progress_dir, 0))
+            if note is None or note.restarts != record.restarts:
+                return record
+            return record.with_resume(note.time, note.resumed_step)
+
+        collector = RestartCollector(ledger, env.node_rank * env.nproc_per_node, resume) if in_place else None
         try:
-            server = serve_multiprocess(str(metrics_dir), config.metrics_host, env.metrics_port)
+            server = serve_multiprocess(str(metrics_dir), config.metrics_host, env.metrics_port, collector)
         except OSError as error:
-            raise ConfigError(
-                "DDP_METRICS_PORT",
-                f"cannot serve /metrics on {config.metrics_host}:{env.metrics_port} ({error.strerror or error})",
-                "choose a free port (or 0 for no endpoint)",
-            ) from None
+            raise metrics_port_error(config.metrics_host, env.metrics_port, error) from None
+    if in_place:
+        from ddp_trainer.elastic import run_in_place
+
+        code = run_in_place(env, config, list(argv), exit_dir, progress_dir, ledger)
+    else:
+        code = _launch_static(env, config, argv, exit_dir)
+    # The outcome is decided. torch's agent left its own SIGTERM/SIGINT handlers installed, which raise:
+    # a stop signal from here on (a pod deleted after its work, a repeated SIGTERM) must not turn this
+    # outcome into a traceback and exit 1. Only the linger below still listens, to end early.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
+    if code == EXIT_OK and server is not None and config.metrics_linger > 0:
+        _linger(config.metrics_linger)
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+    shutil.rmtree(workspace, ignore_errors=True)
+    return code
+
+
+def _launch_static(env: DistEnv, config: TrainConfig, argv: Sequence[str], exit_dir: Path) -> int:
+    """Recreate mode: one run of the workers on a static rendezvous; the operator restarts the gang."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
     launch_config = LaunchConfig(
         min_nodes=env.nnodes,
         max_nodes=env.nnodes,
@@ -114,9 +112,9 @@ def launch_local_workers(env: DistEnv, config: TrainConfig, argv: Sequence[str])
         elastic_launch(launch_config, sys.executable)("-m", "ddp_trainer", *argv)
     except ChildFailedError as failed:
         failures = {rank: failure.exitcode for rank, failure in failed.failures.items()}
-        code = first_failure_code(failures, _read_records(exit_dir))
+        code = first_failure_code(failures, read_exit_records(exit_dir))
     except SignalException as stopped:
-        records = _read_records(exit_dir)
+        records = read_exit_records(exit_dir)
         code = first_failure_code({}, records) if records else EXIT_STOPPED
         if stopped.sigval not in (signal.SIGTERM, signal.SIGINT) and not records:
             code = 128 + int(stopped.sigval)
@@ -128,17 +126,6 @@ def launch_local_workers(env: DistEnv, config: TrainConfig, argv: Sequence[str])
             flush=True,
         )
         code = EXIT_PEER_LOST
-    # The outcome is decided. torch's agent left its own SIGTERM/SIGINT handlers installed, which raise:
-    # a stop signal from here on (a pod deleted after its work, a repeated SIGTERM) must not turn this
-    # outcome into a traceback and exit 1. Only the linger below still listens, to end early.
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_IGN)
-    if code == EXIT_OK and server is not None and config.metrics_linger > 0:
-        _linger(config.metrics_linger)
-    if server is not None:
-        server.shutdown()
-        server.server_close()
-    shutil.rmtree(workspace, ignore_errors=True)
     return code
 
 

@@ -12,9 +12,12 @@ and ``ddp_loss`` fills itself; call :meth:`Instrumentation.step` once per step f
 mode, for the step counters as well, since no hook sees the steps). The built-in trainer
 (``python -m ddp_trainer``) uses exactly this API.
 
-Every ``exchange_every`` calls of ``step()`` the ranks exchange their compute times per step in one
-small allreduce (so every rank must call ``step()`` once per step), and rank 0 exports every rank's
-time and names the slowest (``ddp_straggler_rank``). With ``DDP_STALL_TIMEOUT_SECONDS`` set (the
+Every ``exchange_every`` calls of ``step()`` the ranks exchange how they spent their steps (waiting in
+the gradient collectives, and data, communication and compute outside them) in one small allreduce
+(so every rank must call ``step()`` once per step, at the step's end), and rank 0 names the rank the
+others wait for, the job's slowdown because of it and the phase it lost its time in
+(``ddp_straggler_rank``, ``ddp_straggler_slowdown``, ``ddp_straggler_phase``;
+``ddp_trainer.straggler``). With ``DDP_STALL_TIMEOUT_SECONDS`` set (the
 operator sets it from ``runPolicy.stallTimeoutSeconds``) a watch thread writes every thread's stack
 to stderr once no step has completed for 3/4 of it (``ddp_trainer.stall``).
 """
@@ -32,12 +35,15 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer.metrics import MetricsEndpoint, RankMetrics, create_rank_metrics, open_endpoint
 from ddp_trainer.stall import STALL_ENV, StallWatch
-from ddp_trainer.straggler import Straggler, parse_stall_timeout, slowest
+from ddp_trainer.straggler import History, Straggler, Window, attribute, pack, parse_stall_timeout, unpack
 from ddp_trainer.sync import LoggerAverages, SyncRecorder, SyncSettings, attach_recorder
 from ddp_trainer.teardown import active_session, release_group_defaults
 
-# Steps between two exchanges of the ranks' compute times (one allreduce of world_size floats).
+# Steps between two exchanges of the ranks' step parts (one allreduce of 7 floats per rank).
 DEFAULT_EXCHANGE_EVERY = 10
+# Environment variables that say which pod (node) this process runs in: torchrun's, then the
+# operator's env contract (docs/trainer.md). Without either every rank counts as its own pod.
+POD_ENVS = ("GROUP_RANK", "NODE_RANK")
 
 
 @dataclass
@@ -49,18 +55,22 @@ class Instrumentation:
     # Whether close() stops the endpoint's server: only one that instrument() opened itself.
     owns_endpoint: bool = True
     rank: int = 0
-    # step() exchanges compute times every this many steps (0: only when exchange() is called).
+    # step() exchanges the step parts every this many steps (0: only when exchange() is called).
     exchange_every: int = DEFAULT_EXCHANGE_EVERY
     # Where the exchange's tensor lives (the model's device: NCCL reduces device memory only).
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     stall: StallWatch | None = None
+    # Which pod this rank runs in (ranks of one pod are late together when its node is slow).
+    pod: int = 0
     steps: int = field(default=0, init=False)
     closed: bool = field(default=False, init=False)
     # time.monotonic() of the last step() (None before the first).
     last_step_at: float | None = field(default=None, init=False)
-    # What the last exchange showed: every rank's compute time (0: none measured) and the slowest.
-    rank_compute_seconds: list[float] = field(default_factory=list, init=False)
+    # Rank 0's picture after the last exchange: every rank's recent steps (None: none measured),
+    # pooled over the recent windows, and the rank the others wait for. Other ranks keep neither.
+    rank_windows: list[Window | None] = field(default_factory=list, init=False)
     straggler: Straggler | None = field(default=None, init=False)
+    history: History = field(default_factory=History, init=False)
 
     @property
     def metrics(self) -> RankMetrics:
@@ -91,39 +101,51 @@ class Instrumentation:
         """The run's total steps (``ddp_target_steps``; None or 0: unknown), for percent done and ETA."""
         self.recorder.metrics.target_steps.set(total_steps or 0)
 
+    def set_eval_accuracy(self, accuracy: float) -> None:
+        """The held-out accuracy once training is over (``ddp_eval_accuracy``; `ddpjob run` reports it)."""
+        self.recorder.metrics.eval_accuracy.set(accuracy)
+
     def last_progress(self) -> float | None:
         """time.monotonic() of the last completed step, by step() or by the comm hook."""
         times = [t for t in (self.last_step_at, self.recorder.last_sync_at) if t is not None]
         return max(times) if times else None
 
+    @property
+    def rank_compute_seconds(self) -> list[float]:
+        """Rank 0: every rank's compute time per step in the last picture (0: none measured)."""
+        return [w.per_step().compute if w is not None else 0.0 for w in self.rank_windows]
+
     def exchange(self, flags: Sequence[float] = ()) -> list[float]:
-        """Exchange compute times with every rank (one allreduce, MAX); returns ``flags`` combined by MAX.
+        """Exchange the step parts with every rank (one allreduce, MAX); returns ``flags`` combined by MAX.
 
         A collective: every rank calls it at the same step boundary (``step()`` does every
         ``exchange_every`` steps). ``flags`` rides along in the same tensor, so a caller that already
         combines something per step boundary (the built-in trainer's stop flag) pays no second
-        collective. Rank 0 then exports every rank's time and the straggler.
+        collective. Rank 0 then exports every rank's picture and the straggler. The time blocked in
+        this collective counts as a wait of the next step (every collective a slow rank holds up
+        slows the job).
         """
-        compute = self.recorder.take_compute()
+        window = self.recorder.take_window()
         metrics = self.recorder.metrics
-        if compute is not None:
-            metrics.compute_seconds.set(compute)
-        settings = self.recorder.settings
-        world = settings.world_size
-        combined = [0.0] * world + [float(flag) for flag in flags]
-        combined[self.rank] = compute or 0.0
+        if window is not None:
+            metrics.show_window(window)
+        world = self.recorder.settings.world_size
+        values = pack(self.rank, world, window, self.pod, flags)
         if world > 1:
-            values = torch.tensor(combined, dtype=torch.float64, device=self.device)
-            dist.all_reduce(values, op=dist.ReduceOp.MAX, group=settings.process_group)
-            combined = values.tolist() if values.device.type == "cpu" else values.cpu().tolist()
-        self.rank_compute_seconds = combined[:world]
-        self.straggler = slowest(self.rank_compute_seconds)
+            with self.recorder.collective_between_steps() as issued:
+                tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+                group = self.recorder.settings.process_group
+                work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group, async_op=True)
+                issued()
+                if work is not None:
+                    work.wait()
+                values = tensor.tolist() if tensor.device.type == "cpu" else tensor.cpu().tolist()
+        windows, pods, combined = unpack(values, world)
         if metrics.straggler is not None:
-            found = self.straggler
-            metrics.straggler.show(
-                self.rank_compute_seconds, None if found is None else (found.rank, found.slowdown)
-            )
-        return combined[world:]
+            self.rank_windows = self.history.add(windows)
+            self.straggler = attribute(self.rank_windows, pods)
+            metrics.straggler.show(self.rank_windows, self.straggler)
+        return combined
 
     def sample_logger(self) -> LoggerAverages | None:
         """Copy DDP's logger averages into the gauges now; returns them (None before its first sample)."""
@@ -166,6 +188,15 @@ class Instrumentation:
         release_group_defaults()
 
 
+def _pod_index(rank: int) -> int:
+    """This process's pod (node) index, from the first of POD_ENVS that is set; else its rank."""
+    for name in POD_ENVS:
+        text = os.environ.get(name, "").strip()
+        if text.isdigit():
+            return int(text)
+    return rank
+
+
 def _default_port() -> int | None:
     text = os.environ.get("DDP_METRICS_PORT", "").strip()
     if not text or int(text) == 0:
@@ -200,7 +231,7 @@ def instrument(
     :func:`ddp_trainer.process_group_session` the session closes it.
 
     ``total_steps``: the run's total steps when known (``ddp_target_steps``: percent done and ETA in
-    the DDPJob's status). ``exchange_every``: steps between exchanges of the ranks' compute times (0:
+    the DDPJob's status). ``exchange_every``: steps between exchanges of the ranks' step parts (0:
     never from ``step()``; call :meth:`Instrumentation.exchange` yourself). ``stall_timeout``: seconds;
     None reads ``DDP_STALL_TIMEOUT_SECONDS``, 0 turns the stack dumps off.
     """
@@ -243,6 +274,7 @@ def instrument(
         rank=rank,
         exchange_every=exchange_every,
         device=device if backend == "nccl" else torch.device("cpu"),
+        pod=_pod_index(rank),
     )
     instrumentation.set_total_steps(total_steps)
     if stall_timeout:

@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 from wsgiref.simple_server import WSGIServer
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ddp_trainer.restarts import RestartLedger, RestartRecord
+from ddp_trainer.straggler import NO_STRAGGLER, PHASES, Straggler, Window, own_stalls
 
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
-# From 100 us to 10 s, as DESIGN.md fixes for the allreduce histogram.
+# From 100 us to 10 s, as docs/metrics.md states for the allreduce histogram.
 ALLREDUCE_BUCKETS: Final = (
     1e-4,
     2.5e-4,
@@ -74,25 +79,37 @@ class Absent:
         pass
 
 
+# The parts of a step each rank exports (``ddp_step_phase_seconds{phase}``): the straggler's
+# phases and the wait in the step's collectives.
+STEP_PARTS: Final = (*PHASES, "wait")
+
+
+def part_seconds(window: Window, part: str) -> float:
+    return window.wait if part == "wait" else window.phase(part)
+
+
 @dataclass(frozen=True)
 class StragglerMetrics:
-    """Global rank 0's view of every rank's compute time, from the exchange (docs/metrics.md)."""
+    """Global rank 0's view of every rank's steps and of the straggler, from the exchange (docs/metrics.md)."""
 
-    rank_compute_seconds: Gauge  # the parent: one child per peer rank
+    rank_compute_seconds: Gauge  # the parents: one child per peer rank
+    rank_wait_seconds: Gauge
     straggler_rank: Gauge
     straggler_slowdown: Gauge
+    straggler_phase: Gauge  # the parent: one child per phase, 1 for the straggler's
     rank: str
 
-    def show(self, compute_seconds: list[float], slowest: tuple[int, float] | None) -> None:
-        for peer, seconds in enumerate(compute_seconds):
-            if seconds > 0:
-                self.rank_compute_seconds.labels(rank=self.rank, peer=str(peer)).set(seconds)
-        if slowest is None:
-            self.straggler_rank.set(-1)
-            self.straggler_slowdown.set(math.nan)
-        else:
-            self.straggler_rank.set(slowest[0])
-            self.straggler_slowdown.set(slowest[1])
+    def show(self, windows: list[Window | None], found: Straggler | None) -> None:
+        measured = [(peer, w.per_step()) for peer, w in enumerate(windows) if w is not None and w.steps > 0]
+        stalls = own_stalls([mean for _, mean in measured])
+        for (peer, mean), stall in zip(measured, stalls, strict=True):
+            self.rank_compute_seconds.labels(rank=self.rank, peer=str(peer)).set(mean.compute)
+            self.rank_wait_seconds.labels(rank=self.rank, peer=str(peer)).set(mean.wait - stall)
+        self.straggler_rank.labels(rank=self.rank).set(NO_STRAGGLER if found is None else found.rank)
+        self.straggler_slowdown.labels(rank=self.rank).set(math.nan if found is None else found.slowdown)
+        for phase in PHASES:
+            shown = found is not None and found.phase == phase
+            self.straggler_phase.labels(rank=self.rank, phase=phase).set(1 if shown else 0)
 
 
 @dataclass(frozen=True)
@@ -118,9 +135,20 @@ class RankMetrics:
     loss: Gauge
     target_steps: Gauge
     compute_seconds: Gauge
+    eval_accuracy: Gauge
+    step_phase_seconds: Mapping[str, Gauge]  # one child per part of STEP_PARTS
+    cpu_wait_seconds: Gauge
     # Only global rank 0 exports the per-rank picture and the straggler.
     straggler: StragglerMetrics | None
     registry: CollectorRegistry | None
+
+    def show_window(self, window: Window) -> None:
+        """This rank's steps of the last exchange window, per step."""
+        mean = window.per_step()
+        self.compute_seconds.set(mean.compute)
+        for part, child in self.step_phase_seconds.items():
+            child.set(part_seconds(mean, part))
+        self.cpu_wait_seconds.set(mean.stall)
 
 
 def create_rank_metrics(
@@ -152,6 +180,14 @@ def create_rank_metrics(
     )
     build_info.labels(rank=str(rank), backend=backend, comm_hook=comm_hook, torch_version=torch_version).set(
         1
+    )
+    step_phases = Gauge(
+        "ddp_step_phase_seconds",
+        "This rank's step split into data, compute, communication (in the comm hook before its "
+        "collectives ran) and wait (blocked in them), seconds per step over the last exchange window.",
+        ["rank", "phase"],
+        registry=registry,
+        multiprocess_mode="mostrecent",
     )
     metrics = RankMetrics(
         sync_steps=counter("ddp_sync_steps", "Training steps whose gradients were synchronized."),
@@ -207,36 +243,60 @@ def create_rank_metrics(
         target_steps=gauge("ddp_target_steps", "Total optimizer steps of the run when known (0: unknown)."),
         compute_seconds=gauge(
             "ddp_compute_seconds",
-            "This rank's compute time per step (forward + backward up to its first gradient bucket "
-            "being ready), mean over the last straggler-exchange window.",
+            "This rank's compute time per step outside the gradient collectives (forward, backward, "
+            "optimizer), mean over the last straggler-exchange window.",
+        ),
+        step_phase_seconds={part: step_phases.labels(rank=str(rank), phase=part) for part in STEP_PARTS},
+        cpu_wait_seconds=gauge(
+            "ddp_collective_cpu_wait_seconds",
+            "Seconds per step this rank's gloo threads waited for a CPU (Linux run-queue time, CPU-limit "
+            "throttling included), over the last exchange window; 0 on NCCL.",
+        ),
+        eval_accuracy=gauge(
+            "ddp_eval_accuracy",
+            "Held-out accuracy of the trained model, once training is over (NaN before; the built-in "
+            "trainer: rank 0 only).",
         ),
         straggler=_straggler_metrics(rank, registry) if rank == 0 else None,
         registry=registry,
     )
-    # No loss is known before the first logged step; 0 would read as a perfect one.
+    # No loss is known before the first logged step; 0 would read as a perfect one. Nor an accuracy.
     metrics.loss.set(math.nan)
+    metrics.eval_accuracy.set(math.nan)
     return metrics
 
 
 def _straggler_metrics(rank: int, registry: CollectorRegistry | None) -> StragglerMetrics:
     def gauge(name: str, doc: str) -> Gauge:
-        return Gauge(name, doc, ["rank"], registry=registry, multiprocess_mode="mostrecent").labels(
-            rank=str(rank)
-        )
+        return Gauge(name, doc, ["rank"], registry=registry, multiprocess_mode="mostrecent")
+
+    def per_peer(name: str, doc: str) -> Gauge:
+        return Gauge(name, doc, ["rank", "peer"], registry=registry, multiprocess_mode="mostrecent")
 
     metrics = StragglerMetrics(
-        rank_compute_seconds=Gauge(
+        rank_compute_seconds=per_peer(
             "ddp_rank_compute_seconds",
-            "Every rank's compute time per step as exchanged (label peer: that rank), on rank 0 only.",
-            ["rank", "peer"],
-            registry=registry,
-            multiprocess_mode="mostrecent",
+            "Every rank's ddp_compute_seconds as the ranks exchanged it (label peer: that rank), on rank 0 only.",
+        ),
+        rank_wait_seconds=per_peer(
+            "ddp_rank_wait_seconds",
+            "How long every rank waited per step for the others in the gradient collectives (label peer: "
+            "that rank), on rank 0 only; the rank that waits least is the one the others wait for.",
         ),
         straggler_rank=gauge(
-            "ddp_straggler_rank", "The rank with the longest compute time per step (-1: not known yet)."
+            "ddp_straggler_rank",
+            "The rank the others wait for in the gradient collectives (-1: not known yet).",
         ),
         straggler_slowdown=gauge(
-            "ddp_straggler_slowdown", "The slowest rank's compute time per step over the median rank's."
+            "ddp_straggler_slowdown",
+            "The job's step time over its estimated step time without the straggler (1: it holds nobody up).",
+        ),
+        straggler_phase=Gauge(
+            "ddp_straggler_phase",
+            "1 for the phase the straggler lost its time in (data, compute, communication), 0 for the others.",
+            ["rank", "phase"],
+            registry=registry,
+            multiprocess_mode="mostrecent",
         ),
         rank=str(rank),
     )
@@ -281,10 +341,118 @@ def open_endpoint(host: str, port: int | None) -> MetricsEndpoint:
     return MetricsEndpoint(registry=registry, server=server)
 
 
-def serve_multiprocess(directory: str, host: str, port: int) -> WSGIServer:
-    """Serve the combined series of every worker that writes to ``directory``."""
+def serve_multiprocess(directory: str, host: str, port: int, extra: Collector | None = None) -> WSGIServer:
+    """Serve the combined series of every worker that writes to ``directory`` (and ``extra``'s: the
+    launcher's own)."""
     from prometheus_client import multiprocess
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    if extra is not None:
+        registry.register(extra)
     return serve_registry(registry, host, port)
+
+
+def kept_step_seconds_gauge(rank: int, registry: CollectorRegistry | None) -> Gauge:
+    """``ddp_kept_step_seconds`` (rank 0 only; see ddp_trainer.resume)."""
+    return Gauge(
+        "ddp_kept_step_seconds",
+        "Seconds spent in the training steps that the current training state includes (restored from "
+        "the checkpoint on resume); over the job's wall time it is the goodput.",
+        ["rank"],
+        registry=registry,
+        multiprocess_mode="mostrecent",
+    ).labels(rank=str(rank))
+
+
+def resumed_timestamp_gauge(rank: int, registry: CollectorRegistry | None) -> Gauge:
+    """``ddp_resumed_timestamp_seconds`` (rank 0 only): when its first step after loading a checkpoint
+    ended, whatever brought the process back (an in-place restart or new pods); absent on a fresh start."""
+    return Gauge(
+        "ddp_resumed_timestamp_seconds",
+        "Unix time at which rank 0's first training step after resuming from a checkpoint ended.",
+        ["rank"],
+        registry=registry,
+        multiprocess_mode="mostrecent",
+    ).labels(rank=str(rank))
+
+
+class RestartCollector(Collector):
+    """The in-place launcher's series (docs/metrics.md, "In-place restarts").
+
+    ``ddp_group_restarts_total`` on every pod; the ``ddp_last_restart_*`` series on rank 0's pod only,
+    absent until a restart. ``rank`` is the pod's first global rank (its local rank 0). ``resume``
+    returns rank 0's worker's note of the last resume: its time and the step it resumed from.
+    """
+
+    def __init__(
+        self,
+        ledger: RestartLedger,
+        rank: int,
+        resume: Callable[[RestartRecord], RestartRecord] | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.rank = str(rank)
+        self.resume = resume
+
+    def describe(self) -> list[Metric]:
+        return []  # an unchecked collector: its series come and go with the restarts
+
+    def collect(self) -> Iterator[Metric]:
+        labels = {"rank": self.rank}
+        restarts = CounterMetricFamily(
+            "ddp_group_restarts",
+            "In-place restarts of the worker group since this attempt's first rendezvous round "
+            "(the same on every pod).",
+            labels=list(labels),
+        )
+        restarts.add_metric(list(labels.values()), float(self.ledger.restarts))
+        yield restarts
+        record = self.ledger.record
+        if record is None:
+            return
+        if self.resume is not None:
+            record = self.resume(record)
+        gauges = [
+            (
+                "failure_timestamp_seconds",
+                record.failure,
+                "when the failed worker ended, as its agent saw it",
+            ),
+            ("stopped_timestamp_seconds", record.stopped, "when every surviving pod's workers were stopped"),
+            ("reformed_timestamp_seconds", record.reformed, "when the new rendezvous round was complete"),
+            (
+                "resumed_timestamp_seconds",
+                record.resumed,
+                "when rank 0 finished its first step after the resume",
+            ),
+            (
+                "steps_redone",
+                None if record.steps_redone is None else float(record.steps_redone),
+                "steps done before the failure that the checkpoint resumed from did not keep",
+            ),
+        ]
+        for suffix, value, meaning in gauges:
+            if value is None:
+                continue
+            family = GaugeMetricFamily(
+                f"ddp_last_restart_{suffix}", f"The last in-place restart: {meaning}.", labels=list(labels)
+            )
+            family.add_metric(list(labels.values()), value)
+            yield family
+        info = GaugeMetricFamily(
+            "ddp_last_restart_info",
+            "The last in-place restart (always 1): its cause, the global rank that failed and its exit code "
+            "(both empty when no worker failed).",
+            labels=["rank", "cause", "failed_rank", "exit_code"],
+        )
+        info.add_metric(
+            [
+                self.rank,
+                record.cause,
+                "" if record.failed_rank is None else str(record.failed_rank),
+                "" if record.exit_code is None else str(record.exit_code),
+            ],
+            1.0,
+        )
+        yield info

@@ -13,22 +13,27 @@ All three copy DDP's logger averages (backward compute, comm, overlap) into the 
 end - max(start, end of the previous bucket): buckets run one after the other, so the time a bucket
 waited behind an earlier one is not its own.
 
-Each also measures this rank's compute time per step, what the straggler exchange compares: the two
-hook strategies from a forward pre-hook on the DDP model to the first bucket reaching the comm hook
-(wall clock on gloo, CUDA events on NCCL), so no wait on a peer is in it; light mode, which has no
-hook, from DDP's logger (the last sampled step's forward + backward compute).
+Each also splits this rank's steps into the parts the straggler exchange compares
+(``ddp_trainer.straggler``, docs/metrics.md): the wait in the step's gradient collectives, and data,
+communication and compute outside them. Every strategy reads the step's boundaries from
+``Instrumentation.step()`` and the forward's start from a forward pre-hook on the DDP model; the two
+hook strategies time each bucket (hook entered, collective issued, collective done: the wall clock on
+gloo, CUDA events on NCCL, resolved at a later step boundary); light mode, which has no comm hook,
+reads the wait from DDP's logger (the last sampled step: communication not overlapped by compute).
 """
 
 # No `from __future__ import annotations`: DDP checks a comm hook's annotations at registration.
 
+import math
 import re
 import statistics
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any, Final, NamedTuple
 
 import torch
@@ -37,6 +42,8 @@ from torch._C._distributed_c10d import BuiltinCommHookType, GradBucket
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer.metrics import RankMetrics, payload_bytes
+from ddp_trainer.runqueue import GlooThreadDelay
+from ddp_trainer.straggler import Window, step_parts
 
 HookFn = Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]]
 COMM_HOOKS: Final = ("allreduce", "fp16", "bf16", "powersgd")
@@ -109,8 +116,17 @@ class SyncRecorder(ABC):
         self._ddp: DistributedDataParallel | None = None
         self._lock = threading.Lock()
         self._recent_service: deque[float] = deque(maxlen=512)
-        # This window's compute times per step (seconds), taken by the straggler exchange.
-        self._compute: list[float] = []
+        # The steps since the last exchange, split into their parts (sums), taken by the exchange.
+        self._window = Window(0)
+        self._forward_handle: Any = None
+        # perf_counter() of the last step's end (None before the first) and of the forward after it.
+        self._began: float | None = None
+        self._forward_at: float | None = None
+        # Collectives between the last step's end and the next one's (the exchange): blocked seconds
+        # and gloo's stall in them.
+        self._between_comm = 0.0
+        self._between_wait = 0.0
+        self._between_stall = 0.0
         # time.monotonic() of the last synchronized step (None before the first).
         self.last_sync_at: float | None = None
 
@@ -123,14 +139,72 @@ class SyncRecorder(ABC):
         self.metrics.bucket_cap_bytes.set(int(data.get("bucket_cap_bytes", 0)))
         self.metrics.buckets.set(len(_bucket_sizes(data.get("bucket_sizes"))))
         self._register(ddp)
+        self._forward_handle = ddp.register_forward_pre_hook(self._forward_pre_hook)
 
     @abstractmethod
     def _register(self, ddp: DistributedDataParallel) -> None:
         """Register this strategy's comm hook (or none) on ``ddp``."""
 
+    def _forward_pre_hook(self, module: Any, args: Any) -> None:
+        self._forward_started()
+
+    def _forward_started(self) -> None:
+        """A forward of the DDP model starts: the first one after a step's end ends the data part."""
+        if self._forward_at is None:
+            self._forward_at = time.perf_counter()
+
     @abstractmethod
     def step_done(self) -> None:
-        """Once per optimizer step, after it: whatever this strategy accounts per step."""
+        """Once per optimizer step, after it: the step's end; whatever this strategy accounts per step."""
+
+    @contextmanager
+    def collective_between_steps(self) -> Iterator[Callable[[], None]]:
+        """Around a collective between two steps (the exchange), which calls what this yields once
+        the collective is issued: issuing it is communication of the next step, the time blocked in it
+        a wait (not data), and gloo's stall in it counts too."""
+        started = time.perf_counter()
+        issued: list[float] = []
+        marks: list[dict[str, float]] = []
+
+        def note_issued() -> None:
+            issued.append(time.perf_counter())
+            marks.append(self._stall_marks())
+
+        try:
+            yield note_issued
+        finally:
+            ended = time.perf_counter()
+            arrived = issued[0] if issued else started
+            self._between_comm += arrived - started
+            self._between_wait += ended - arrived
+            self._between_stall += self._stall_since(marks[0]) if marks else 0.0
+
+    def _stall_marks(self) -> dict[str, float]:
+        return {}
+
+    def _stall_since(self, marks: dict[str, float]) -> float:
+        return 0.0
+
+    def _with_between(self, parts: Window) -> Window:
+        """A step with the collectives run since the previous one (they ran in its data part)."""
+        comm, wait, stall = self._between_comm, self._between_wait, self._between_stall
+        self._between_comm = self._between_wait = self._between_stall = 0.0
+        comm = min(comm, parts.data)
+        wait = min(wait, parts.data - comm)
+        return replace(
+            parts,
+            data=parts.data - comm - wait,
+            comm=parts.comm + comm,
+            wait=parts.wait + wait,
+            stall=parts.stall + stall,
+        )
+
+    def _end_step(self) -> tuple[float | None, float | None, float]:
+        """(when the step began, its forward, now) on the wall clock, and the next step begins."""
+        now = time.perf_counter()
+        began, forward = self._began, self._forward_at
+        self._began, self._forward_at = now, None
+        return began, forward, now
 
     @abstractmethod
     def flush(self) -> None:
@@ -144,6 +218,9 @@ class SyncRecorder(ABC):
         model and its process group alive until the interpreter exits (see ``ddp_trainer.teardown``).
         """
         self._ddp = None
+        if self._forward_handle is not None:
+            self._forward_handle.remove()  # the hook refers back to this recorder
+            self._forward_handle = None
 
     def refresh_from_logger(self) -> LoggerAverages | None:
         """Copy DDP's logger averages into the gauges; None until the logger has sampled a step."""
@@ -165,17 +242,15 @@ class SyncRecorder(ABC):
         self.metrics.comm_overlap_ratio.set(ratio)
         return LoggerAverages(compute=compute, comm=comm_seconds, overlap=overlap, ratio=ratio)
 
-    def take_compute(self) -> float | None:
-        """Mean compute time per step since the last call (None: no step measured since)."""
+    def take_window(self) -> Window | None:
+        """This rank's steps since the last call, split into their parts (None: no step measured)."""
         with self._lock:
-            window, self._compute = self._compute, []
-        return sum(window) / len(window) if window else None
+            window, self._window = self._window, Window(0)
+        return window if window.steps > 0 else None
 
-    def _note_compute(self, seconds: float) -> None:
+    def _add_step(self, parts: Window) -> None:
         with self._lock:
-            self._compute.append(seconds)
-            if len(self._compute) > 4096:  # nobody takes them (no exchange): keep the recent ones
-                del self._compute[:2048]
+            self._window = self._window + parts
 
     def allreduce_p50_seconds(self) -> float | None:
         """Median service time of the recent bucket allreduces (None without a timing hook)."""
@@ -201,6 +276,13 @@ class LoggerRecorder(SyncRecorder):
         self._bucket_bytes: list[int] | None = None
         self._rebuilt = False
         self._gradient_elements = 0
+        # The steps since the last exchange: how many, their data parts, their waits in collectives
+        # between steps, and their wall time (sums).
+        self._steps = 0
+        self._data = 0.0
+        self._comm = 0.0
+        self._between = 0.0
+        self._total = 0.0
 
     def _register(self, ddp: DistributedDataParallel) -> None:
         # Buckets hold the parameters that need gradients: their element count is what compression sends.
@@ -215,6 +297,15 @@ class LoggerRecorder(SyncRecorder):
             ddp.register_comm_hook(self.settings.process_group, default_hooks.bf16_compress_hook)
 
     def step_done(self) -> None:
+        began, forward, now = self._end_step()
+        if began is not None:
+            parts = self._with_between(step_parts(began, forward, (), now))
+            with self._lock:
+                self._steps += 1
+                self._data += parts.data
+                self._comm += parts.comm
+                self._between += parts.wait
+                self._total += parts.seconds
         # DDP rebuilds its buckets in the forward of its second step; until the logger says so, read it.
         if not self._rebuilt and self._ddp is not None:
             data = _logging_data(self._ddp)
@@ -229,16 +320,28 @@ class LoggerRecorder(SyncRecorder):
     def flush(self) -> None:
         pass  # every step was counted when it ended; the logger's averages are copied by the caller
 
-    def take_compute(self) -> float | None:
-        """The logger's last sampled step: forward + backward compute (to its last gradient; no hook
-        sees the first bucket here). None before the logger's first sample."""
-        if self._ddp is None:
+    def take_window(self) -> Window | None:
+        """The steps since the last call, with the wait of the logger's last sampled step (no hook sees
+        the buckets here): its communication not overlapped by backward compute. None before the
+        logger's first sample."""
+        with self._lock:
+            steps, data, comm, between, total = (
+                self._steps,
+                self._data,
+                self._comm,
+                self._between,
+                self._total,
+            )
+            self._steps, self._data, self._comm, self._between, self._total = 0, 0.0, 0.0, 0.0, 0.0
+        if steps == 0 or self._ddp is None:
             return None
-        data = _logging_data(self._ddp)
-        forward, backward = data.get("forward_compute_time"), data.get("backward_compute_time")
-        if forward is None or backward is None:
+        logged = _logging_data(self._ddp)
+        sent, overlap = logged.get("backward_comm_time"), logged.get("backward_compute_comm_overlap_time")
+        if sent is None or overlap is None:
             return None
-        return (float(forward) + float(backward)) / _NS_PER_S
+        outside = data + comm + between
+        wait = min(max(float(sent) - float(overlap), 0.0) / _NS_PER_S * steps, total - outside)
+        return Window(steps, data=data, compute=total - outside - wait, comm=comm, wait=between + wait)
 
 
 class _CommHookRecorder(SyncRecorder):
@@ -255,34 +358,15 @@ class _CommHookRecorder(SyncRecorder):
         self._step_calls = 0
         self._step_inflight = 0
         self._step_saw_last = False
-        # Set by the forward pre-hook, cleared by the step's first bucket: when to measure compute.
-        self._awaiting_first_bucket = False
-        self._forward_handle: Any = None
 
     def _register(self, ddp: DistributedDataParallel) -> None:
         self._inner_state, self._inner_hook = self._builtin_python_hook()
         ddp.register_comm_hook(self._inner_state, self._timed_hook)
-        self._forward_handle = ddp.register_forward_pre_hook(self._forward_pre_hook)
 
     def detach(self) -> None:
         super().detach()
         self._inner_state = None
         self._inner_hook = None
-        if self._forward_handle is not None:
-            self._forward_handle.remove()  # the hook refers back to this recorder
-            self._forward_handle = None
-
-    def _forward_pre_hook(self, module: Any, args: Any) -> None:
-        self._forward_started()
-        self._awaiting_first_bucket = True
-
-    @abstractmethod
-    def _forward_started(self) -> None:
-        """Mark the start of a step's forward (compute time runs from here to the first bucket)."""
-
-    @abstractmethod
-    def _first_bucket(self) -> None:
-        """The step's first bucket is ready: its compute time ends here."""
 
     def _builtin_python_hook(self) -> tuple[Any, HookFn | None]:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -311,9 +395,6 @@ class _CommHookRecorder(SyncRecorder):
             payload = _powersgd_payload(state, bucket, gradient_bytes)
         else:
             payload = payload_bytes(self.settings.comm_hook, gradient_bytes, buffer.numel())
-        if self._awaiting_first_bucket:
-            self._awaiting_first_bucket = False
-            self._first_bucket()
         with self._lock:
             self._step_gradient_bytes += gradient_bytes
             self._step_payload_bytes += payload
@@ -355,16 +436,16 @@ class WallClockRecorder(_CommHookRecorder):
     def __init__(self, metrics: RankMetrics, settings: SyncSettings) -> None:
         super().__init__(metrics, settings)
         self._previous_end: float | None = None
-        self._forward_at = 0.0
-
-    def _forward_started(self) -> None:
-        self._forward_at = time.perf_counter()
-
-    def _first_bucket(self) -> None:
-        self._note_compute(time.perf_counter() - self._forward_at)
+        # This step's buckets: [hook entered, collective issued, collective done] (done: NaN until then).
+        self._buckets: list[list[float]] = []
+        # gloo's threads relay every rank's collectives: read their CPU waits from the step's last
+        # collective to its end (ddp_trainer.runqueue).
+        self._stalls = GlooThreadDelay()
+        self._stall_mark: dict[str, float] | None = None
 
     def _timed(self, state: Any, bucket: GradBucket, is_last: bool) -> torch.futures.Future[torch.Tensor]:
         start = time.perf_counter()
+        timing = [start, start, math.nan]
         if self._inner_hook is None:
             buffer = bucket.buffer()
             buffer.div_(self.settings.world_size)
@@ -372,28 +453,60 @@ class WallClockRecorder(_CommHookRecorder):
             if group is None:
                 group = dist.group.WORLD
             future = dist.all_reduce(buffer, group=group, async_op=True).get_future()
+            self._issued(timing, is_last)
 
             def allreduce_done(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-                self._record_wall(start, time.perf_counter(), is_last)
+                self._record_wall(timing, time.perf_counter(), is_last)
                 return fut.value()[0]
 
             return future.then(allreduce_done)
         inner = self._inner_hook(state, bucket)
+        self._issued(timing, is_last)
 
         def inner_done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-            self._record_wall(start, time.perf_counter(), is_last)
+            self._record_wall(timing, time.perf_counter(), is_last)
             return fut.value()
 
         return inner.then(inner_done)
 
+    def _issued(self, timing: list[float], is_last: bool) -> None:
+        timing[1] = time.perf_counter()
+        if is_last:
+            self._stall_mark = self._stalls.mark()
+        with self._lock:
+            self._buckets.append(timing)
+
     def step_done(self) -> None:
-        pass  # the hook's callbacks counted the step when its last bucket was reduced
+        # The hook's callbacks counted the step when its last bucket was reduced; DDP waited for all of
+        # them before the backward returned, so every bucket of this step is done.
+        began, forward, now = self._end_step()
+        mark, self._stall_mark = self._stall_mark, None
+        stall = self._stalls.since(mark) if mark else 0.0
+        with self._lock:
+            buckets, self._buckets = self._buckets, []
+        if began is not None:
+            timings = [(t[0], t[1], t[2]) for t in buckets if not math.isnan(t[2])]
+            self._add_step(self._with_between(replace(step_parts(began, forward, timings, now), stall=stall)))
+        else:
+            self._with_between(Window(0))  # nothing to add them to: the first step is not measured
+
+    def _stall_marks(self) -> dict[str, float]:
+        return self._stalls.mark()
+
+    def _stall_since(self, marks: dict[str, float]) -> float:
+        return self._stalls.since(marks) if marks else 0.0
+
+    def detach(self) -> None:
+        super().detach()
+        self._stalls.close()
 
     def flush(self) -> None:
         pass  # nothing is pending: each allreduce was timed when it completed
 
-    def _record_wall(self, start: float, end: float, is_last: bool) -> None:
+    def _record_wall(self, timing: list[float], end: float, is_last: bool) -> None:
+        start = timing[0]
         with self._lock:
+            timing[2] = end
             begin = start if self._previous_end is None else max(start, self._previous_end)
             self._previous_end = end if self._previous_end is None else max(end, self._previous_end)
         self._record_service(end - start, max(end - begin, 0.0))
@@ -401,50 +514,48 @@ class WallClockRecorder(_CommHookRecorder):
 
 
 class CudaEventRecorder(_CommHookRecorder):
-    """Gradients on a GPU (NCCL): events around each collective, resolved off the gradient path."""
+    """Gradients on a GPU (NCCL): events around each collective, resolved off the gradient path.
+
+    A step's parts are read on the device's timeline: events at the step's end (recorded by
+    ``step_done()`` after the optimizer's kernels were queued), at the forward's start, and per bucket
+    when the hook was entered, once its collective was queued, and after it. They are resolved once the
+    step's events are done (at a later step boundary, or waiting for them at the exchange).
+    """
 
     def __init__(self, metrics: RankMetrics, settings: SyncSettings) -> None:
         super().__init__(metrics, settings)
         self._pending_events: list[tuple[Any, Any]] = []
         self._previous_end_event: Any = None
+        self._began_event: Any = None
         self._forward_event: Any = None
-        self._pending_compute: list[tuple[Any, Any]] = []
+        # This step's buckets: [entered, issued, done] events (done: None until the hook's callback).
+        self._bucket_events: list[list[Any]] = []
+        # Steps whose events are still to resolve: (began, forward, buckets, ended).
+        self._pending_steps: list[tuple[Any, Any, list[list[Any]], Any]] = []
+
+    @staticmethod
+    def _event() -> Any:
+        event = _cuda().Event(enable_timing=True)
+        event.record()
+        return event
 
     def _forward_started(self) -> None:
-        self._forward_event = _cuda().Event(enable_timing=True)
-        self._forward_event.record()
-
-    def _first_bucket(self) -> None:
         if self._forward_event is None:
-            return
-        ready = _cuda().Event(enable_timing=True)
-        ready.record()  # on the stream the backward ran on: after the first bucket's gradients
-        with self._lock:
-            self._pending_compute.append((self._forward_event, ready))
-        self._forward_event = None
+            self._forward_event = self._event()
 
-    def _resolve_compute(self, wait: bool) -> None:
-        with self._lock:
-            pending, self._pending_compute = self._pending_compute, []
-        keep = []
-        for index, (start_event, end_event) in enumerate(pending):
-            if not wait and not end_event.query():
-                keep = pending[index:]
-                break
-            end_event.synchronize()
-            self._note_compute(start_event.elapsed_time(end_event) / 1000.0)
-        if keep:
-            with self._lock:
-                self._pending_compute = keep + self._pending_compute
-
-    def take_compute(self) -> float | None:
-        self._resolve_compute(wait=True)
-        return super().take_compute()
+    @contextmanager
+    def collective_between_steps(self) -> Iterator[Callable[[], None]]:
+        """The exchange's own time is left out on the device: the next step begins after it."""
+        try:
+            yield lambda: None
+        finally:
+            self._began_event = self._event()
+            self._forward_event = None
 
     def _timed(self, state: Any, bucket: GradBucket, is_last: bool) -> torch.futures.Future[torch.Tensor]:
         self._resolve_events(wait=False)
-        start_event = _cuda().Event(enable_timing=True)
-        start_event.record()
+        start_event = self._event()
+        timing: list[Any] = [start_event, None, None]
         if self._inner_hook is None:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -453,12 +564,16 @@ class CudaEventRecorder(_CommHookRecorder):
             inner = default_hooks.allreduce_hook(group, bucket)
         else:
             inner = self._inner_hook(state, bucket)
+        # On the stream the collective waits for: after whatever the hook queued before it (compression).
+        timing[1] = self._event()
+        with self._lock:
+            self._bucket_events.append(timing)
 
         def enqueued(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
             # Runs at enqueue on NCCL: the event lands on the stream right after the collective.
-            end_event = _cuda().Event(enable_timing=True)
-            end_event.record()
+            end_event = self._event()
             with self._lock:
+                timing[2] = end_event
                 self._pending_events.append((start_event, end_event))
             self._bucket_done(is_last)
             return fut.value()
@@ -466,13 +581,41 @@ class CudaEventRecorder(_CommHookRecorder):
         return inner.then(enqueued)
 
     def step_done(self) -> None:
+        ended = self._event()
+        with self._lock:
+            buckets, self._bucket_events = self._bucket_events, []
+        if self._began_event is not None:
+            self._pending_steps.append((self._began_event, self._forward_event, buckets, ended))
+        self._began_event, self._forward_event = ended, None
         if self._pending_events:
             self._resolve_events(wait=False)
-        if self._pending_compute:
-            self._resolve_compute(wait=False)
+        if self._pending_steps:
+            self._resolve_steps(wait=False)
+
+    def take_window(self) -> Window | None:
+        self._resolve_steps(wait=True)
+        return super().take_window()
 
     def flush(self) -> None:
         self._resolve_events(wait=True)
+
+    def _resolve_steps(self, wait: bool) -> None:
+        """Turn the steps whose events are done into parts (``wait``: synchronize on them)."""
+        while self._pending_steps:
+            began, forward, buckets, ended = self._pending_steps[0]
+            events = [ended, *(e for timing in buckets for e in timing if e is not None)]
+            if not wait and not all(event.query() for event in events):
+                return  # steps complete in stream order: the later ones are not done either
+            self._pending_steps.pop(0)
+            ended.synchronize()
+
+            timings = [
+                (_offset(began, t[0]), _offset(began, t[1]), _offset(began, t[2]))
+                for t in buckets
+                if t[2] is not None
+            ]
+            at_forward = None if forward is None else _offset(began, forward)
+            self._add_step(step_parts(0.0, at_forward, timings, _offset(began, ended)))
 
     def _resolve_events(self, wait: bool) -> None:
         """Turn finished event pairs into durations (``wait``: synchronize on the pending ones)."""
@@ -493,6 +636,12 @@ class CudaEventRecorder(_CommHookRecorder):
         if keep:
             with self._lock:
                 self._pending_events = keep + self._pending_events
+
+
+def _offset(began: Any, event: Any) -> float:
+    """Seconds from CUDA event ``began`` to ``event`` (once it is done)."""
+    event.synchronize()
+    return float(began.elapsed_time(event)) / 1000.0
 
 
 def attach_recorder(

@@ -3,29 +3,29 @@
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import math
 import os
 import signal
-import socket
 import sys
 import time
 import traceback
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from prometheus_client import Gauge
 from torch import nn
 from torch._C._distributed_c10d import TCPStore
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
+from ddp_trainer.addresses import loopback_listener
 from ddp_trainer.checkpoint import load_newest_checkpoint, save_checkpoint
-from ddp_trainer.config import ConfigError, DistEnv, TrainConfig, resolve_backend
+from ddp_trainer.config import ConfigError, DistEnv, TrainConfig, metrics_port_error, resolve_backend
 from ddp_trainer.control import StopFlag, Watchdog
 from ddp_trainer.exitcodes import (
     EXIT_BAD_CONFIG,
@@ -35,17 +35,18 @@ from ddp_trainer.exitcodes import (
     PeerLostError,
     exit_code_for,
 )
+from ddp_trainer.faults import InjectedExitError, inject, misshape
 from ddp_trainer.library import Instrumentation, instrument
-from ddp_trainer.metrics import MetricsEndpoint, open_endpoint
+from ddp_trainer.metrics import (
+    MetricsEndpoint,
+    kept_step_seconds_gauge,
+    open_endpoint,
+    resumed_timestamp_gauge,
+)
 from ddp_trainer.progress import FinalResult, Progress, format_status_line
+from ddp_trainer.resume import StepBook
 from ddp_trainer.teardown import THREADS_OUTLIVED_GROUP, GroupSession, process_group_session
 from ddp_trainer.workloads import Workload, build_workload
-
-
-class InjectedExitError(Exception):
-    def __init__(self, code: int) -> None:
-        super().__init__(f"injected exit {code}")
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -59,19 +60,6 @@ class DistContext:
 
 def log(message: str) -> None:
     print(f"ddp_trainer: {message}", file=sys.stderr, flush=True)
-
-
-def maybe_inject_fault(config: TrainConfig, rank: int, point: str, step: int | None = None) -> None:
-    """Testing aid (--inject-fault): fail here if this rank was told to. "bad-shape" is the loop's."""
-    fault = config.inject_fault
-    if fault is None or not fault.at(rank, point, step) or fault.action == "bad-shape":
-        return
-    log(f"rank {rank}: injected fault: {fault.describe()}")
-    if fault.action == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)  # vanish like a lost node: no cleanup, no exit record
-    if fault.action == "exit" and fault.code is not None:
-        os._exit(fault.code)  # like a crash in native code: no exit record
-    raise ValueError(f"injected fault on rank {rank}: {fault.describe()}")
 
 
 def setup(env: DistEnv, config: TrainConfig) -> DistContext:
@@ -111,7 +99,7 @@ def setup(env: DistEnv, config: TrainConfig) -> DistContext:
                 world_size=env.world_size,
                 timeout=timedelta(seconds=config.init_timeout),
             )
-        maybe_inject_fault(config, env.rank, "rendezvous")
+        inject(config.inject_fault, env.rank, "rendezvous")
         # Forming the group is what the init timeout bounds: every rank checks in here.
         dist.barrier()
     except Exception as error:
@@ -123,32 +111,6 @@ def setup(env: DistEnv, config: TrainConfig) -> DistContext:
     return DistContext(
         rank=env.rank, local_rank=env.local_rank, world_size=env.world_size, backend=backend, device=device
     )
-
-
-def loopback_listener(master_addr: str, master_port: int) -> int | None:
-    """A listening socket on MASTER_ADDR for rank 0's store when that is a loopback address, else None.
-
-    TCPStore's own server listens on every interface. Where MASTER_ADDR is a pod's DNS name that is
-    what peers need, but a job on one machine (``ddpjob run``, the tests) must stay on loopback. The
-    store takes over the returned descriptor.
-    """
-    host = "127.0.0.1" if master_addr == "localhost" else master_addr
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    if not address.is_loopback:
-        return None
-    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host, master_port))
-        listener.listen(socket.SOMAXCONN)
-    except OSError:
-        listener.close()
-        raise
-    return listener.detach()
 
 
 def _set_collective_timeout(seconds: float) -> None:
@@ -179,6 +141,34 @@ def parameters_digest(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
+@dataclass
+class _Place:
+    """Where training is: steps done, the epoch, and the next batch of that epoch."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+
+
+@dataclass
+class _Run:
+    """One run of the loop: what ``train`` built, where it is, and rank 0's progress window."""
+
+    ddp: DistributedDataParallel
+    optimizer: torch.optim.Optimizer
+    metrics: Instrumentation
+    features: torch.Tensor
+    labels: torch.Tensor
+    sampler: DistributedSampler[Any]
+    batches_per_epoch: int
+    total_steps: int
+    place: _Place
+    loss_fn: nn.Module = field(default_factory=nn.CrossEntropyLoss)
+    loss_value: float = math.nan
+    window_start: float = field(default_factory=time.perf_counter)
+    window_steps: int = 0
+
+
 class Trainer:
     """Trains one workload on one rank of an initialized process group."""
 
@@ -198,6 +188,10 @@ class Trainer:
         self.watchdog = Watchdog(config.watchdog_timeout, context.rank)
         self.checkpoint_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
         self.endpoint = endpoint
+        self.book = StepBook(context.rank)
+        self.kept_gauge = kept_step_seconds_gauge(0, endpoint.registry) if self.is_rank0 else None
+        # Set at the first step after a resume from a checkpoint (the restart's "training again").
+        self.resumed_gauge: Gauge | None = None
 
     # --- building ------------------------------------------------------------------------------------
     def _collective(self, what: str) -> AbstractContextManager[None]:
@@ -206,7 +200,7 @@ class Trainer:
     def _instrument(self, ddp: DistributedDataParallel, total_steps: int) -> Instrumentation:
         """The library's metrics on our own model, exported on the endpoint opened before the rendezvous.
 
-        The compute times are exchanged with the stop flag (:meth:`_agree_to_stop`), in its allreduce.
+        The ranks' step parts are exchanged with the stop flag (:meth:`_agree_to_stop`), in its allreduce.
         """
         config = self.config
         return instrument(
@@ -229,7 +223,7 @@ class Trainer:
             if found is not None:
                 holder[0] = found[0]
                 log(f"rank 0 resumes from {found[1]}")
-        maybe_inject_fault(self.config, self.ctx.rank, "resume")
+        inject(self.config.inject_fault, self.ctx.rank, "resume")
         with self._collective("the checkpoint broadcast"):
             dist.broadcast_object_list(
                 holder, src=0, device=self.ctx.device if self.ctx.backend == "nccl" else None
@@ -243,17 +237,8 @@ class Trainer:
         workload: Workload = build_workload(config)
         model = workload.model.to(ctx.device)
         optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-        step, epoch, position = 0, 0, 0
-        state = self._resume_state()
-        if state is not None:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            step, epoch, position = int(state["step"]), int(state["epoch"]), int(state["batch_in_epoch"])
-            if int(state.get("world_size", ctx.world_size)) != ctx.world_size:
-                log("the checkpoint was written with another world size: the data order will differ")
-            if self.is_rank0:
-                print(format_status_line("resumed", {"step": step, "epoch": epoch}), flush=True)
-        maybe_inject_fault(config, ctx.rank, "ddp")
+        place = self._restore(model, optimizer)
+        inject(config.inject_fault, ctx.rank, "ddp")
         # DDP's constructor checks the parameter shapes across ranks and broadcasts rank 0's parameters.
         with self._collective("DDP construction"):
             ddp = DistributedDataParallel(
@@ -270,100 +255,130 @@ class Trainer:
         if config.max_steps:
             total_steps = min(total_steps, config.max_steps)
         metrics = self._instrument(ddp, total_steps)
-        loss_fn = nn.CrossEntropyLoss()
-        window_start, window_steps = time.perf_counter(), 0
-        loss_value = math.nan
-        stop_requested = False
+        run = _Run(ddp, optimizer, metrics, features, labels, sampler, batches_per_epoch, total_steps, place)
+        self.book.loop_started()
         try:
-            while step < total_steps and not stop_requested:
-                sampler.set_epoch(epoch)
-                order = list(iter(sampler))
-                for batch_index in range(position, batches_per_epoch):
-                    if step >= total_steps:
-                        break
-                    self._maybe_inject_exit(step)
-                    maybe_inject_fault(config, ctx.rank, "step", step)
-                    indices = torch.tensor(
-                        order[batch_index * config.batch_size : (batch_index + 1) * config.batch_size]
-                    )
-                    inputs = features[indices].to(ctx.device, non_blocking=True)
-                    targets = labels[indices].to(ctx.device, non_blocking=True)
-                    if self._bad_shape_at(step):
-                        inputs = inputs[..., :-1]  # one feature short: the model's own shape error
-                    started = time.perf_counter()
-                    with self._collective("a training step"):
-                        optimizer.zero_grad(set_to_none=True)
-                        loss = loss_fn(ddp(inputs), targets)
-                        loss.backward()
-                        optimizer.step()
-                    seconds = time.perf_counter() - started
-                    step += 1
-                    position = batch_index + 1
-                    window_steps += 1
-                    last = step >= total_steps
-                    logged = step % config.progress_every == 0 or last
-                    if logged:
-                        loss_value = float(loss.item())
-                    metrics.step(len(indices), seconds, loss=loss_value if logged else None)
-                    if logged:
-                        averages = metrics.sample_logger()
-                        if self.is_rank0:
-                            elapsed = max(time.perf_counter() - window_start, 1e-9)
-                            p50 = metrics.allreduce_p50_seconds()
-                            print(
-                                Progress(
-                                    step=step,
-                                    epoch=epoch,
-                                    loss=loss_value,
-                                    samples_per_second=window_steps
-                                    * config.batch_size
-                                    * ctx.world_size
-                                    / elapsed,
-                                    allreduce_p50_ms=None if p50 is None else p50 * 1000.0,
-                                    overlap=None if averages is None else averages.ratio,
-                                ).line(),
-                                flush=True,
-                            )
-                        window_start, window_steps = time.perf_counter(), 0
-                    if config.checkpoint_every and step % config.checkpoint_every == 0 and not last:
-                        self._checkpoint(ddp, optimizer, step, epoch, position)
-                    if step % config.stop_check_every == 0 and not last:
-                        stop_requested = self._agree_to_stop(metrics)
-                        if stop_requested:
-                            break
-                    if config.throttle_ms:
-                        time.sleep(config.throttle_ms / 1000.0)
-                else:
-                    epoch, position = epoch + 1, 0
-            metrics.flush()
+            stop_requested = self._loop(run)
+            run.metrics.flush()
             if stop_requested:
-                path = self._checkpoint(ddp, optimizer, step, epoch, position)
+                path = self._checkpoint(ddp, optimizer, place.step, place.epoch, place.batch)
                 if self.is_rank0:
                     print(
-                        format_status_line("stopped", {"step": step, "checkpoint": path or "none"}),
+                        format_status_line("stopped", {"step": place.step, "checkpoint": path or "none"}),
                         flush=True,
                     )
                 return EXIT_STOPPED
-            self._checkpoint(ddp, optimizer, step, epoch, position, final=True)
-            self._report(ddp, workload, loss_value, step)
+            self._checkpoint(ddp, optimizer, place.step, place.epoch, place.batch, final=True)
+            self._report(ddp, workload, run.loss_value, place.step, run.metrics)
         # An error goes up to run_worker, which tells a lost peer from this rank's own error.
         finally:
-            metrics.close()  # lets go of the model; the endpoint stays up for the linger
+            run.metrics.close()  # lets go of the model; the endpoint stays up for the linger
         self._linger()
         return EXIT_OK
 
-    def _maybe_inject_exit(self, step: int) -> None:
-        injected = self.config.inject_exit
-        if injected is not None and injected.rank == self.ctx.rank and injected.step == step:
-            log(f"rank {self.ctx.rank}: injected exit {injected.code} at step {step}")
-            raise InjectedExitError(injected.code)
+    def _restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> _Place:
+        """The newest checkpoint's model, optimizer and place in the data, or the start."""
+        ctx = self.ctx
+        state = self._resume_state()
+        if state is None:
+            self._book_resume(0, None)
+            return _Place()
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, epoch, position = int(state["step"]), int(state["epoch"]), int(state["batch_in_epoch"])
+        if int(state.get("world_size", ctx.world_size)) != ctx.world_size:
+            log("the checkpoint was written with another world size: the data order will differ")
+        if self.is_rank0:
+            print(format_status_line("resumed", {"step": step, "epoch": epoch}), flush=True)
+        self._book_resume(step, state)
+        return _Place(step, epoch, position)
 
-    def _bad_shape_at(self, step: int) -> bool:
-        fault = self.config.inject_fault
-        bad = fault is not None and fault.action == "bad-shape" and fault.at(self.ctx.rank, "step", step)
-        if bad:
-            log(f"rank {self.ctx.rank}: injected fault: a batch of the wrong shape at step {step}")
-        return bad
+    def _book_resume(self, step: int, state: dict[str, Any] | None) -> None:
+        """The resume bookkeeping (ddp_trainer.resume) starts at ``step``, from ``state`` if any."""
+        self.book.resumed(step, state)
+        if self.kept_gauge is not None:
+            self.kept_gauge.set(self.book.kept_seconds)
+        if state is not None and self.is_rank0:
+            self.resumed_gauge = resumed_timestamp_gauge(0, self.endpoint.registry)
+
+    def _book_step(self, step: int) -> None:
+        self.book.step_done(step)
+        if self.kept_gauge is not None:
+            self.kept_gauge.set(self.book.kept_seconds)
+        if self.resumed_gauge is not None:
+            self.resumed_gauge.set(time.time())
+            self.resumed_gauge = None  # the first step after the resume only
+
+    def _loop(self, run: _Run) -> bool:
+        """Train up to the last step, epoch after epoch; True when the ranks agreed to stop early."""
+        place = run.place
+        while place.step < run.total_steps:
+            run.sampler.set_epoch(place.epoch)
+            order = list(iter(run.sampler))
+            for batch_index in range(place.batch, run.batches_per_epoch):
+                if place.step >= run.total_steps:
+                    break
+                if self._step(run, order, batch_index):
+                    return True
+            else:
+                place.epoch, place.batch = place.epoch + 1, 0
+        return False
+
+    def _step(self, run: _Run, order: list[int], batch_index: int) -> bool:
+        """One training step and what follows it; True when the ranks agreed to stop."""
+        config, ctx, place = self.config, self.ctx, run.place
+        inject(config.inject_fault, ctx.rank, "step", place.step)
+        indices = torch.tensor(order[batch_index * config.batch_size : (batch_index + 1) * config.batch_size])
+        inputs = run.features[indices].to(ctx.device, non_blocking=True)
+        targets = run.labels[indices].to(ctx.device, non_blocking=True)
+        inputs = misshape(config.inject_fault, ctx.rank, place.step, inputs)
+        started = time.perf_counter()
+        with self._collective("a training step"):
+            run.optimizer.zero_grad(set_to_none=True)
+            loss = run.loss_fn(run.ddp(inputs), targets)
+            loss.backward()
+            run.optimizer.step()
+        seconds = time.perf_counter() - started
+        place.step += 1
+        place.batch = batch_index + 1
+        self._book_step(place.step)
+        run.window_steps += 1
+        last = place.step >= run.total_steps
+        logged = place.step % config.progress_every == 0 or last
+        if logged:
+            run.loss_value = float(loss.item())
+        run.metrics.step(len(indices), seconds, loss=run.loss_value if logged else None)
+        if logged:
+            self._print_progress(run)
+        if config.checkpoint_every and place.step % config.checkpoint_every == 0 and not last:
+            self._checkpoint(run.ddp, run.optimizer, place.step, place.epoch, place.batch)
+        if place.step % config.stop_check_every == 0 and not last and self._agree_to_stop(run.metrics):
+            return True
+        if config.throttle_ms:
+            time.sleep(config.throttle_ms / 1000.0)
+        return False
+
+    def _print_progress(self, run: _Run) -> None:
+        """Rank 0's progress line; every rank samples DDP's logger and starts a new window."""
+        averages = run.metrics.sample_logger()
+        if self.is_rank0:
+            elapsed = max(time.perf_counter() - run.window_start, 1e-9)
+            p50 = run.metrics.allreduce_p50_seconds()
+            print(
+                Progress(
+                    step=run.place.step,
+                    epoch=run.place.epoch,
+                    loss=run.loss_value,
+                    samples_per_second=run.window_steps
+                    * self.config.batch_size
+                    * self.ctx.world_size
+                    / elapsed,
+                    allreduce_p50_ms=None if p50 is None else p50 * 1000.0,
+                    overlap=None if averages is None else averages.ratio,
+                ).line(),
+                flush=True,
+            )
+        run.window_start, run.window_steps = time.perf_counter(), 0
 
     def _agree_to_stop(self, metrics: Instrumentation) -> bool:
         """Combine the SIGTERM flags; the ranks' compute times ride in the same allreduce."""
@@ -398,16 +413,22 @@ class Trainer:
                 "world_size": self.ctx.world_size,
                 "seed": self.config.seed,
                 "workload": self.config.workload,
+                **self.book.checkpoint_fields(),
             }
             path = str(save_checkpoint(self.checkpoint_dir, step, state, self.config.keep_checkpoints))
         if final:
-            maybe_inject_fault(self.config, self.ctx.rank, "final-barrier")
+            inject(self.config.inject_fault, self.ctx.rank, "final-barrier")
         with self._collective("the final barrier" if final else "the checkpoint barrier"):
             dist.barrier()
         return path
 
     def _report(
-        self, ddp: DistributedDataParallel, workload: Workload, loss_value: float, steps: int
+        self,
+        ddp: DistributedDataParallel,
+        workload: Workload,
+        loss_value: float,
+        steps: int,
+        metrics: Instrumentation,
     ) -> None:
         print(
             format_status_line("params", {"rank": self.ctx.rank, "sha256": parameters_digest(ddp.module)}),
@@ -421,6 +442,8 @@ class Trainer:
             features, labels = workload.test.tensors
             predictions = model(features.to(self.ctx.device)).argmax(dim=1).cpu()
             accuracy = float((predictions == labels).float().mean())
+        # Exported before the line is printed: `ddpjob run` scrapes once it sees the line.
+        metrics.set_eval_accuracy(accuracy)
         print(FinalResult(accuracy=accuracy, loss=loss_value, steps=steps).line(), flush=True)
 
     def _linger(self) -> None:
@@ -437,11 +460,7 @@ def open_metrics_endpoint(config: TrainConfig, env: DistEnv) -> MetricsEndpoint:
     try:
         return open_endpoint(config.metrics_host, env.metrics_port)
     except OSError as error:
-        raise ConfigError(
-            "DDP_METRICS_PORT",
-            f"cannot serve /metrics on {config.metrics_host}:{env.metrics_port} ({error.strerror or error})",
-            "choose a free port (or 0 for no endpoint)",
-        ) from None
+        raise metrics_port_error(config.metrics_host, env.metrics_port, error) from None
 
 
 def run_worker(config: TrainConfig, env: DistEnv) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -108,6 +109,14 @@ def synthetic_data(width: int, samples: int, seed: int) -> tuple[TensorDataset, 
     teacher = torch.randn(width, NUM_CLASSES, generator=generator)
     labels = (features @ teacher).argmax(dim=1)
     return _split(features, labels, test_fraction=0.1)
+
+
+# What a workload imports only when it is built, for the in-place launcher's forkserver to import once
+# (ddp_trainer.elastic): sklearn alone takes seconds.
+LAZY_IMPORTS: Final[Mapping[str, tuple[str, ...]]] = {
+    "digits": ("sklearn.datasets",),
+    "gcn": ("ddp_trainer.gcn",),
+}
 
 
 def build_workload(config: TrainConfig) -> Workload:

@@ -14,16 +14,23 @@ kopf is configured for scale and for a one-replica Deployment (docs/operator.md 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import logging
 import os
-from typing import Any
+import threading
+from typing import TYPE_CHECKING, Any
 
 from ddp_operator.builders import DEFAULT_METRICS_ALLOW_FROM
-from ddp_operator.progress_scraper import DEFAULT_CONCURRENCY as DEFAULT_SCRAPE_CONCURRENCY
-from ddp_operator.progress_scraper import DEFAULT_INTERVAL_SECONDS, ProgressScraper
+from ddp_operator.progress.pull import DEFAULT_CONCURRENCY as DEFAULT_SCRAPE_CONCURRENCY
+from ddp_operator.progress.pull import DEFAULT_INTERVAL_SECONDS, ProgressScraper
+from ddp_operator.progress.tracker import STRAGGLER_THRESHOLD
 from ddp_operator.reconcile import DEFAULT_TIMING, TimingRules
+
+if TYPE_CHECKING:
+    from ddp_operator.controller import Controller
+    from ddp_operator.kube_api import KubeApi
 
 DEFAULT_METRICS_PORT = 9410
 DEFAULT_CONCURRENCY = 32
@@ -110,8 +117,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--straggler-threshold",
         type=float,
-        default=1.5,
-        help="a rank whose compute time per step is this many times the median's is slow (default 1.5)",
+        default=STRAGGLER_THRESHOLD,
+        help="the rank the others wait for is slow when the job's step takes this many times as long "
+        f"with it as without it (default {STRAGGLER_THRESHOLD:g})",
     )
     parser.add_argument(
         "--straggler-window",
@@ -190,24 +198,55 @@ def build_settings() -> Any:
     return settings
 
 
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    # Every liveness probe is an aiohttp access line: noise below the one line per job decision.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def build_controller(
+    args: argparse.Namespace, api: KubeApi, leadership: threading.Event | None
+) -> Controller:
+    """The controller the command line asks for, with its collaborators."""
+    from ddp_operator.controller import Controller
+    from ddp_operator.metrics import OperatorMetrics
+
+    rules = TimingRules(args.decision_window, args.unconfirmed_deletion, args.straggler_window)
+    allow_from = DEFAULT_METRICS_ALLOW_FROM if args.metrics_allow_from is None else args.metrics_allow_from
+    scraper = None
+    if args.progress_interval > 0:
+        scraper = functools.partial(
+            ProgressScraper,
+            interval=args.progress_interval,
+            concurrency=max(1, args.progress_concurrency),
+            straggler_threshold=args.straggler_threshold,
+        )
+    return Controller(
+        api,
+        namespaces=list(args.namespace) or None,
+        status_interval=args.status_interval,
+        rules=rules,
+        metrics_allow_from=allow_from,
+        leadership=leadership,
+        metrics=OperatorMetrics,
+        scraper=scraper,
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     import asyncio
 
     import kopf
 
     from ddp_operator import leader
-    from ddp_operator.controller import Controller
     from ddp_operator.handlers import build_registry
     from ddp_operator.kube_api import KubeApi
-    from ddp_operator.metrics import OperatorMetrics
 
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-    )
-    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    # Every liveness probe is an aiohttp access line: noise below the one line per job decision.
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    _configure_logging(args.verbose)
     if args.kubeconfig:
         # kopf logs in through the kubernetes client, which reads $KUBECONFIG.
         os.environ["KUBECONFIG"] = os.path.abspath(args.kubeconfig)
@@ -225,22 +264,6 @@ def main(args: argparse.Namespace) -> int:
     if args.leader_election and timing.problem():
         print(f"ddpjob operator: {timing.problem()}")
         return 2
-    rules = TimingRules(args.decision_window, args.unconfirmed_deletion, args.straggler_window)
-    allow_from = DEFAULT_METRICS_ALLOW_FROM if args.metrics_allow_from is None else args.metrics_allow_from
-    controller = Controller(
-        api,
-        namespaces=namespaces or None,
-        status_interval=args.status_interval,
-        rules=rules,
-        metrics_allow_from=allow_from,
-    )
-    if args.progress_interval > 0:
-        controller.scraper = ProgressScraper(
-            controller.kick,
-            interval=args.progress_interval,
-            concurrency=max(1, args.progress_concurrency),
-            straggler_threshold=args.straggler_threshold,
-        )
     elector: leader.LeaderElector | None = None
     if args.leader_election:
         elector = leader.LeaderElector(
@@ -249,12 +272,11 @@ def main(args: argparse.Namespace) -> int:
             args.leader_election_name or lease_name(namespaces),
             timing,
         )
-        controller.leadership = elector.leading
+    controller = build_controller(args, api, elector.leading if elector is not None else None)
+    if elector is not None:
         elector.start()
-    metrics = OperatorMetrics(controller.phase_counts)
-    controller.metrics = metrics
-    if args.metrics_port:
-        metrics.serve(args.metrics_port, args.metrics_address)
+    if args.metrics_port and controller.metrics is not None:
+        controller.metrics.serve(args.metrics_port, args.metrics_address)
 
     registry = build_registry(controller)
     try:

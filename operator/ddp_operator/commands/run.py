@@ -15,7 +15,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-DESCRIPTION = """\
+from ddp_operator.local.run_policy import RUN_POLICY
+from ddp_operator.local.run_policy import warnings as run_policy_warnings
+
+_HONOURED = ", ".join(name for name, support in RUN_POLICY.items() if support.honoured)
+_IGNORED = ", ".join(name for name, support in RUN_POLICY.items() if not support.honoured)
+DESCRIPTION = f"""\
 Run a DDPJob manifest (the file you would `kubectl apply`) on this machine, one local process per
 rank pod, and restart the gang on retryable failures exactly like the operator would.
 
@@ -25,9 +30,12 @@ environment (`python` and `torchrun` mean this interpreter; a container without 
 MASTER_ADDR/PET_MASTER_ADDR=127.0.0.1, a free rendezvous port per attempt, a free metrics port per pod
 and a local checkpoint directory (WORKDIR/checkpoints) in DDP_CHECKPOINT_DIR.
 
-Exit status: 0 the job succeeded; 1 it failed (permanent exit code, backoffLimit or
-activeDeadlineSeconds); 2 the manifest is invalid or cannot run locally; 128+N stopped by signal N
-(130 for Ctrl-C) after SIGTERM to every rank."""
+runPolicy: {_HONOURED} act as on a cluster; {_IGNORED} have no local meaning
+(a warning names each one the manifest sets).
+
+Exit status: 0 the job succeeded; 1 it failed (permanent exit code, backoffLimit,
+activeDeadlineSeconds, or a stall under restartPolicy Never); 2 the manifest is invalid or cannot run
+locally; 128+N stopped by signal N (130 for Ctrl-C) after SIGTERM to every rank."""
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -115,6 +123,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"ddpjob run: cannot read {args.file}: {exc}", file=sys.stderr)
         return EXIT_INVALID
 
+    for warning in run_policy_warnings(manifest):
+        print(f"ddpjob run: warning: {warning}", file=sys.stderr)
     if job.run_policy.suspend:
         print(f"ddpjob run: {job.name} has spec.runPolicy.suspend: true; nothing to run", file=sys.stderr)
         return 0

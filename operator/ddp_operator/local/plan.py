@@ -269,25 +269,10 @@ def plan_process(
                 return f"{where}.env[{written_index}]"
         return f"{where}.env[{pod_index}]"
 
-    local = {
-        "MASTER_ADDR": LOCALHOST,
-        "PET_MASTER_ADDR": LOCALHOST,
-        "MASTER_PORT": str(addresses.master_port),
-        "PET_MASTER_PORT": str(addresses.master_port),
-        "DDP_METRICS_PORT": str(addresses.metrics_port),
-        "DDP_CHECKPOINT_DIR": addresses.checkpoint_dir,
-        "POD_IP": LOCALHOST,
-        "PYTHONUNBUFFERED": "1",
-        # The trainer's endpoint binds all addresses in a pod; on a workstation only loopback.
-        "DDP_METRICS_HOST": LOCALHOST,
+    written = {
+        str(e.get("name", "")): str(e.get("value", "")) for e in container.get("env", []) if "value" in e
     }
-    notes: list[str] = []
-    for from_index, source in enumerate(container.get("envFrom", [])):
-        ref = source.get("configMapRef") or source.get("secretRef") or {}
-        if not ref.get("optional"):
-            notes.append(
-                f"{where}.envFrom[{from_index}]: {ref.get('name')!r} cannot be read without a cluster; skipped"
-            )
+    local = _local_env(addresses, written)
     user = dict(overrides or {})
     env: dict[str, str] = {}
     for env_index, entry in enumerate(container.get("env", [])):
@@ -321,6 +306,51 @@ def plan_process(
     if not argv:
         raise PlanError(f"{where}.command", "is empty")
 
+    return ProcessSpec(
+        pod_name=str(pod.get("metadata", {}).get("name", f"rank-{rank}")),
+        rank=rank,
+        argv=argv,
+        env={**_inherited(base_env, host), **env},
+        metrics_port=addresses.metrics_port,
+        notes=_skipped_env_from(container, where),
+    )
+
+
+def _local_env(addresses: LocalAddresses, contract: Mapping[str, str]) -> dict[str, str]:
+    """The contract's variables that differ on this machine: they win over the manifest's."""
+    local = {
+        "MASTER_ADDR": LOCALHOST,
+        "PET_MASTER_ADDR": LOCALHOST,
+        "MASTER_PORT": str(addresses.master_port),
+        "PET_MASTER_PORT": str(addresses.master_port),
+        "DDP_METRICS_PORT": str(addresses.metrics_port),
+        "DDP_CHECKPOINT_DIR": addresses.checkpoint_dir,
+        "POD_IP": LOCALHOST,
+        "PYTHONUNBUFFERED": "1",
+        # The trainer's endpoint binds all addresses in a pod; on a workstation only loopback.
+        "DDP_METRICS_HOST": LOCALHOST,
+    }
+    if "PET_RDZV_ENDPOINT" in contract:
+        # In place (docs/restarts.md): the rendezvous rank 0's launcher hosts, on this machine.
+        local["PET_RDZV_ENDPOINT"] = f"{LOCALHOST}:{addresses.master_port}"
+    return local
+
+
+def _skipped_env_from(container: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """A note for each required envFrom source, which cannot be read without a cluster."""
+    notes: list[str] = []
+    for from_index, source in enumerate(container.get("envFrom", [])):
+        ref = source.get("configMapRef") or source.get("secretRef") or {}
+        if not ref.get("optional"):
+            notes.append(
+                f"{where}.envFrom[{from_index}]: {ref.get('name')!r} cannot be read without a cluster; skipped"
+            )
+    return tuple(notes)
+
+
+def _inherited(base_env: Mapping[str, str], host: Host) -> dict[str, str]:
+    """What the process inherits from `ddpjob run`'s own environment: not the contract's variables,
+    and a PATH that finds this Python first."""
     inherited = {
         key: value
         for key, value in base_env.items()
@@ -329,11 +359,4 @@ def plan_process(
     python_dir = os.path.dirname(host.python)
     if python_dir:
         inherited["PATH"] = os.pathsep.join(p for p in (python_dir, inherited.get("PATH", "")) if p)
-    return ProcessSpec(
-        pod_name=str(pod.get("metadata", {}).get("name", f"rank-{rank}")),
-        rank=rank,
-        argv=argv,
-        env={**inherited, **env},
-        metrics_port=addresses.metrics_port,
-        notes=tuple(notes),
-    )
+    return inherited

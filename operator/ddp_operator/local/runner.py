@@ -2,7 +2,9 @@
 
 The decisions are the operator's own (``policies.attempt``): the first failure of an attempt decides,
 a retryable one restarts the whole gang as a new attempt (new rendezvous port, DDPJOB_ATTEMPT + 1)
-that resumes from the newest checkpoint, until backoffLimit is spent.
+that resumes from the newest checkpoint, until backoffLimit is spent. A stall is the operator's too
+(``policies.stall``, measured by the shared progress tracker): no new synchronized step for
+runPolicy.stallTimeoutSeconds stops every rank and counts as the attempt's failure, reason Stalled.
 """
 
 from __future__ import annotations
@@ -13,28 +15,29 @@ import shutil
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
 from ddp_operator import builders
 from ddp_operator.local.console import Console
 from ddp_operator.local.plan import Host, LocalAddresses, PlanError, ProcessSpec, find_trainer, plan_process
-from ddp_operator.local.progress import (
-    ProgressTracker,
+from ddp_operator.local.scrape import Scraper
+from ddp_operator.local.supervisor import Exit, Gang
+from ddp_operator.policies import failure, recovery, stall
+from ddp_operator.policies.attempt import AttemptVerdict, judge_attempt
+from ddp_operator.policies.deadline import REASON_DEADLINE
+from ddp_operator.progress.render import (
     RankResult,
+    accuracy_note,
     render_line,
     render_summary,
     straggler_note,
 )
-from ddp_operator.local.scrape import Scraper
-from ddp_operator.local.supervisor import Exit, Gang
-from ddp_operator.policies import failure
-from ddp_operator.policies.attempt import judge_attempt
-from ddp_operator.policies.deadline import REASON_DEADLINE
+from ddp_operator.progress.tracker import STRAGGLER_THRESHOLD, STRAGGLER_WINDOW_SECONDS, ProgressTracker
 from ddp_operator.spec import JobSpec
 
 # Exit codes of `ddpjob run` (documented in docs/local-run.md).
@@ -47,8 +50,6 @@ OUTCOME_SUCCEEDED: Final = "Succeeded"
 OUTCOME_FAILED: Final = "Failed"
 OUTCOME_INTERRUPTED: Final = "Interrupted"
 
-# The trainer's `final accuracy=... loss=... steps=...` line (ddp_trainer.progress.FinalResult).
-_FINAL = re.compile(r"^final accuracy=(?P<accuracy>\S+)(?: loss=(?P<loss>\S+))?(?: steps=(?P<steps>\S+))?")
 # Status lines the trainer prints once its training loop is over (see ddp_trainer.progress).
 _TRAINING_ENDED = re.compile(r"(params|stopped|final) ")
 # Printed by a trainer that keeps /metrics up after training (--metrics-linger).
@@ -75,7 +76,6 @@ class RunResult:
     message: str = ""
     attempts: int = 0
     results: list[RankResult] = field(default_factory=list)
-    accuracy: str | None = None
 
 
 def free_ports(count: int) -> list[int]:
@@ -151,23 +151,36 @@ class LocalJobRunner:
         self.stop = stop
         self.host = this_host()
         self.attempt = 0
-        self.tracker = ProgressTracker(pods_total=job.replicas)
+        self.tracker = ProgressTracker(job.replicas, job.world_size)
         self.scraper = Scraper(self.tracker, self._show_progress, interval=options.scrape_interval)
-        self._accuracy: str | None = None
         self._gang: Gang | None = None
-        self._lock = threading.Lock()
+        # The failure of a stalled attempt and what to say about it (policies.stall), once one stalls.
+        self._stall: tuple[failure.RankFailure, str] | None = None
+        # Gang restarts spent: whole attempts, and those the launchers made in place (policies.recovery,
+        # counted from rank 0's metrics as the operator counts them), with the last one's record.
+        self.restarts = 0
+        self._last_restart: Mapping[str, object] | None = None
 
     def _show_progress(self, tracker: ProgressTracker) -> None:
+        self._follow_restarts(tracker)
         if self.options.progress and tracker.latest:
-            self.console.status(render_line(tracker.view(), self.attempt))
+            self.console.status(render_line(tracker.view(), self.attempt, STRAGGLER_WINDOW_SECONDS))
+
+    def _follow_restarts(self, tracker: ProgressTracker) -> None:
+        """In-place restarts rank 0's pod reports: counted and printed, as the operator's Events say them."""
+        rank_zero = tracker.latest.get(0)
+        report = rank_zero.restart if rank_zero is not None else None
+        accounting = recovery.account(self._last_restart, self.attempt, report)
+        if accounting.record is None:
+            return
+        self._last_restart = accounting.record
+        self.restarts += accounting.added
+        if accounting.added or accounting.measured is not None:
+            text = recovery.describe(accounting.record, self.restarts, self.job.run_policy.backoff_limit)
+            self.console.note(f"{'restarted in place' if accounting.added else 'recovered'}: {text}")
 
     def _on_line(self, rank: int, text: str) -> None:
         self.console.rank_line(rank, text)
-        match = _FINAL.match(text)
-        if match:
-            details = ", ".join(f"{key} {match[key]}" for key in ("loss", "steps") if match[key])
-            with self._lock:
-                self._accuracy = f"{match['accuracy']}" + (f" ({details})" if details else "")
         if _TRAINING_ENDED.match(text):
             # The trainer's last words before it exits: read its final numbers while it still serves them.
             self.scraper.scrape_rank(rank)
@@ -183,7 +196,8 @@ class LocalJobRunner:
         master_port, *metrics_ports = free_ports(1 + self.job.replicas)
         specs = []
         for rank in range(self.job.replicas):
-            pod = builders.build_rank_pod(self.job, rank, attempt)
+            budget = builders.remaining_restart_budget(self.job, self.restarts)
+            pod = builders.build_rank_pod(self.job, rank, attempt, restart_budget=budget)
             addresses = LocalAddresses(master_port, metrics_ports[rank], str(checkpoint_dir))
             specs.append(
                 plan_process(
@@ -240,7 +254,6 @@ class LocalJobRunner:
         checkpoint_dir = prepare_checkpoint_dir(self.options.workdir, self.options.resume)
         started = time.monotonic()
         deadline = self._deadline(started)
-        restarts = 0
         grace = self.options.grace_seconds
         self.scraper.start()
         try:
@@ -249,8 +262,7 @@ class LocalJobRunner:
                 if grace is None:
                     grace = grace_seconds_of(job, builders.build_rank_pod(job, 0, self.attempt))
                 self._announce(self.attempt, specs, checkpoint_dir)
-                with self._lock:
-                    self._accuracy = None
+                self._stall = None
                 gang = Gang(specs, cwd=None, on_line=self._on_line)
                 self._gang = gang
                 if job.metrics.enabled:
@@ -277,19 +289,7 @@ class LocalJobRunner:
                     result.reason = REASON_DEADLINE
                     result.message = f"activeDeadlineSeconds {job.run_policy.active_deadline_seconds} reached"
                     break
-                verdict = judge_attempt(
-                    job.restart_policy,
-                    job.run_policy.backoff_limit,
-                    restarts,
-                    self.attempt,
-                    job.replicas,
-                    failures=[
-                        failure.RankFailure(rank=e.rank, finish_key=e.finished_at, exit_code=e.exit_code)
-                        for e in exits.values()
-                        if e.exit_code != 0
-                    ],
-                    succeeded_ranks=[e.rank for e in exits.values() if e.exit_code == 0],
-                )
+                verdict = self._judge(exits, ending, self.restarts)
                 if verdict.outcome == "succeeded":
                     result.outcome = OUTCOME_SUCCEEDED
                     result.exit_code = EXIT_SUCCEEDED
@@ -305,14 +305,49 @@ class LocalJobRunner:
                     # Asked to stop while the failed attempt wound down: no new attempt starts.
                     self._interrupted(result, checkpoint_dir, f" before attempt {self.attempt + 1} started")
                     break
-                restarts += 1
+                self.restarts += 1
                 self.attempt += 1
         finally:
             self.scraper.stop()
             self.console.clear_status()
-        with self._lock:
-            result.accuracy = self._accuracy
         return result
+
+    def _judge(self, exits: Mapping[int, Exit], ending: str, restarts: int) -> AttemptVerdict:
+        """The operator's verdict on an attempt that ended: by its exits, or by its stall."""
+        job = self.job
+        failures = [
+            failure.RankFailure(rank=e.rank, finish_key=e.finished_at, exit_code=e.exit_code)
+            for e in exits.values()
+            if e.exit_code != 0
+        ]
+        succeeded = [e.rank for e in exits.values() if e.exit_code == 0]
+        stalled = self._stall if ending == "stalled" else None
+        if stalled is not None:
+            # The ranks' exits are the stop's doing, as pods deleted by the operator: the stall decides.
+            failures, succeeded = [stalled[0]], []
+        verdict = judge_attempt(
+            job.restart_policy,
+            job.run_policy.backoff_limit,
+            restarts,
+            self.attempt,
+            job.replicas,
+            failures,
+            succeeded,
+        )
+        return verdict if stalled is None else replace(verdict, message=f"{stalled[1]}; {verdict.message}")
+
+    def _stalled(self) -> tuple[failure.RankFailure, str] | None:
+        """The attempt's stall, once no new step was read for runPolicy.stallTimeoutSeconds."""
+        limit = self.job.run_policy.stall_timeout_seconds
+        if limit is None:
+            return None
+        step, changed_at, rank_steps = self.scraper.stall_clock()
+        now = datetime.now(UTC)
+        left = stall.seconds_left(limit, step, changed_at, now)
+        if left is None or left > 0:
+            return None
+        nodes = {rank * self.job.nproc_per_node: self.host.node_name for rank in range(self.job.replicas)}
+        return stall.stalled(limit, step, rank_steps, nodes, now)
 
     def _interrupted(self, result: RunResult, checkpoint_dir: Path, when: str = "") -> None:
         signum = self.stop.signum or signal.SIGINT
@@ -341,6 +376,13 @@ class LocalJobRunner:
             if deadline is not None and time.monotonic() >= deadline:
                 ending = "deadline"
                 self.console.note("activeDeadlineSeconds reached: stopping every rank")
+                gang.stop(grace, should_hurry=self._hurry_noting(grace))
+                break
+            # A rank that exited 0 passed the final barrier: training is over, nothing can stall.
+            self._stall = None if exits else self._stalled()
+            if self._stall is not None:
+                ending = "stalled"
+                self.console.note(f"{self._stall[1]}: stopping every rank")
                 gang.stop(grace, should_hurry=self._hurry_noting(grace))
                 break
             finished = gang.next_exit(timeout=0.2)
@@ -387,10 +429,10 @@ class LocalJobRunner:
             extra.append(
                 "(steps, samples, bytes, p50, compute per step and loss as last scraped from each pod's /metrics)"
             )
-        if (note := straggler_note(result.results)) is not None:
+        if (note := straggler_note(result.results, STRAGGLER_THRESHOLD)) is not None:
             extra.append(note)
-        if result.accuracy is not None:
-            extra.append(f"held-out accuracy: {result.accuracy}")
+        if (accuracy := accuracy_note(result.results)) is not None:
+            extra.append(accuracy)
         outcome = result.outcome
         if result.reason:
             outcome += f" ({result.reason})"

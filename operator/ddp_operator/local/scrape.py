@@ -1,24 +1,26 @@
-"""Scrape every rank pod's /metrics in the background and keep the progress line fresh."""
+"""`ddpjob run`'s fetch: scrape every rank pod's /metrics in the background into the progress tracker.
+
+Everything else (the reduction, the tracker, the line) is the operator's own ``ddp_operator.progress``;
+only how the numbers are fetched differs: every pod, every second, on 127.0.0.1.
+"""
 
 from __future__ import annotations
 
 import threading
-import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 
-from ddp_operator import promtext
-from ddp_operator.local.progress import PodMetrics, ProgressTracker, pod_metrics
+from ddp_operator.progress.exposition import PodScrape, reduce_text
+from ddp_operator.progress.tracker import ProgressTracker
 
 
-def fetch_metrics(port: int, timeout: float = 1.0) -> PodMetrics | None:
-    """One pod's numbers, or None while its endpoint is not up (starting, or already gone)."""
+def fetch_metrics(port: int, timeout: float = 1.0) -> PodScrape | None:
+    """One pod's numbers, or None while its endpoint is not up (starting, stopped, or already gone)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as response:
-            text = response.read().decode("utf-8", errors="replace")
-        return pod_metrics(promtext.parse(text))
-    except (OSError, urllib.error.URLError, promtext.ParseError, ValueError):
+            return reduce_text(response.read().decode("utf-8", errors="replace"))
+    except (OSError, ValueError):  # URLError and timeouts are OSErrors; ValueError: not our format
         return None
 
 
@@ -30,12 +32,14 @@ class Scraper:
         tracker: ProgressTracker,
         on_progress: Callable[[ProgressTracker], None],
         interval: float = 1.0,
-        fetch: Callable[[int], PodMetrics | None] = fetch_metrics,
+        fetch: Callable[[int], PodScrape | None] = fetch_metrics,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.tracker = tracker
         self._on_progress = on_progress
         self._interval = interval
         self._fetch = fetch
+        self._clock = clock
         self._lock = threading.Lock()
         self._targets: dict[int, int] = {}
         self._generation = 0
@@ -66,7 +70,7 @@ class Scraper:
             if generation != self._generation:  # an attempt ended meanwhile: these numbers are stale
                 return
             live = {rank: m for rank, m in answers.items() if m is not None and rank in self._targets}
-            self.tracker.record(time.monotonic(), live)
+            self.tracker.record(self._clock(), live)
             self._on_progress(self.tracker)
 
     def scrape_rank(self, rank: int) -> None:
@@ -79,11 +83,16 @@ class Scraper:
         answer = self._fetch(port)
         with self._lock:
             if answer is not None and generation == self._generation:
-                self.tracker.latest[rank] = answer
+                self.tracker.keep(rank, answer)
 
-    def snapshot(self) -> dict[int, PodMetrics]:
+    def snapshot(self) -> dict[int, PodScrape]:
         with self._lock:
             return dict(self.tracker.latest)
+
+    def stall_clock(self) -> tuple[int, datetime | None, dict[int, int]]:
+        """The furthest step of this attempt, when a read first showed it, and every rank's last step."""
+        with self._lock:
+            return self.tracker.step, self.tracker.step_changed_at, self.tracker.rank_steps()
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval):

@@ -24,6 +24,8 @@ class AttemptVerdict:
     message: str = ""
     # A retry that spends backoffLimit (False: a preemption, counted apart).
     counted: bool = True
+    # The failure that decided a retry or a failure (for the restart's record).
+    failure: failure.RankFailure | None = None
 
 
 STILL_RUNNING: Final = AttemptVerdict("running")
@@ -42,7 +44,11 @@ def judge_attempt(
     if failures:
         verdict = failure.judge_failures(restart_policy, backoff_limit, restarts, failures, attempt)
         return AttemptVerdict(
-            "retry" if verdict.retry else "failed", verdict.reason, verdict.message, verdict.counted
+            "retry" if verdict.retry else "failed",
+            verdict.reason,
+            verdict.message,
+            verdict.counted,
+            verdict.failure,
         )
     if frozenset(succeeded_ranks) >= frozenset(range(replicas)):
         return AttemptVerdict(

@@ -1,12 +1,12 @@
-"""Pulls training progress from rank 0's metrics endpoint of every running job (never pushed by pods).
+"""The operator's fetch: pulls training progress from rank 0's metrics endpoint of every running job.
 
 Every ``interval`` seconds, one GET of `http://<rank 0 pod IP>:<metrics port>/metrics` per tracked job,
 ``concurrency`` of them at once across all jobs, each with a short timeout: the cost grows with jobs
-and the interval, never with ranks. Each answer is reduced (progress.py, pure) and kept with the one
-before it (for rates); the job is kicked only when what its status would show changed, so a job whose
-numbers stand still costs no status write. While a stall is suspected (no new step for half the
-job's stall timeout), every rank's endpoint is read too, so a Stalled restart can name the ranks
-furthest behind. The rank pods need no token and no API access for any of this.
+and the interval, never with ranks. Each answer is reduced (``exposition``) and recorded in the job's
+tracker (``tracker``, one per attempt); the job is kicked only when what its status would show
+changed, so a job whose numbers stand still costs no status write. While a stall is suspected (no new
+step for half the job's stall timeout, ``policies.stall``), every rank's endpoint is read too, so a
+Stalled restart can name the ranks furthest behind. The rank pods need no token and no API access.
 """
 
 from __future__ import annotations
@@ -16,12 +16,15 @@ import concurrent.futures
 import logging
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
 
-from ddp_operator import progress, promtext
 from ddp_operator.podcache import JobKey
+from ddp_operator.policies import stall
+from ddp_operator.progress import render
+from ddp_operator.progress.exposition import ExpositionReader, PodScrape
+from ddp_operator.progress.tracker import STRAGGLER_THRESHOLD, ProgressObservation, ProgressTracker
 
 logger = logging.getLogger(__name__)
 
@@ -38,16 +41,17 @@ class Target:
     rank0_url: str
     pods: int
     world_size: int
-    stall_timeout: float | None = None
+    stall_timeout: int | None = None
     rank_urls: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass
 class _Tracked:
     target: Target
-    newest: progress.RankZeroScrape | None = None
-    older: progress.RankZeroScrape | None = None
-    observation: progress.ProgressObservation | None = None
+    tracker: ProgressTracker
+    observation: ProgressObservation | None = None
+    # Rank 0's endpoint: a line unchanged since the last read is not parsed again.
+    reader: ExpositionReader = field(default_factory=ExpositionReader)
 
 
 def fetch_text(url: str, timeout: float = FETCH_TIMEOUT_SECONDS) -> str:
@@ -62,7 +66,7 @@ class ProgressScraper:
         on_change: Callable[[JobKey], None],
         interval: float = DEFAULT_INTERVAL_SECONDS,
         concurrency: int = DEFAULT_CONCURRENCY,
-        straggler_threshold: float = 1.5,
+        straggler_threshold: float = STRAGGLER_THRESHOLD,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         fetch: Callable[[str], str] = fetch_text,
     ) -> None:
@@ -84,19 +88,18 @@ class ProgressScraper:
     def track(self, key: JobKey, target: Target) -> None:
         tracked = self._jobs.get(key)
         if tracked is None or tracked.target.attempt != target.attempt:
-            self._jobs[key] = _Tracked(target)  # a new attempt: counters restart in new processes
+            # A new attempt: counters restart in new processes.
+            tracker = ProgressTracker(target.pods, target.world_size, threshold=self.straggler_threshold)
+            self._jobs[key] = _Tracked(target, tracker)
         else:
             tracked.target = target
 
     def untrack(self, key: JobKey) -> None:
         self._jobs.pop(key, None)
 
-    def observation(self, key: JobKey) -> progress.ProgressObservation | None:
+    def observation(self, key: JobKey) -> ProgressObservation | None:
         tracked = self._jobs.get(key)
         return tracked.observation if tracked is not None else None
-
-    def tracked(self) -> list[JobKey]:
-        return list(self._jobs)
 
     # ---- the loop ----------------------------------------------------------------------------------
 
@@ -116,12 +119,12 @@ class ProgressScraper:
     async def scrape_all(self) -> None:
         await asyncio.gather(*(self._scrape(key) for key in list(self._jobs)), return_exceptions=True)
 
-    async def _get(self, url: str) -> list[promtext.Sample] | None:
+    async def _get(self, url: str, reader: ExpositionReader | None = None) -> PodScrape | None:
         async with self._limit:
             try:
                 text = await asyncio.get_running_loop().run_in_executor(self._pool, self._fetch, url)
                 self.scrapes += 1
-                return promtext.parse(text)
+                return (reader or ExpositionReader()).reduce(text)
             except (OSError, ValueError) as error:  # not up yet, gone, or not our format
                 logger.debug("progress scrape of %s failed: %s", url, error)
                 return None
@@ -131,47 +134,58 @@ class ProgressScraper:
         if tracked is None:
             return
         target = tracked.target
-        samples = await self._get(target.rank0_url)
-        if samples is None or self._jobs.get(key) is not tracked or tracked.target.attempt != target.attempt:
+        rank_zero = await self._get(target.rank0_url, tracked.reader)
+        if (
+            rank_zero is None
+            or self._jobs.get(key) is not tracked
+            or tracked.target.attempt != target.attempt
+        ):
             return
         now = self._clock()
-        scrape = progress.reduce_scrape(samples, now)
-        tracked.older, tracked.newest = tracked.newest, scrape
+        tracker = tracked.tracker
+        tracker.record(now, {0: rank_zero})
+        rank_steps: dict[int, int] = {}
+        if stall.suspected(target.stall_timeout, tracker.step, tracker.step_changed_at, now):
+            answers = await asyncio.gather(*(self._get(url) for url in target.rank_urls.values()))
+            rank_steps = {
+                r: s for answer in answers if answer is not None for r, s in answer.rank_steps.items()
+            }
         before = tracked.observation
-        step = int(scrape.steps or 0)
-        changed_at = before.step_changed_at if before is not None and before.step == step else now
-        observation = progress.ProgressObservation(
+        observation = ProgressObservation(
             attempt=target.attempt,
-            step=step,
-            step_changed_at=changed_at,
-            status=progress.progress_status(scrape, tracked.older, target.pods, target.world_size),
-            straggler=progress.follow_straggler(
-                before.straggler if before else None, scrape, self.straggler_threshold
-            ),
+            step=tracker.step,
+            step_changed_at=tracker.step_changed_at or now,
+            status=render.status_progress(tracker.view()),
+            straggler=tracker.straggler,
+            rank_steps=rank_steps,
+            restart=rank_zero.restart,
         )
-        if (
-            target.stall_timeout
-            and step > 0
-            and (now - changed_at).total_seconds() >= target.stall_timeout / 2
-        ):
-            observation = replace(observation, rank_steps=await self._rank_steps(target))
         tracked.observation = observation
         if before is None or _shown(before) != _shown(observation):
             self._on_change(key)
 
-    async def _rank_steps(self, target: Target) -> dict[int, int]:
-        """Every rank's step, read from each pod's endpoint (its local ranks' furthest)."""
-        answers = await asyncio.gather(*(self._get(url) for url in target.rank_urls.values()))
-        steps: dict[int, int] = {}
-        for samples in answers:
-            for rank, value in promtext.by_rank(samples or [], progress.STEPS).items():
-                if rank.isdigit():
-                    steps[int(rank)] = int(value)
-        return steps
 
-
-def _shown(observation: progress.ProgressObservation) -> tuple[object, ...]:
+def _shown(observation: ProgressObservation) -> tuple[object, ...]:
     """What a status write would carry, without the time it was read (which always moves)."""
     status = {k: v for k, v in (observation.status or {}).items() if k != "observedTime"}
-    straggler = observation.straggler.rank if observation.straggler else None
-    return (observation.step, sorted(status.items()), straggler, sorted(observation.rank_steps.items()))
+    straggler = (observation.straggler.rank, observation.straggler.phase) if observation.straggler else None
+    restart = observation.restart
+    # A restart's count and phases (not the kept time, which moves with every step as the step does).
+    restart_shown = (
+        (
+            restart.restarts,
+            restart.stopped_at,
+            restart.reformed_at,
+            restart.resumed_at,
+            restart.any_resumed_at,
+        )
+        if restart
+        else None
+    )
+    return (
+        observation.step,
+        sorted(status.items()),
+        straggler,
+        sorted(observation.rank_steps.items()),
+        restart_shown,
+    )

@@ -1,0 +1,270 @@
+"""From a rank's failure to training again, on kind (a real kubelet, our images), by recovery mode.
+
+Three modes (docs/restarts.md), each on a digits job of 2 ranks with a checkpoint every 20 steps:
+
+- ``in-place``: rank 1's training worker is SIGKILLed (`kubectl exec` into its pod); every pod's
+  launcher restarts its workers on a new rendezvous round, no pod is created or deleted;
+- ``pod-replaced``: rank 1's pod is deleted; the operator creates one new pod for rank 1, rank 0
+  restarts in place and waits for it;
+- ``whole-gang``: the same deletion under ``runPolicy.restartMode: Recreate``: every pod is recreated.
+
+Each mode's job takes ``--runs`` failures one after the other (backoffLimit leaves room for all), each
+once the job has trained and checkpointed again since the last. Measured from the failure (the time the
+kill or the delete returned, on this machine's clock, which kind's node shares): until rank 0's first
+training step after the resume (the trainer's ``ddp_resumed_timestamp_seconds``, read through the
+apiserver's pod proxy), and the phases the operator recorded in ``status.lastRestart`` (survivors stopped,
+group re-formed). Prints the medians per mode and their ratio to the whole gang's, as a table.
+
+Needs a kind cluster with both images loaded and the chart installed (``make kind-up``, then
+``helm install ddp-operator charts/ddp-operator -n ddp-system --create-namespace --wait``):
+
+    python benchmarks/bench_recovery_kind.py --context kind-ddp --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "digits-cpu.yaml"
+NAMESPACE = "bench-recovery"
+METRICS_PORT = 9400
+MODES = ("in-place", "pod-replaced", "whole-gang")
+T = TypeVar("T")
+
+
+@dataclass
+class Run:
+    mode: str
+    resumed_s: float
+    stopped_s: float | None = None
+    reformed_s: float | None = None
+    operator_resumed_s: float | None = None
+    steps_redone: int | None = None
+
+
+@dataclass
+class Kube:
+    context: str
+    kubectl: str = "kubectl"
+    calls: list[str] = field(default_factory=list)
+
+    def run(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        result = subprocess.run(
+            [self.kubectl, "--context", self.context, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        return result.stdout
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.run(*args, "-o", "json"))
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 600, interval: float = 0.2) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value is not None:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def manifest(name: str, mode: str, runs: int, image: str) -> dict[str, Any]:
+    job: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    job["metadata"] = {"name": name, "namespace": NAMESPACE}
+    job["spec"]["runPolicy"] = {
+        "backoffLimit": runs + 2,
+        "restartMode": "Recreate" if mode == "whole-gang" else "InPlace",
+    }
+    job["spec"]["checkpoint"] = {
+        "volumeClaimTemplate": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+        }
+    }
+    trainer = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "trainer")
+    trainer["image"] = image
+    trainer["command"] = [
+        "python", "-m", "ddp_trainer", "--workload", "digits", "--epochs", "400",
+        "--throttle-ms", "30", "--checkpoint-every", "20",
+    ]  # fmt: skip
+    return job
+
+
+def rank0_metrics(kube: Kube, job: str) -> dict[str, float]:
+    pods = kube.json("get", "pods", "-n", NAMESPACE, "-l", f"ddp.dev/job-name={job},ddp.dev/rank=0")["items"]
+    live = [
+        p
+        for p in pods
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+    if not live:
+        return {}
+    name = live[0]["metadata"]["name"]
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods/{name}:{METRICS_PORT}/proxy/metrics"
+    text = kube.run("get", "--raw", path, "--request-timeout=5s", check=False)
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or " " not in line:
+            continue
+        key, value = line.rsplit(" ", 1)
+        series = key.split("{", 1)[0]
+        try:
+            values[series] = max(values.get(series, float("-inf")), float(value))
+        except ValueError:
+            continue
+    return values
+
+
+def fail(kube: Kube, job: str, mode: str) -> float:
+    """Fail rank 1 the mode's way; when it was done, on this machine's clock."""
+    pods = kube.json("get", "pods", "-n", NAMESPACE, "-l", f"ddp.dev/job-name={job},ddp.dev/rank=1")["items"]
+    victim = next(
+        p["metadata"]["name"]
+        for p in pods
+        if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    )
+    if mode == "in-place":
+        # The worker its launcher started last (`launcher event=started workers=RANK:PID`).
+        logs = kube.run("logs", "-n", NAMESPACE, victim, "-c", "trainer")
+        started = [
+            line for line in logs.splitlines() if line.startswith("launcher ") and "event=started" in line
+        ]
+        pid = int(started[-1].split("workers=")[1].split(",")[0].split(":")[1].split()[0])
+        kill = f"import os, signal; os.kill({pid}, signal.SIGKILL)"
+        kube.run("exec", "-n", NAMESPACE, victim, "-c", "trainer", "--", "python3", "-c", kill)
+    else:
+        kube.run("delete", "pod", victim, "-n", NAMESPACE, "--wait=false")
+    return time.time()
+
+
+def one_failure(kube: Kube, job: str, mode: str, restarts_before: int) -> Run:
+    # Trained and checkpointed since the last resume: a few seconds of steps.
+    def training() -> bool | None:
+        return rank0_metrics(kube, job).get("ddp_sync_steps_total", 0) > 0 or None
+
+    wait_for("training steps", training)
+    time.sleep(4.0)
+    failed_at = fail(kube, job, mode)
+
+    def resumed() -> float | None:
+        at = rank0_metrics(kube, job).get("ddp_resumed_timestamp_seconds")
+        return at if at is not None and at > failed_at else None
+
+    resumed_at = wait_for("rank 0's first step after the resume", resumed, timeout=600)
+
+    def recorded() -> dict[str, Any] | None:
+        """The operator's record of this failure (not the previous one's), once its cost is in."""
+        status: dict[str, Any] = kube.json("get", "ddpjob", job, "-n", NAMESPACE).get("status") or {}
+        record = status.get("lastRestart") or {}
+        failure = datetime.fromisoformat(
+            str(record.get("failureTime", "1970-01-01T00:00:00Z")).replace("Z", "+00:00")
+        )
+        this_one = failure.timestamp() >= failed_at - 10
+        counted = status.get("restarts", 0) > restarts_before
+        return status if counted and this_one and "resumedSeconds" in record else None
+
+    status = wait_for("the restart recorded", recorded, timeout=120)
+    record = status["lastRestart"]
+
+    def number(key: str) -> float | None:
+        return float(record[key]) if key in record else None
+
+    return Run(
+        mode=mode,
+        resumed_s=resumed_at - failed_at,
+        stopped_s=number("stoppedSeconds"),
+        reformed_s=number("reformedSeconds"),
+        operator_resumed_s=number("resumedSeconds"),
+        steps_redone=int(record["stepsRedone"]) if "stepsRedone" in record else None,
+    )
+
+
+def bench_mode(kube: Kube, mode: str, runs: int, image: str) -> list[Run]:
+    job = f"bench-{mode}"
+    kube.run("delete", "ddpjob", job, "-n", NAMESPACE, "--ignore-not-found", "--wait=true")
+    kube.run("apply", "-f", "-", stdin=json.dumps(manifest(job, mode, runs, image)))
+
+    def running() -> bool | None:
+        status = kube.json("get", "ddpjob", job, "-n", NAMESPACE).get("status") or {}
+        return status.get("phase") == "Running" or None
+
+    wait_for(f"{job} Running", running)
+    results = []
+    for index in range(runs):
+        restarts = int(
+            (kube.json("get", "ddpjob", job, "-n", NAMESPACE).get("status") or {}).get("restarts", 0)
+        )
+        run = one_failure(kube, job, mode, restarts)
+        print(f"{mode} run {index + 1}: {run}", file=sys.stderr, flush=True)
+        results.append(run)
+    kube.run("delete", "ddpjob", job, "-n", NAMESPACE, "--wait=true")
+    return results
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def table(results: dict[str, list[Run]]) -> str:
+    whole = _median([r.resumed_s for r in results.get("whole-gang", [])])
+    lines = [
+        "| mode | runs | failure to training again (median s) | vs whole gang | survivors stopped | group re-formed | operator's resumedSeconds | steps redone |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for mode, runs in results.items():
+        resumed = _median([r.resumed_s for r in runs])
+
+        def fmt(value: float | None) -> str:
+            return "-" if value is None else f"{value:.2f}"
+
+        ratio = "-" if resumed is None or not whole else f"{resumed / whole:.2f}"
+        lines.append(
+            f"| {mode} | {len(runs)} | {fmt(resumed)} | {ratio} | {fmt(_median([r.stopped_s for r in runs]))} | "
+            f"{fmt(_median([r.reformed_s for r in runs]))} | {fmt(_median([r.operator_resumed_s for r in runs]))} | "
+            f"{fmt(_median([float(r.steps_redone) if r.steps_redone is not None else None for r in runs]))} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--context", default="kind-ddp", help="kubectl context of the kind cluster [kind-ddp]"
+    )
+    parser.add_argument("--kubectl", default="kubectl")
+    parser.add_argument("--runs", type=int, default=5, help="failures per mode [5]")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--image", default="ddp-trainer:0.1.0")
+    args = parser.parse_args(argv)
+    kube = Kube(args.context, args.kubectl)
+    kube.run("create", "namespace", NAMESPACE, check=False)
+    results = {mode: bench_mode(kube, mode, args.runs, args.image) for mode in args.modes.split(",")}
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""How a retried failure is recovered, and what each restart cost: shared by the operator and `ddpjob run`.
+
+Three recovery modes (docs/restarts.md):
+
+- **in place**: a worker process failed and nothing else was lost. Every pod's launcher restarts its
+  workers on a new round of the job's c10d rendezvous; no pod is deleted or created. The launchers do
+  this on their own, within the gang-wide budget the operator gave them (``DDP_RESTART_BUDGET``); the
+  operator learns of it from rank 0's metrics (``ddp_group_restarts_total`` and the
+  ``ddp_last_restart_*`` gauges) and counts it in ``status.restarts``.
+- **one pod replaced**: a pod was lost (deleted, evicted, its node gone) but not rank 0's, which hosts
+  the rendezvous: the operator creates a new pod for that rank only, and the survivors restart in place
+  and wait for it on the next round.
+- **whole gang**: today's recreate. Rank 0's pod was lost, a launcher gave up (its budget spent, or the
+  rendezvous host gone), Kueue evicted the group, a stall, or ``runPolicy.restartMode: Recreate``.
+
+Each restart is recorded in ``status.lastRestart``: cause, mode, the seconds from the failure to the
+survivors stopped, to the group re-formed and to the first training step after the resume, and the
+steps done again. The job's goodput is the share of its wall time spent in steps that were kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from ddp_operator.policies.failure import REASON_EVICTED, REASON_POD_DELETED, REASON_PREEMPTED, RankFailure
+
+MODE_IN_PLACE: Final = "InPlace"
+MODE_POD_REPLACED: Final = "PodReplaced"
+MODE_WHOLE_GANG: Final = "WholeGang"
+RECOVERY_MODES: Final = (MODE_IN_PLACE, MODE_POD_REPLACED, MODE_WHOLE_GANG)
+
+# A pod that went away with its process (not a process that failed inside a live pod): the only kind
+# of failure one new pod can mend.
+LOST_POD_REASONS: Final = frozenset({REASON_POD_DELETED, REASON_EVICTED, REASON_PREEMPTED})
+# Rank 0's pod hosts the c10d rendezvous (its store is in that pod's launcher): losing it loses the
+# group's meeting point, so only a whole new gang can meet again.
+RENDEZVOUS_RANK: Final = 0
+
+
+def replaceable_ranks(restart_mode: str, failures: Sequence[RankFailure]) -> tuple[int, ...] | None:
+    """The ranks whose lost pods are replaced alone, or None when the attempt takes the whole-gang path.
+
+    Every failure must be a lost pod (its process may have exited, by the SIGTERM of the pod's
+    deletion): a process that exited in a pod that stays means its launcher gave up (a permanent code,
+    or the gang's budget spent), which the attempt's judge decides. A Kueue eviction takes the whole
+    group away, and rank 0's pod holds the rendezvous.
+    """
+    if restart_mode != MODE_IN_PLACE or not failures:
+        return None
+    for failure in failures:
+        if failure.disruption not in LOST_POD_REASONS or failure.by_queue:
+            return None
+        if failure.rank == RENDEZVOUS_RANK:
+            return None
+    return tuple(sorted({f.rank for f in failures}))
+
+
+def fallback_note(failures: Sequence[RankFailure]) -> str:
+    """Why a lost pod recreates the whole gang under InPlace, for the restart's record and message."""
+    if any(f.rank == RENDEZVOUS_RANK and f.disruption in LOST_POD_REASONS for f in failures):
+        return "rank 0's pod, which hosts the rendezvous, was lost: the whole gang is recreated"
+    return ""
+
+
+@dataclass(frozen=True)
+class GroupRestartReport:
+    """What rank 0's pod says of its group's in-place restarts in this attempt (docs/metrics.md).
+
+    Times are unix seconds as the pods' clocks read them (the failed pod's for ``failure_at``, rank 0's
+    for the rest); None until the group has restarted.
+    """
+
+    restarts: int  # ddp_group_restarts_total: rounds after the attempt's first
+    failure_at: float | None = None
+    stopped_at: float | None = None
+    reformed_at: float | None = None
+    resumed_at: float | None = None
+    steps_redone: int | None = None
+    cause: str | None = None
+    failed_rank: int | None = None
+    exit_code: int | None = None
+    kept_step_seconds: float | None = None  # seconds of the steps the current state includes
+    # Rank 0's first step after its latest resume from a checkpoint, whatever brought it back.
+    any_resumed_at: float | None = None
+
+
+@dataclass(frozen=True)
+class RestartAccounting:
+    """What a scrape adds: restarts to count, the new ``status.lastRestart``, and a finished measure."""
+
+    added: int = 0
+    record: Mapping[str, Any] | None = None
+    # (mode, seconds from the failure to the first training step after the resume), once known.
+    measured: tuple[str, float] | None = None
+
+
+NOTHING_NEW: Final = RestartAccounting()
+
+
+def format_micro_time(value: datetime) -> str:
+    """RFC 3339 with microseconds (the API's MicroTime form): a restart's phases last fractions of a second."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _failure_seconds(record: Mapping[str, Any]) -> float | None:
+    text = str(record.get("failureTime", ""))
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _seconds(later: float | None, earlier: float | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return round(max(0.0, later - earlier), 3)
+
+
+def new_record(
+    *,
+    cause: str,
+    mode: str,
+    attempt: int,
+    failure_time: datetime,
+    rank: int | None = None,
+    exit_code: int | None = None,
+    group_restarts: int = 0,
+    note: str = "",
+) -> dict[str, Any]:
+    """``status.lastRestart`` when a restart starts; its seconds are filled as the group reports them
+    (decimal strings, like every fraction in the status, as the API conventions prefer to floats).
+
+    ``group_restarts``: the value of rank 0's ``ddp_group_restarts_total`` that this restart brings
+    (a replaced pod's survivors re-form once more), so that round is not counted twice.
+    """
+    record: dict[str, Any] = {
+        "cause": cause,
+        "mode": mode,
+        "attempt": attempt,
+        "groupRestarts": group_restarts,
+        "failureTime": format_micro_time(failure_time),
+    }
+    if rank is not None:
+        record["rank"] = rank
+    if exit_code is not None:
+        record["exitCode"] = exit_code
+    if note:
+        record["note"] = note
+    return record
+
+
+def _fill(record: dict[str, Any], report: GroupRestartReport) -> tuple[str, float] | None:
+    """Copy the report's phases into the record; the (mode, seconds) measure when it completes now."""
+    failure = _failure_seconds(record)
+    had_resumed = "resumedSeconds" in record
+    for key, at in (
+        ("stoppedSeconds", report.stopped_at),
+        ("reformedSeconds", report.reformed_at),
+        ("resumedSeconds", report.resumed_at),
+    ):
+        seconds = _seconds(at, failure)
+        if seconds is not None:
+            record[key] = f"{seconds:.2f}"
+    if report.steps_redone is not None:
+        record["stepsRedone"] = report.steps_redone
+    if not had_resumed and "resumedSeconds" in record:
+        return str(record["mode"]), float(_seconds(report.resumed_at, failure) or 0.0)
+    return None
+
+
+def account(
+    last: Mapping[str, Any] | None, attempt: int, report: GroupRestartReport | None
+) -> RestartAccounting:
+    """Fold a read of rank 0's restart series into ``status.lastRestart``.
+
+    Rounds beyond what the last record accounts for are in-place restarts the launchers made on their
+    own: counted, and recorded from the report (its failure time is the failed worker's). A report of
+    the round the record already accounts for (a replaced pod's) fills the record's seconds.
+    """
+    if report is None:
+        return RestartAccounting()
+    same_attempt = isinstance(last, Mapping) and last.get("attempt") == attempt
+    accounted = int(last.get("groupRestarts", 0)) if same_attempt and last is not None else 0
+    if report.restarts > accounted:
+        failure_at = report.failure_at if report.failure_at is not None else report.reformed_at
+        if failure_at is None:
+            return RestartAccounting()  # the round is known but not yet its story: count it next read
+        record = new_record(
+            cause=report.cause or "ExitCode",
+            mode=MODE_IN_PLACE,
+            attempt=attempt,
+            failure_time=datetime.fromtimestamp(failure_at, UTC),
+            rank=report.failed_rank,
+            exit_code=report.exit_code,
+            group_restarts=report.restarts,
+        )
+        measured = _fill(record, report)
+        return RestartAccounting(added=report.restarts - accounted, record=record, measured=measured)
+    if same_attempt and last is not None and report.restarts == accounted and accounted > 0:
+        record = dict(last)
+        measured = _fill(record, report)
+        if record != dict(last):
+            return RestartAccounting(record=record, measured=measured)
+    return RestartAccounting()
+
+
+def fill_whole_gang(
+    last: Mapping[str, Any] | None, attempt: int, first_sync: datetime | None
+) -> RestartAccounting:
+    """A whole-gang restart: from the failure to the new attempt's first training step after its resume
+    (its pods, interpreters, rendezvous and checkpoint load all included). ``first_sync``: rank 0's own
+    time of it (``ddp_resumed_timestamp_seconds``), else when the operator first saw the steps move."""
+    if not isinstance(last, Mapping) or last.get("mode") != MODE_WHOLE_GANG or first_sync is None:
+        return RestartAccounting()
+    if last.get("attempt") != attempt - 1 or "resumedSeconds" in last:
+        return RestartAccounting()
+    record = dict(last)
+    seconds = _seconds(first_sync.timestamp(), _failure_seconds(record))
+    if seconds is None:
+        return RestartAccounting()
+    record["resumedSeconds"] = f"{seconds:.2f}"
+    return RestartAccounting(record=record, measured=(MODE_WHOLE_GANG, seconds))
+
+
+def goodput(kept_step_seconds: float | None, start: datetime | None, now: datetime) -> float | None:
+    """The share of the job's wall time spent in steps it kept (restarts, redone steps, start-up and
+    checkpoint loads are the rest); None until both are known."""
+    if kept_step_seconds is None or start is None:
+        return None
+    wall = (now - start).total_seconds()
+    if wall <= 0:
+        return None
+    return round(min(1.0, max(0.0, kept_step_seconds / wall)), 4)
+
+
+def describe(record: Mapping[str, Any], restarts: int, backoff_limit: int) -> str:
+    """One line for the restart's Event: what failed, how it was recovered, and what it cost."""
+    mode = {
+        MODE_IN_PLACE: "restarted in place",
+        MODE_POD_REPLACED: "replaced the lost pod alone; the others restarted in place",
+        MODE_WHOLE_GANG: "recreated the whole gang",
+    }.get(str(record.get("mode")), str(record.get("mode")))
+    what = str(record.get("cause", "a failure"))
+    if "rank" in record:
+        what += f" of rank {record['rank']}"
+    if "exitCode" in record:
+        what += f" (exit code {record['exitCode']})"
+    parts = [f"{what}: {mode} (restart {restarts} of {backoff_limit})"]
+    phases = [
+        f"{label} {record[key]}s"
+        for key, label in (
+            ("stoppedSeconds", "survivors stopped after"),
+            ("reformedSeconds", "group re-formed after"),
+            ("resumedSeconds", "training again after"),
+        )
+        if key in record
+    ]
+    if phases:
+        parts.append(", ".join(phases))
+    if "stepsRedone" in record:
+        parts.append(f"{record['stepsRedone']} step(s) redone")
+    if record.get("note"):
+        parts.append(str(record["note"]))
+    return "; ".join(parts)

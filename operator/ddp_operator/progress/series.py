@@ -1,0 +1,74 @@
+"""The trainer's series that progress reads (docs/metrics.md): the one list of their names.
+
+Sample names as exported, so a counter carries its ``_total`` and a histogram's buckets their
+``_bucket``. tests/unit/test_progress_series.py checks each against the trainer's registry: a series
+renamed there fails that test instead of silently vanishing from status.progress and the live line.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+STEPS: Final = "ddp_sync_steps_total"
+SAMPLES: Final = "ddp_samples_total"
+TARGET_STEPS: Final = "ddp_target_steps"
+LOSS: Final = "ddp_loss"
+OVERLAP: Final = "ddp_comm_overlap_ratio"
+COMPUTE: Final = "ddp_compute_seconds"
+ALLREDUCE_BYTES: Final = "ddp_allreduce_bytes_total"
+ALLREDUCE_SERVICE_SECONDS: Final = "ddp_allreduce_service_seconds_total"
+ALLREDUCE_DURATION_BUCKET: Final = "ddp_allreduce_duration_seconds_bucket"
+LAST_SYNC: Final = "ddp_last_sync_timestamp_seconds"
+# Rank 0 only: the rank the others wait for, the job's step time with it over without it, and the
+# phase it lost its time in (1 on that phase's sample, label ``phase``).
+STRAGGLER_RANK: Final = "ddp_straggler_rank"
+STRAGGLER_SLOWDOWN: Final = "ddp_straggler_slowdown"
+STRAGGLER_PHASE: Final = "ddp_straggler_phase"
+# Rank 0 only, once training is over: the held-out accuracy `ddpjob run` reports.
+EVAL_ACCURACY: Final = "ddp_eval_accuracy"
+# Rank 0 only: the seconds of the steps the current state keeps (goodput), and when its first step after
+# resuming from a checkpoint ended.
+KEPT_STEP_SECONDS: Final = "ddp_kept_step_seconds"
+RESUMED: Final = "ddp_resumed_timestamp_seconds"
+# Rank 0's pod's launcher (in place, docs/restarts.md): the group's restarts and the last one's story.
+GROUP_RESTARTS: Final = "ddp_group_restarts_total"
+RESTART_FAILURE: Final = "ddp_last_restart_failure_timestamp_seconds"
+RESTART_STOPPED: Final = "ddp_last_restart_stopped_timestamp_seconds"
+RESTART_REFORMED: Final = "ddp_last_restart_reformed_timestamp_seconds"
+RESTART_RESUMED: Final = "ddp_last_restart_resumed_timestamp_seconds"
+RESTART_STEPS_REDONE: Final = "ddp_last_restart_steps_redone"
+RESTART_INFO: Final = "ddp_last_restart_info"
+# Exported by the in-place launcher, not by a worker's registry.
+LAUNCHER: Final = frozenset(
+    {
+        GROUP_RESTARTS,
+        RESTART_FAILURE,
+        RESTART_STOPPED,
+        RESTART_REFORMED,
+        RESTART_RESUMED,
+        RESTART_STEPS_REDONE,
+        RESTART_INFO,
+    }
+)
+
+READ: Final = frozenset(
+    {
+        STEPS,
+        SAMPLES,
+        TARGET_STEPS,
+        LOSS,
+        OVERLAP,
+        COMPUTE,
+        ALLREDUCE_BYTES,
+        ALLREDUCE_SERVICE_SECONDS,
+        ALLREDUCE_DURATION_BUCKET,
+        LAST_SYNC,
+        STRAGGLER_RANK,
+        STRAGGLER_SLOWDOWN,
+        STRAGGLER_PHASE,
+        EVAL_ACCURACY,
+        KEPT_STEP_SECONDS,
+        RESUMED,
+    }
+    | LAUNCHER
+)

@@ -1,0 +1,210 @@
+"""Recovery modes on a real control plane (docs/restarts.md): a lost pod replaced alone, the whole gang
+when rank 0's pod (the rendezvous host) is lost, the one backoffLimit budget, a second loss while the
+first replacement starts, and a node that stops reporting, whose pod is replaced without waiting for a
+grace period no kubelet will honour.
+
+kwok's pods never run a process, so what the launchers do in place is the trainer and e2e tiers'; here
+the operator is judged on what it sees of pods, under the fault tier's timing (every node reports late
+with jitter, a lost node reports nothing).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.integration.operator_fixtures import kube, namespace, wait_phase
+from tests.integration.operator_harness import (
+    Kube,
+    OperatorProcess,
+    ddpjob,
+    pod_attempt,
+    pod_rank,
+    running_ranks,
+    wait_for,
+)
+from tests.integration.test_faults import ONE_RANK_PER_NODE, QUICK_EVICTION, operators, start_operator
+
+from ddp_harness import LocalCluster
+from ddp_operator import names
+
+pytestmark = pytest.mark.integration
+__all__ = ["kube", "namespace", "operators"]  # fixtures, imported for pytest
+
+# Evicted 2 s after its node turns unreachable, but with the default 120 s grace period: a replacement
+# that waited for it would wait two minutes.
+SLOW_GRACE_QUICK_EVICTION: dict[str, Any] = {**QUICK_EVICTION, "terminationGracePeriodSeconds": 120}
+
+
+def uids(pods: list[dict[str, Any]]) -> dict[int, str]:
+    return {pod_rank(p): p["metadata"]["uid"] for p in pods}
+
+
+def running_members(kube: Kube, namespace: str, job: str, replicas: int) -> dict[int, dict[str, Any]] | None:
+    """One Running, not-deleted pod per rank of the current attempt, or None."""
+    live = [
+        p
+        for p in kube.live_pods(namespace, job)
+        if p.get("status", {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    ]
+    by_rank = {pod_rank(p): p for p in live}
+    if len(by_rank) != replicas or len(live) != replicas:
+        return None
+    return by_rank
+
+
+def delete_pod(kube: Kube, namespace: str, name: str) -> None:
+    kube.run("delete", "pod", name, "-n", namespace, "--wait=false")
+
+
+def started(
+    kube: Kube, namespace: str, tmp_path: Path, operators: list[OperatorProcess], job: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """An operator, and ``job`` Running with every rank of attempt 0: its pods, by rank."""
+    start_operator(kube, namespace, tmp_path, operators, "-v")
+    kube.apply(job, namespace)
+    name, replicas = job["metadata"]["name"], job["spec"]["replicas"]
+    pods = running_ranks(kube, namespace, name, replicas, attempt=0)
+    wait_phase(kube, namespace, name, "Running")
+    return pods
+
+
+def replaced(
+    kube: Kube, namespace: str, job: str, replicas: int, rank: int, by: str
+) -> dict[int, dict[str, Any]]:
+    """Wait until ``rank`` runs as the pod ``by`` beside the others; every rank's Running pod."""
+
+    def probe() -> dict[int, dict[str, Any]] | None:
+        members = running_members(kube, namespace, job, replicas)
+        return members if members and members[rank]["metadata"]["name"] == by else None
+
+    return wait_for(f"rank {rank} replaced by {by}", probe, timeout=90)
+
+
+def test_a_deleted_rank_pod_is_replaced_alone(
+    kube: Kube, namespace: str, tmp_path: Path, operators: list[OperatorProcess]
+) -> None:
+    before = uids(started(kube, namespace, tmp_path, operators, ddpjob("alone", replicas=3)))
+    delete_pod(kube, namespace, "alone-1-0")
+    members = replaced(kube, namespace, "alone", 3, 1, by="alone-1-0r1")
+    assert {r: p["metadata"]["uid"] for r, p in members.items() if r != 1} == {0: before[0], 2: before[2]}, (
+        "the survivors keep their pods"
+    )
+    assert all(pod_attempt(p) == 0 for p in members.values())
+    status = wait_phase(kube, namespace, "alone", "Running")
+    assert (status["attempt"], status["restarts"], status["podReplacements"]) == (0, 1, 1)
+    record = status["lastRestart"]
+    assert (record["mode"], record["cause"], record["rank"]) == ("PodReplaced", "PodDeleted", 1)
+    reasons = [e["reason"] for e in kube.events_for(namespace, "alone")]
+    assert "PodReplaced" in reasons
+    assert not any(c["type"] == "Restarting" for c in status["conditions"]), "the job never left Running"
+
+    # The Service publishes exactly the group's pods: the replacement in, the deleted pod out.
+    def published() -> set[str] | None:
+        slices = kube.json(
+            "get", "endpointslices", "-n", namespace, "-l", "kubernetes.io/service-name=alone"
+        )["items"]
+        targets = {e.get("targetRef", {}).get("name") for s in slices for e in s.get("endpoints") or []}
+        return targets if targets == {"alone-0-0", "alone-1-0r1", "alone-2-0"} else None
+
+    wait_for("the Service to publish the current group", published, timeout=60)
+
+
+def test_losing_rank_0s_pod_recreates_the_whole_gang(
+    kube: Kube, namespace: str, tmp_path: Path, operators: list[OperatorProcess]
+) -> None:
+    started(kube, namespace, tmp_path, operators, ddpjob("host", replicas=2))
+    delete_pod(kube, namespace, "host-0-0")
+    running_ranks(kube, namespace, "host", 2, attempt=1)
+    status = wait_phase(kube, namespace, "host", "Running")
+    assert (status["attempt"], status["restarts"]) == (1, 1)
+    record = status["lastRestart"]
+    assert (record["mode"], record["rank"]) == ("WholeGang", 0)
+    assert "rendezvous" in record["note"]
+    assert not any("r" in p["metadata"]["name"].rsplit("-", 1)[1] for p in kube.live_pods(namespace, "host"))
+
+
+def test_replacements_spend_backoff_limit(
+    kube: Kube, namespace: str, tmp_path: Path, operators: list[OperatorProcess]
+) -> None:
+    started(
+        kube, namespace, tmp_path, operators, ddpjob("budget", replicas=2, run_policy={"backoffLimit": 1})
+    )
+    delete_pod(kube, namespace, "budget-1-0")
+    replaced(kube, namespace, "budget", 2, 1, by="budget-1-0r1")
+    env = next(
+        c["env"] for c in kube.json("get", "pod", "budget-1-0r1", "-n", namespace)["spec"]["containers"]
+    )
+    assert {e["name"]: e.get("value") for e in env}["DDP_RESTART_BUDGET"] == "1", (
+        "the replacement's launcher may spend what its group may: backoffLimit minus the restarts before it"
+    )
+    delete_pod(kube, namespace, "budget-1-0r1")
+    try:
+        status = wait_phase(kube, namespace, "budget", "Failed")
+    except AssertionError:
+        for p in kube.pods(namespace, "budget"):
+            print(
+                "POD",
+                p["metadata"]["name"],
+                p["metadata"].get("deletionTimestamp"),
+                p["status"].get("phase"),
+                p["metadata"]["labels"],
+            )
+        raise
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded", failed
+    assert status["restarts"] == 1
+
+
+def test_a_second_loss_while_the_first_replacement_starts(
+    kube: Kube, namespace: str, tmp_path: Path, operators: list[OperatorProcess]
+) -> None:
+    started(kube, namespace, tmp_path, operators, ddpjob("twice", replicas=3, run_policy={"backoffLimit": 5}))
+    delete_pod(kube, namespace, "twice-1-0")
+    # Not waiting for the first replacement to run: the next loss lands while it starts.
+    wait_for(
+        "a replacement for rank 1",
+        lambda: (
+            kube.json("get", "pods", "-n", namespace, "-l", f"{names.LABEL_REPLACEMENT}")["items"] or None
+        ),
+    )
+    delete_pod(kube, namespace, "twice-2-0")
+    members = wait_for(
+        "one Running pod per rank", lambda: running_members(kube, namespace, "twice", 3), timeout=90
+    )
+    assert members[0]["metadata"]["name"] == "twice-0-0"
+    assert {members[1]["metadata"]["name"], members[2]["metadata"]["name"]} == {"twice-1-0r1", "twice-2-0r2"}
+    status = wait_phase(kube, namespace, "twice", "Running")
+    assert (status["attempt"], status["restarts"], status["podReplacements"]) == (0, 2, 2)
+    names_seen = [p["metadata"]["name"] for p in kube.pods(namespace, "twice")]
+    assert len(names_seen) == len(set(names_seen))
+
+
+def test_a_lost_nodes_pod_is_replaced_without_waiting_for_its_grace_period(
+    kube: Kube, local_cluster: LocalCluster, namespace: str, tmp_path: Path, operators: list[OperatorProcess]
+) -> None:
+    start_operator(kube, namespace, tmp_path, operators)
+    kube.apply(
+        ddpjob("node", replicas=2, pod_spec={**SLOW_GRACE_QUICK_EVICTION, **ONE_RANK_PER_NODE}), namespace
+    )
+    first = running_ranks(kube, namespace, "node", 2, attempt=0)
+    wait_phase(kube, namespace, "node", "Running")
+    victim = next(p for p in first if pod_rank(p) == 1)
+    node = victim["spec"]["nodeName"]
+    local_cluster.lose_node(node)
+    try:
+        members = replaced(kube, namespace, "node", 2, 1, by="node-1-0r1")
+        assert members[1]["spec"]["nodeName"] != node
+        assert members[0]["metadata"]["uid"] == first[0]["metadata"]["uid"]
+        # Force-deleted: the lost node's pod no longer exists, though its 120 s grace period has not run out
+        # and its kubelet confirmed nothing.
+        gone = kube.run(
+            "get", "pod", victim["metadata"]["name"], "-n", namespace, "--ignore-not-found", "-o", "name"
+        )
+        assert gone.stdout.strip() == ""
+        status = wait_phase(kube, namespace, "node", "Running")
+        assert status["lastRestart"]["mode"] == "PodReplaced"
+        assert status["lastRestart"]["cause"] == "Evicted"
+    finally:
+        local_cluster.restore_node(node)

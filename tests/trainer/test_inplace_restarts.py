@@ -1,0 +1,275 @@
+"""In-place restarts (DDP_RESTART_MODE=InPlace): "pods" are launcher processes on loopback, each with
+its NODE_RANK, forming one gloo group through the c10d rendezvous that NODE_RANK 0's launcher hosts.
+
+The order of events is asserted (a failure, then every pod's workers stopped, then the round
+re-formed, then rank 0's resume), never the seconds between them: benchmarks/bench_inplace_restart.py
+measures those.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from trainer_gang import (
+    LINGERING,
+    PYTHON,
+    Gangs,
+    TrainerProcess,
+    describe,
+    free_port,
+    samples,
+    wait_all,
+)
+
+from ddp_trainer.exitcodes import EXIT_PEER_LOST
+
+pytestmark = pytest.mark.trainer
+
+IN_PLACE = {"DDP_RESTART_MODE": "InPlace", "DDP_RESTART_BUDGET": "3"}
+# Long enough to be killed mid-training (10 epochs of digits on 3 ranks are 150 steps).
+TRAIN = ["--max-steps", "120", "--progress-every", "5", "--stop-check-every", "5", "--seed", "7"]
+CHECKPOINT_EVERY = 10
+HERE = Path(__file__).resolve().parent
+
+
+def in_place_args(checkpoints: Path, *extra: str) -> list[str]:
+    return [
+        *TRAIN,
+        "--throttle-ms",
+        "40",
+        "--checkpoint-dir",
+        str(checkpoints),
+        "--checkpoint-every",
+        str(CHECKPOINT_EVERY),
+        "--init-timeout",
+        "120",
+        *extra,
+    ]
+
+
+def events(pod: TrainerProcess, event: str) -> list[dict[str, str]]:
+    return [fields for fields in pod.status_lines("launcher") if fields["event"] == event]
+
+
+def kill_worker(pod: TrainerProcess, rank: int) -> float:
+    """SIGKILL the worker of global rank ``rank``; returns when."""
+    workers = pod.worker_pids()
+    assert rank in workers, describe([pod])
+    os.kill(workers[rank], signal.SIGKILL)
+    return time.time()
+
+
+def finish(pods: list[TrainerProcess]) -> list[str]:
+    """Wait until every pod lingers after training, scrape each, then end them; returns the scrapes."""
+    for pod in pods:
+        pod.wait_for_stdout(LINGERING)
+    scrapes = [pod.scrape() for pod in pods]
+    for pod in pods:
+        pod.signal(signal.SIGTERM)
+    assert wait_all(pods) == [0] * len(pods), describe(pods)
+    return scrapes
+
+
+def labelled(text: str, name: str) -> dict[str, str] | None:
+    """The labels of the one sample of ``name`` in an exposition, or None."""
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            inner = line[len(name) + 1 : line.index("}")]
+            return dict(part.split("=", 1) for part in inner.replace('"', "").split(",") if part)
+    return None
+
+
+def assert_one_restart_in_order(pods: list[TrainerProcess], after: float) -> float:
+    """Every pod stopped its workers once after ``after`` and then re-formed round 1; returns the last
+    stop."""
+    stopped = [float(e["time"]) for pod in pods for e in events(pod, "stopped")]
+    reformed = [e for pod in pods for e in events(pod, "reformed")]
+    assert len(stopped) == len(pods) and len(reformed) == len(pods), describe(pods)
+    assert {e["restarts"] for e in reformed} == {"1"}
+    assert min(stopped) >= after
+    assert max(stopped) <= min(float(e["time"]) for e in reformed)
+    return max(stopped)
+
+
+def test_a_killed_worker_restarts_every_pod_in_place_and_resumes_from_the_checkpoint(
+    gangs: Gangs, tmp_path: Path
+) -> None:
+    reference = gangs.ranks(3, TRAIN, tag="reference")
+    # Started in reverse: a pod's rendezvous rank must follow its NODE_RANK, not its start (or pid).
+    pods = gangs.pods(
+        3,
+        1,
+        in_place_args(tmp_path / "ckpt", "--metrics-linger", "120"),
+        env=IN_PLACE,
+        start_order=[2, 1, 0],
+    )
+    pods[0].wait_for_stdout(r"^progress step=35 ")
+    killed = kill_worker(pods[1], rank=1)
+    scrapes = finish(pods)
+    assert wait_all(reference) == [0, 0, 0], describe(reference)
+
+    [failed] = events(pods[1], "failed")
+    assert (failed["rank"], failed["code"], failed["decision"]) == ("1", "137", "restart")
+    assert float(failed["time"]) >= killed
+    last_stop = assert_one_restart_in_order(pods, float(failed["time"]))
+    resumed = int(pods[0].wait_for_stdout(r"^resumed step=(\d+) ").group(1))
+    assert resumed % CHECKPOINT_EVERY == 0 and resumed + CHECKPOINT_EVERY >= 35
+
+    # Pod k holds global rank k, and every rank ends with the parameters of an uninterrupted run.
+    expected = reference[0].digests()[0]
+    assert [pod.digests() for pod in pods] == [{0: expected}, {1: expected}, {2: expected}]
+
+    for rank, text in enumerate(scrapes):
+        assert samples(text, "ddp_group_restarts_total") == {str(rank): 1.0}
+    rank0 = scrapes[0]
+    assert labelled(rank0, "ddp_last_restart_info") == {
+        "rank": "0",
+        "cause": "ExitCode",
+        "failed_rank": "1",
+        "exit_code": "137",
+    }
+    at = {
+        name: samples(rank0, f"ddp_last_restart_{name}")["0"]
+        for name in ("failure_timestamp_seconds", "stopped_timestamp_seconds", "reformed_timestamp_seconds")
+    }
+    assert at["failure_timestamp_seconds"] == pytest.approx(float(failed["time"]), abs=1e-3)
+    assert at["stopped_timestamp_seconds"] == pytest.approx(last_stop, abs=1e-3)
+    [reformed] = events(pods[0], "reformed")
+    assert at["reformed_timestamp_seconds"] == pytest.approx(float(reformed["time"]), abs=1e-3)
+    resumed_at = samples(rank0, "ddp_last_restart_resumed_timestamp_seconds")["0"]
+    assert at["reformed_timestamp_seconds"] <= resumed_at
+    redone = samples(rank0, "ddp_last_restart_steps_redone")["0"]
+    assert 0 <= redone <= CHECKPOINT_EVERY
+    assert samples(rank0, "ddp_kept_step_seconds")["0"] > 0
+    # Only rank 0's pod exports the restart's record.
+    assert "ddp_last_restart_info" not in scrapes[1]
+
+
+def test_a_permanent_exit_code_restarts_nothing_and_the_pod_exits_with_it(
+    gangs: Gangs, tmp_path: Path
+) -> None:
+    pods = gangs.pods(
+        2,
+        1,
+        in_place_args(tmp_path / "ckpt", "--inject-fault", "1:step=12:exit=3"),
+        with_metrics=False,
+        env=IN_PLACE,
+    )
+    assert wait_all(pods) == [EXIT_PEER_LOST, 3], describe(pods)
+    [failed] = events(pods[1], "failed")
+    assert (failed["code"], failed["decision"]) == ("3", "permanent")
+    assert not [e for pod in pods for e in events(pod, "reformed")], describe(pods)
+    assert "resumed step=" not in pods[0].stdout
+
+
+def test_the_budget_ends_the_second_failure_with_the_workers_code(gangs: Gangs, tmp_path: Path) -> None:
+    # The fault fires whenever rank 1 reaches step 15: once in the first round, again after the resume.
+    pods = gangs.pods(
+        2,
+        1,
+        in_place_args(tmp_path / "ckpt", "--inject-fault", "1:step=15:kill"),
+        with_metrics=False,
+        env={**IN_PLACE, "DDP_RESTART_BUDGET": "1"},
+    )
+    assert wait_all(pods) == [EXIT_PEER_LOST, 137], describe(pods)
+    assert [e["decision"] for e in events(pods[1], "failed")] == ["restart", "budget-spent"]
+    assert [e["restarts"] for pod in pods for e in events(pod, "reformed")] == ["1", "1"]
+    assert "spent its restart budget (1); exiting 137" in pods[1].stderr
+
+
+def test_a_lost_pod_started_again_joins_the_survivors_without_restarting_them(
+    gangs: Gangs, tmp_path: Path
+) -> None:
+    pods = gangs.pods(3, 1, in_place_args(tmp_path / "ckpt", "--metrics-linger", "120"), env=IN_PLACE)
+    pods[0].wait_for_stdout(r"^progress step=35 ")
+    pods[2].end()  # the whole pod: its launcher and its worker, SIGKILL
+    for survivor in pods[:2]:
+        survivor.wait_for_stdout(r"^launcher event=stopped ")
+    replacement = gangs.again(pods[2], "pod2-again")
+    # The survivors' launchers never ended: the replacement joined them in place.
+    assert all(pod.process.poll() is None for pod in pods[:2]), describe(pods)
+    scrapes = finish([pods[0], pods[1], replacement])
+    resumed = int(pods[0].wait_for_stdout(r"^resumed step=(\d+) ").group(1))
+    assert resumed % CHECKPOINT_EVERY == 0
+    digests = [pods[0].digests(), pods[1].digests(), replacement.digests()]
+    assert [list(d) for d in digests] == [[0], [1], [2]]
+    assert len({d for found in digests for d in found.values()}) == 1
+    # One restart, however long the survivors waited for the replacement, on every pod.
+    for rank, text in enumerate(scrapes):
+        assert samples(text, "ddp_group_restarts_total") == {str(rank): 1.0}
+    info = labelled(scrapes[0], "ddp_last_restart_info")
+    assert info is not None and info["cause"] == "PeerLost" and info["exit_code"] == str(EXIT_PEER_LOST)
+
+
+def test_losing_the_rendezvous_host_ends_the_other_pods_with_peer_lost(gangs: Gangs, tmp_path: Path) -> None:
+    pods = gangs.pods(3, 1, in_place_args(tmp_path / "ckpt"), with_metrics=False, env=IN_PLACE)
+    pods[0].wait_for_stdout(r"^progress step=20 ")
+    pods[0].end()
+    assert wait_all(pods[1:], timeout=120) == [EXIT_PEER_LOST, EXIT_PEER_LOST], describe(pods)
+
+
+def test_two_workers_per_pod_restart_in_place(gangs: Gangs, tmp_path: Path) -> None:
+    pods = gangs.pods(2, 2, in_place_args(tmp_path / "ckpt", "--metrics-linger", "120"), env=IN_PLACE)
+    pods[0].wait_for_stdout(r"^progress step=25 ")
+    killed = kill_worker(pods[1], rank=3)
+    scrapes = finish(pods)
+    [failed] = events(pods[1], "failed")
+    assert failed["code"] == "137" and float(failed["time"]) >= killed
+    assert_one_restart_in_order(pods, float(failed["time"]))
+    digests = [pod.digests() for pod in pods]
+    assert [sorted(d) for d in digests] == [[0, 1], [2, 3]]
+    assert len({d for found in digests for d in found.values()}) == 1
+    assert samples(scrapes[1], "ddp_group_restarts_total") == {"2": 1.0}
+    info = labelled(scrapes[0], "ddp_last_restart_info")
+    assert info is not None and info["failed_rank"] == failed["rank"]
+
+
+def torchrun_pods(gangs: Gangs, nodes: int, args: list[str], tag: str = "torchrun") -> list[TrainerProcess]:
+    """Stock torchrun "pods" with what the operator sets for a user's own torchrun image
+    (docs/trainer.md, "Stock torchrun images"): no code of ours runs in them."""
+    port = free_port()
+    env = {
+        "PET_NNODES": str(nodes),
+        "PET_NPROC_PER_NODE": "1",
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ENDPOINT": f"127.0.0.1:{port}",
+        "PET_RDZV_ID": "job-uid-0",
+        "PET_MAX_RESTARTS": "3",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
+    program = [PYTHON, "-m", "torch.distributed.run", str(HERE / "inplace_probe.py")]
+    return [
+        gangs.start(
+            f"{tag}{node}",
+            {**env, "PET_RDZV_CONF": f"is_host={1 if node == 0 else 0},keep_alive_interval=2"},
+            args,
+            program=program,
+        )
+        for node in range(nodes)
+    ]
+
+
+def probe_lines(pods: list[TrainerProcess], prefix: str) -> list[str]:
+    return [line for pod in pods for line in pod.stdout.splitlines() if line.startswith(prefix)]
+
+
+def test_stock_torchrun_restarts_in_place_from_the_pet_variables(gangs: Gangs) -> None:
+    pods = torchrun_pods(gangs, 2, ["--fail-once"])
+    assert wait_all(pods) == [0, 0], describe(pods)
+    # Both workers ran twice: the failed one's agent and the healthy one's both restarted them.
+    assert len(probe_lines(pods, "probe started")) == 4, describe(pods)
+    assert len(probe_lines(pods, "probe done")) == 2, describe(pods)
+
+
+def test_stock_torchrun_takes_a_replacement_pod(gangs: Gangs) -> None:
+    pods = torchrun_pods(gangs, 3, ["--steps", "200"])
+    pods[0].wait_for_stdout(r"^probe step=20 ")
+    pods[2].end()
+    replacement = gangs.again(pods[2], "torchrun2-again")
+    survivors = [pods[0], pods[1], replacement]
+    assert wait_all(survivors) == [0, 0, 0], describe(survivors)
+    assert len(probe_lines(survivors, "probe done")) == 3, describe(survivors)

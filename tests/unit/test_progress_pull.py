@@ -1,0 +1,66 @@
+"""The operator's fetch (progress/pull.py) over a fake endpoint and clock: what it reads, what it hands
+decide(), and when it kicks the job. Real endpoints: tests/integration/test_progress.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from tests.unit.kube_factories import at
+
+from ddp_operator.progress.pull import ProgressScraper, Target
+
+pytestmark = pytest.mark.unit
+
+KEY = ("team-a", "mnist")
+RANK0, RANK1 = "http://10.0.0.1:9400/metrics", "http://10.0.0.2:9400/metrics"
+
+
+def exposition(rank: int, steps: int) -> str:
+    return f'ddp_sync_steps_total{{rank="{rank}"}} {steps}\nddp_samples_total{{rank="{rank}"}} {steps * 32}\n'
+
+
+def test_rank_zero_every_interval_every_rank_once_a_stall_is_suspected_and_a_kick_per_change() -> None:
+    answers = {RANK0: exposition(0, 120), RANK1: exposition(1, 119)}
+    fetched: list[str] = []
+    kicked: list[tuple[str, str]] = []
+    now = [at(0)]
+
+    def fetch(url: str) -> str:
+        fetched.append(url)
+        return answers[url]
+
+    scraper = ProgressScraper(kicked.append, clock=lambda: now[0], fetch=fetch)
+    scraper.track(
+        KEY, Target(0, RANK0, pods=2, world_size=2, stall_timeout=60, rank_urls={0: RANK0, 1: RANK1})
+    )
+    seen = []
+    for seconds in (0, 15, 30, 45):  # the step stands at 120 from 0 s: half the timeout is 30 s
+        now[0] = at(seconds)
+        asyncio.run(scraper.scrape_all())
+        seen.append((fetched[:], len(kicked), scraper.observation(KEY)))
+        fetched.clear()
+    scraper.stop()
+    assert [urls for urls, _, _ in seen] == [[RANK0], [RANK0], [RANK0, RANK0, RANK1], [RANK0, RANK0, RANK1]]
+    # A kick for the first read, one for the first rate, one when every rank's step was read; none after.
+    assert [kicks for _, kicks, _ in seen] == [1, 2, 3, 3]
+    last = seen[-1][2]
+    assert last is not None and (last.step, last.step_changed_at) == (120, at(0))
+    assert last.rank_steps == {0: 120, 1: 119}
+    assert last.status is not None and last.status["step"] == 120
+
+
+def test_a_new_attempt_starts_a_new_tracker() -> None:
+    answers = {RANK0: exposition(0, 500)}
+    now = [at(0)]
+    scraper = ProgressScraper(lambda _key: None, clock=lambda: now[0], fetch=answers.__getitem__)
+    scraper.track(KEY, Target(0, RANK0, pods=1, world_size=1))
+    asyncio.run(scraper.scrape_all())
+    answers[RANK0] = exposition(0, 3)  # attempt 1's processes count from 0
+    scraper.track(KEY, Target(1, RANK0, pods=1, world_size=1))
+    now[0] = at(15)
+    asyncio.run(scraper.scrape_all())
+    scraper.stop()
+    observation = scraper.observation(KEY)
+    assert observation is not None
+    assert (observation.attempt, observation.step, observation.step_changed_at) == (1, 3, at(15))

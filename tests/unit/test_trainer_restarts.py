@@ -1,0 +1,244 @@
+"""In-place restarts, the pure parts: rank order, the restart decision, the record, the bookkeeping."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from ddp_trainer.metrics import RestartCollector
+from ddp_trainer.restarts import (
+    Failure,
+    RestartLedger,
+    RestartRecord,
+    ResumeNote,
+    build_record,
+    decide,
+    first_failure,
+    node_addr,
+    restart_cause,
+)
+from ddp_trainer.resume import (
+    KEPT_SECONDS_FIELD,
+    PROGRESS_DIR_ENV,
+    StepBook,
+    read_resume_note,
+    read_step_marker,
+    resume_note_path,
+    step_marker_path,
+    write_restarts,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def rendezvous_order(addresses: list[str], seed: int) -> list[str]:
+    """The order torch's c10d rendezvous gives a round's nodes: it sorts their descriptors
+    ``_NodeDesc(addr, pid, local_id)`` (a dataclass with order=True, so as tuples); every pod's
+    handler is its launcher's first (local_id 0), and pids are anyone's."""
+    rng = random.Random(seed)
+    descriptors = [(addr, rng.randrange(1, 4_000_000), 0) for addr in addresses]
+    rng.shuffle(descriptors)
+    return [addr for addr, _, _ in sorted(descriptors)]
+
+
+@pytest.mark.parametrize("nodes", [3, 11, 101, 4096], ids=lambda n: f"{n}-pods")
+def test_the_rendezvous_ranks_pods_by_node_rank(nodes: int) -> None:
+    addresses = [node_addr(rank) for rank in range(nodes)]
+    for seed in range(3):
+        assert rendezvous_order(addresses, seed) == addresses
+
+
+def test_host_names_alone_would_rank_pod_10_before_pod_2() -> None:
+    # Why node_addr exists: torch's default address is the FQDN, and pod names sort as text.
+    names = [f"job-{rank}.job.ns.svc.cluster.local" for rank in range(11)]
+    order = rendezvous_order(names, seed=0)
+    assert order[0] == names[0] and order[2] == names[10]
+
+
+def test_node_addr_refuses_ranks_it_cannot_order() -> None:
+    with pytest.raises(ValueError):
+        node_addr(-1)
+    with pytest.raises(ValueError):
+        node_addr(10**6)
+
+
+@pytest.mark.parametrize(
+    ("code", "restarts_done", "budget", "expected"),
+    [
+        pytest.param(137, 0, 3, "restart", id="killed-restarts"),
+        pytest.param(170, 2, 3, "restart", id="peer-lost-last-restart"),
+        pytest.param(143, 0, 3, "restart", id="stopped-restarts"),
+        pytest.param(128, 0, 1, "restart", id="lowest-retried-code"),
+        pytest.param(137, 3, 3, "budget-spent", id="budget-spent"),
+        pytest.param(137, 0, 0, "budget-spent", id="budget-zero"),
+        pytest.param(1, 0, 3, "permanent", id="own-error"),
+        pytest.param(2, 0, 3, "permanent", id="bad-config"),
+        pytest.param(127, 0, 3, "permanent", id="highest-permanent"),
+        pytest.param(3, 5, 3, "permanent", id="permanent-wins-over-budget"),
+    ],
+)
+def test_decide(code: int, restarts_done: int, budget: int, expected: str) -> None:
+    assert decide(code, restarts_done, budget) == expected
+
+
+def failure(rank: int, code: int, time: float) -> Failure:
+    return Failure(node_rank=rank, global_rank=rank, exit_code=code, time=time)
+
+
+@pytest.mark.parametrize(
+    ("failures", "expected", "cause"),
+    [
+        pytest.param([], None, "MemberJoined", id="nobody-failed"),
+        pytest.param([failure(1, 137, 10.0)], 1, "ExitCode", id="one-killed"),
+        pytest.param(
+            [failure(0, 170, 10.1), failure(2, 170, 10.2), failure(1, 137, 10.3)],
+            1,
+            "ExitCode",
+            id="own-failure-over-earlier-collateral",
+        ),
+        pytest.param([failure(2, 170, 10.2), failure(0, 170, 10.1)], 0, "PeerLost", id="only-collateral"),
+        pytest.param([failure(2, 137, 10.0), failure(1, 139, 10.0)], 1, "ExitCode", id="tie-lowest-rank"),
+        pytest.param([failure(0, 143, 9.0), failure(1, 170, 8.0)], 1, "PeerLost", id="stop-is-collateral"),
+    ],
+)
+def test_the_first_failure_and_the_cause(failures: list[Failure], expected: int | None, cause: str) -> None:
+    found = first_failure(failures)
+    assert (None if found is None else found.global_rank) == expected
+    assert restart_cause(found) == cause
+
+
+def test_a_failure_survives_the_store() -> None:
+    record = Failure(node_rank=3, global_rank=7, exit_code=137, time=1796140000.123456)
+    assert Failure.decode(record.encode()) == record
+
+
+def test_the_record_of_a_restart() -> None:
+    record = build_record(
+        restarts=2,
+        failures=[failure(0, 170, 100.5), failure(1, 137, 100.0)],
+        stopped_times=[100.2, 101.0, 100.1],
+        reformed=102.0,
+        steps_before=47,
+    )
+    assert (record.cause, record.failed_rank, record.exit_code, record.failure) == ("ExitCode", 1, 137, 100.0)
+    assert (record.stopped, record.reformed, record.steps_redone) == (101.0, 102.0, None)
+    resumed = record.with_resume(104.5, 40)
+    assert (resumed.resumed, resumed.steps_redone, resumed.restarts) == (104.5, 7, 2)
+
+
+def test_a_replacement_without_any_failure_is_a_member_joining() -> None:
+    record = build_record(restarts=1, failures=[], stopped_times=[], reformed=50.0, steps_before=None)
+    assert (record.cause, record.failure, record.stopped, record.steps_redone) == (
+        "MemberJoined",
+        None,
+        50.0,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"restarts": 1}', "not json", '{"restarts": 1, "time": "nan", "resumed_step": 3}', "[]"],
+    ids=["missing-fields", "not-json", "nan-time", "a-list"],
+)
+def test_a_torn_resume_note_reads_as_none(text: str) -> None:
+    assert ResumeNote.decode(text) is None
+
+
+def book(tmp_path: Path, rank: int, restarts: int) -> StepBook:
+    write_restarts(tmp_path, restarts)  # as the launcher does before it starts the round's workers
+    return StepBook(rank, {PROGRESS_DIR_ENV: str(tmp_path)})
+
+
+def test_the_step_book_counts_kept_seconds_and_marks_the_step(tmp_path: Path) -> None:
+    steps = book(tmp_path, rank=0, restarts=0)
+    steps.resumed(20, {KEPT_SECONDS_FIELD: 12.5})
+    assert steps.kept_seconds == 12.5
+    assert read_step_marker(step_marker_path(tmp_path, 0)) == 20
+    steps.loop_started()
+    steps.step_done(21)
+    steps.step_done(22)
+    assert steps.kept_seconds > 12.5
+    assert read_step_marker(step_marker_path(tmp_path, 0)) == 22
+    assert steps.checkpoint_fields() == {KEPT_SECONDS_FIELD: steps.kept_seconds}
+    # No restart before this round: nothing to note.
+    assert read_resume_note(resume_note_path(tmp_path, 0)) is None
+
+
+@pytest.mark.parametrize(
+    ("rank", "restarts", "noted"),
+    [
+        pytest.param(0, 2, True, id="rank0-after-a-restart"),
+        pytest.param(1, 2, False, id="other-ranks-never"),
+        pytest.param(0, 0, False, id="first-round-never"),
+    ],
+)
+def test_rank0_notes_its_first_step_after_an_in_place_restart(
+    tmp_path: Path, rank: int, restarts: int, noted: bool
+) -> None:
+    steps = book(tmp_path, rank=rank, restarts=restarts)
+    steps.resumed(40, None)
+    steps.step_done(41)
+    note = read_resume_note(resume_note_path(tmp_path, rank))
+    assert (note is not None) == noted
+    if note is not None:
+        assert (note.restarts, note.resumed_step) == (restarts, 40)
+        first = note.time
+        steps.step_done(42)
+        again = read_resume_note(resume_note_path(tmp_path, rank))
+        assert again is not None and again.time == first  # the first step only
+
+
+def test_without_the_launcher_the_book_only_counts(tmp_path: Path) -> None:
+    steps = StepBook(0, {})
+    steps.resumed(0, {KEPT_SECONDS_FIELD: "garbage"})
+    steps.step_done(1)
+    assert steps.kept_seconds >= 0 and not list(tmp_path.iterdir())
+
+
+def test_a_missing_restarts_file_reads_as_the_first_round(tmp_path: Path) -> None:
+    steps = StepBook(0, {PROGRESS_DIR_ENV: str(tmp_path)})
+    steps.resumed(0, None)
+    steps.step_done(1)
+    assert read_resume_note(resume_note_path(tmp_path, 0)) is None
+
+
+def exposition(ledger: RestartLedger, rank: int, resume: RestartRecord | None = None) -> str:
+    registry = CollectorRegistry()
+    registry.register(RestartCollector(ledger, rank, (lambda record: resume) if resume is not None else None))
+    return generate_latest(registry).decode()
+
+
+def test_the_restart_series_are_absent_until_a_restart() -> None:
+    text = exposition(RestartLedger(), rank=0)
+    assert 'ddp_group_restarts_total{rank="0"} 0.0' in text
+    assert "ddp_last_restart" not in text
+
+
+def test_the_last_restart_series() -> None:
+    ledger = RestartLedger()
+    ledger.restarts = 1
+    ledger.record = build_record(1, [failure(1, 137, 100.0)], [100.5, 100.25], 101.0, steps_before=47)
+    text = exposition(ledger, rank=0)
+    assert 'ddp_group_restarts_total{rank="0"} 1.0' in text
+    assert 'ddp_last_restart_failure_timestamp_seconds{rank="0"} 100.0' in text
+    assert 'ddp_last_restart_stopped_timestamp_seconds{rank="0"} 100.5' in text
+    assert 'ddp_last_restart_reformed_timestamp_seconds{rank="0"} 101.0' in text
+    assert 'ddp_last_restart_info{cause="ExitCode",exit_code="137",failed_rank="1",rank="0"} 1.0' in text
+    # Rank 0 has not stepped since the resume: no resume time and no steps redone yet.
+    assert "resumed_timestamp" not in text and "steps_redone" not in text
+    text = exposition(ledger, rank=0, resume=ledger.record.with_resume(103.0, 40))
+    assert 'ddp_last_restart_resumed_timestamp_seconds{rank="0"} 103.0' in text
+    assert 'ddp_last_restart_steps_redone{rank="0"} 7.0' in text
+
+
+def test_a_member_joining_has_no_failed_rank() -> None:
+    ledger = RestartLedger()
+    ledger.restarts = 2
+    ledger.record = build_record(2, [], [], 50.0, steps_before=None)
+    text = exposition(ledger, rank=0)
+    assert 'ddp_last_restart_info{cause="MemberJoined",exit_code="",failed_rank="",rank="0"} 1.0' in text
+    assert "failure_timestamp" not in text

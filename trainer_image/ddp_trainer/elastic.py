@@ -1,0 +1,386 @@
+"""In-place restarts (DDP_RESTART_MODE=InPlace): torch's elastic agent on a c10d rendezvous.
+
+Every pod runs one ``LocalElasticAgent`` (torch's), which starts the pod's workers once every pod has
+joined a round of a ``DynamicRendezvousHandler`` (torch's) whose state lives in a TCP store at
+MASTER_ADDR:MASTER_PORT, hosted by the agent of NODE_RANK 0. When a worker fails, its agent stops
+the pod's workers and joins the next round; torch's other agents see a node waiting
+(``num_nodes_waiting() > 0``, polled every ``monitor_interval``), stop theirs and join too; once all
+pods are in, each starts its workers again and rank 0 resumes from the newest checkpoint.
+
+What this module adds to torch's agent (:class:`InPlaceAgent`, a small subclass, not a second agent):
+
+- **Ranks**: node rank k is pod k (``ddp_trainer.restarts.node_addr``); checked after every round.
+- **One gang-wide budget**: torch counts restarts per agent. The gang's count is the round number,
+  which rank 0's agent publishes in each round's store; a failed agent restarts only while the count
+  is below DDP_RESTART_BUDGET, and not at all for a permanent exit code (docs/restarts.md). Then it
+  returns the failure, the launcher exits with the worker's code and closes the rendezvous, so the
+  other agents stop waiting for it.
+- **Stopping at once**: a restart kills the workers (SIGKILL). The group is broken, so the agreed
+  SIGTERM stop (docs/trainer.md) could never complete; a worker blocked in a collective is ended by
+  the kernel, not after torch's 30 s shutdown grace. A pod's own SIGTERM (its deletion) still goes
+  to the workers as SIGTERM, for the agreed stop and the checkpoint.
+- **Measuring**: each agent appends its failures and its "workers stopped" time to the store of the
+  round it leaves; rank 0's agent, once the next round is complete, turns them into the record of
+  the last restart (``ddp_trainer.restarts.RestartRecord``), exported by the launcher's endpoint.
+
+torch facts this relies on (torch 2.15, ``torch/distributed/elastic``): ``_invoke_run`` restarts a
+failed group while ``_remaining_restarts > 0`` and a healthy one when nodes wait; a round's nodes are
+ranked by sorting their descriptors (``_NodeDesc(addr, pid, local_id)``); each round's store is a
+``PrefixStore`` of the round; ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` makes rank 0 publish the
+workers' store address in every round (a replacement pod joining a later round reads it there).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+from multiprocessing import forkserver
+from pathlib import Path
+from typing import Any, Final
+
+from torch._C._distributed_c10d import Store, TCPStore
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+from ddp_trainer.addresses import loopback_listener
+from ddp_trainer.config import DistEnv, TrainConfig
+from ddp_trainer.control import read_exit_records
+from ddp_trainer.exitcodes import EXIT_PEER_LOST, first_failure, first_failure_code
+from ddp_trainer.progress import format_status_line
+from ddp_trainer.restarts import (
+    Decision,
+    Failure,
+    RestartLedger,
+    build_record,
+    decide,
+    node_addr,
+)
+from ddp_trainer.resume import read_step_marker, step_marker_path, write_restarts
+from ddp_trainer.worker import forked_worker
+from ddp_trainer.workloads import LAZY_IMPORTS
+
+# Keys in each round's store (a PrefixStore of the round, so a key is per round).
+RESTARTS_KEY = "ddp/group_restarts"
+FAILURES_KEY = "ddp/failures"
+STOPPED_KEY = "ddp/stopped"
+
+# How often the agent checks its workers and the rendezvous: a healthy agent notices a waiting node
+# within this plus the rendezvous state's 1 s cache.
+MONITOR_INTERVAL = 0.1
+# A pod that stops sending heartbeats (lost with its launcher) leaves the rendezvous after
+# KEEP_ALIVE_INTERVAL x KEEP_ALIVE_MAX_ATTEMPT seconds; every heartbeat rewrites the rendezvous state
+# (a compare-and-set of all nodes' entries), so this is a trade of detection time against store load.
+KEEP_ALIVE_INTERVAL = 2
+KEEP_ALIVE_MAX_ATTEMPT = 3
+# torch's grace between SIGTERM and SIGKILL when the pod itself is stopped: the agreed stop and rank
+# 0's checkpoint happen in it (the pod's terminationGracePeriodSeconds bounds it from outside).
+SHUTDOWN_TIMEOUT = 60
+
+
+class NodeRankMismatchError(RuntimeError):
+    """The rendezvous ranked this pod elsewhere than its NODE_RANK (two pods claim one rank)."""
+
+
+class RestartBudgetSpentError(RuntimeError):
+    """A pod joined, but the gang may not restart again: the operator decides."""
+
+
+def log(message: str) -> None:
+    print(f"ddp_trainer: {message}", file=sys.stderr, flush=True)
+
+
+def _status(event: str, **fields: object) -> None:
+    print(format_status_line("launcher", {"event": event, **fields}), flush=True)
+
+
+class InPlaceAgent(LocalElasticAgent):
+    """torch's local agent with the gang's restart budget, SIGKILL on restart and the bookkeeping."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        *,
+        node_rank: int,
+        budget: int,
+        exit_dir: Path,
+        progress_dir: Path,
+        ledger: RestartLedger,
+    ) -> None:
+        super().__init__(
+            spec, logs_specs=DefaultLogsSpecs(), start_method="forkserver", shutdown_timeout=SHUTDOWN_TIMEOUT
+        )
+        self._node_rank = node_rank
+        self._budget = budget
+        self._exit_dir = exit_dir
+        self._progress_dir = progress_dir
+        self._restarts = 0
+        self._ledger = ledger
+        self._rounds = 0  # rank 0: the rounds it has joined
+        self._round_store: Store | None = None
+        self._steps_before: int | None = None
+        # Set when a failed group ends the pod: the code it exits with and why.
+        self.exit_code: int | None = None
+        self.ending: Decision | None = None
+
+    # --- the round -------------------------------------------------------------------------------
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        previous = self._round_store
+        super()._rendezvous(worker_group)
+        reformed = time.time()
+        store, group_rank = worker_group.store, worker_group.group_rank
+        assert store is not None and group_rank is not None  # set by the rendezvous just made
+        if group_rank != self._node_rank:
+            raise NodeRankMismatchError(
+                f"the rendezvous ranked NODE_RANK {self._node_rank} as node {group_rank}: "
+                "two pods claim one NODE_RANK"
+            )
+        if group_rank == 0:
+            self._rounds += 1
+            store.set(RESTARTS_KEY, str(self._rounds - 1))
+        self._restarts = int(store.get(RESTARTS_KEY))
+        self._round_store = store
+        # Rank 0's note of its resume says which restart it belongs to.
+        write_restarts(self._progress_dir, self._restarts)
+        self._ledger.restarts = self._restarts
+        if self._restarts == 0:
+            return
+        _status("reformed", node=self._node_rank, restarts=self._restarts, time=f"{reformed:.6f}")
+        if group_rank == 0 and previous is not None:
+            failures = [Failure.decode(line) for line in _read_all(previous, FAILURES_KEY)]
+            stopped = [float(line.split()[1]) for line in _read_all(previous, STOPPED_KEY)]
+            self._ledger.record = build_record(
+                self._restarts, failures, stopped, reformed, self._steps_before
+            )
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        # Exit records of an earlier round must not decide this one's code.
+        for record in self._exit_dir.glob("rank-*.json"):
+            record.unlink(missing_ok=True)
+        pids = dict(super()._start_workers(worker_group))
+        ranks = {worker.local_rank: worker.global_rank for worker in worker_group.workers}
+        _status(
+            "started",
+            node=self._node_rank,
+            restarts=self._restarts,
+            workers=",".join(f"{ranks[local]}:{pid}" for local, pid in sorted(pids.items())),
+        )
+        return pids
+
+    # --- a failure --------------------------------------------------------------------------------
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        result: RunResult = super()._monitor_workers(worker_group)
+        if result.state not in {WorkerState.FAILED, WorkerState.UNHEALTHY}:
+            return result
+        seen = time.time()
+        failures = {rank: failure.exitcode for rank, failure in result.failures.items()}
+        found = first_failure(failures, read_exit_records(self._exit_dir))
+        rank, code = found if found is not None else (-1, EXIT_PEER_LOST)
+        # torch marks a group UNHEALTHY when a worker sits in uninterruptible sleep (a wedged device):
+        # no restart can kill it, so this pod ends and the operator replaces it.
+        stuck = result.state == WorkerState.UNHEALTHY
+        decision: Decision = "stuck" if stuck else decide(code, self._restarts, self._budget)
+        _status(
+            "failed",
+            node=self._node_rank,
+            rank=rank,
+            code=code,
+            decision=decision,
+            restarts=self._restarts,
+            budget=self._budget,
+            time=f"{seen:.6f}",
+        )
+        if decision == "restart":
+            # The gang's budget is the limit; torch's own count per agent must not end it first.
+            self._remaining_restarts = max(int(self._remaining_restarts), 1)
+            if self._round_store is not None:
+                record = Failure(node_rank=self._node_rank, global_rank=rank, exit_code=code, time=seen)
+                _push(self._round_store, FAILURES_KEY, record.encode())
+        else:
+            self._remaining_restarts = 0
+            self.exit_code = code
+            self.ending = decision
+        return result
+
+    def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        if worker_group.state == WorkerState.HEALTHY and self._restarts >= self._budget:
+            # torch restarts a healthy group when a pod waits to join (a replacement): that is a
+            # restart of the gang like any other, and there is none left.
+            self._stop_workers(worker_group)
+            raise RestartBudgetSpentError(
+                f"a pod waits to join, but the gang has spent its restart budget ({self._budget})"
+            )
+        super()._restart_workers(worker_group)
+
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        self._shutdown(death_sig=signal.SIGKILL)
+        stopped = time.time()
+        if self._node_rank == 0:
+            ranks = [worker.global_rank for worker in worker_group.workers]
+            if 0 in ranks:
+                self._steps_before = read_step_marker(step_marker_path(self._progress_dir, 0))
+        _status("stopped", node=self._node_rank, time=f"{stopped:.6f}")
+        if self._round_store is not None and self.ending is None:
+            _push(self._round_store, STOPPED_KEY, f"{self._node_rank} {stopped:.6f}")
+
+
+def _push(store: Store, key: str, value: str) -> None:
+    """Add ``value`` to the list ``key`` of a round's store (any pod may add, concurrently)."""
+    index = store.add(f"{key}/count", 1)
+    store.set(f"{key}/{index}", value)
+
+
+def _read_all(store: Store, key: str) -> list[str]:
+    """The values added to ``key`` so far (each one, once its writer has set it)."""
+    count = store.add(f"{key}/count", 0)
+    keys = [f"{key}/{index}" for index in range(1, count + 1)]
+    return [store.get(name).decode() for name in keys if store.check([name])]
+
+
+# What the forkserver imports once, for every worker: torch and the trainer, and torch._dynamo, which
+# torch imports lazily in the first optimizer's constructor (seconds; docs/benchmarks.md).
+FORKSERVER_PRELOAD: Final = ("ddp_trainer.worker", "ddp_trainer.trainer", "torch._dynamo")
+
+
+def start_forkserver(workload: str) -> None:
+    """Start the process the workers are forked from, importing torch, the trainer and the workload's
+    lazy imports now.
+
+    Every worker, the first ones and each restart's, is a fork of it: a restart costs a fork, not an
+    interpreter start and the imports (docs/benchmarks.md). It imports while this pod waits for the
+    others in the rendezvous. It never initializes CUDA or a process group, so forking it is safe; it
+    inherits this process's environment as it is now (the launcher's variables are all set).
+    """
+    modules = [*FORKSERVER_PRELOAD, *LAZY_IMPORTS.get(workload, ())]
+    multiprocessing.set_forkserver_preload(modules)
+    forkserver.ensure_running()
+
+
+class _NoTraceback(logging.Filter):
+    """Drops the traceback from torch's log of a failed worker (the worker's own is on its stderr).
+
+    torch's log formatter imports torch._dynamo for any record with a traceback: 1.5 s of this
+    launcher's time, at the moment a worker has failed and the gang waits for it.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info = None
+        record.exc_text = None
+        return True
+
+
+def quiet_worker_failures() -> None:
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_NoTraceback())
+
+
+def rendezvous_handler(env: DistEnv, config: TrainConfig) -> RendezvousHandler:
+    """The c10d rendezvous at MASTER_ADDR:MASTER_PORT; NODE_RANK 0's launcher hosts its store."""
+    timeout = timedelta(seconds=config.init_timeout)
+    is_host = env.node_rank == 0
+    store = TCPStore(
+        env.master_addr,
+        env.master_port,
+        is_master=is_host,
+        timeout=timeout,
+        wait_for_workers=False,
+        # A job on one machine stays on loopback (docs/trainer.md, "Where rank 0 listens").
+        master_listen_fd=loopback_listener(env.master_addr, env.master_port) if is_host else None,
+    )
+    params = RendezvousParameters(
+        backend="c10d",
+        endpoint=f"{env.master_addr}:{env.master_port}",
+        run_id=env.run_id,
+        min_nodes=env.nnodes,
+        max_nodes=env.nnodes,
+        local_addr=node_addr(env.node_rank),
+        # A replacement pod may take a while to be scheduled and started: the survivors wait for it
+        # as long as a first start may take.
+        join_timeout=int(config.init_timeout),
+        keep_alive_interval=KEEP_ALIVE_INTERVAL,
+        keep_alive_max_attempt=KEEP_ALIVE_MAX_ATTEMPT,
+    )
+    return create_handler(store, C10dRendezvousBackend(store, env.run_id), params)
+
+
+def run_in_place(
+    env: DistEnv,
+    config: TrainConfig,
+    argv: list[str],
+    exit_dir: Path,
+    progress_dir: Path,
+    ledger: RestartLedger,
+) -> int:
+    """Run this pod's agent until the job ends; returns the pod's exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    # Rank 0 publishes the workers' store address in every round (see the module's docstring).
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    start_forkserver(config.workload)
+    quiet_worker_failures()
+    handler = rendezvous_handler(env, config)
+    spec = WorkerSpec(
+        role="trainer",
+        local_world_size=env.nproc_per_node,
+        rdzv_handler=handler,
+        entrypoint=forked_worker,
+        args=(argv,),
+        max_restarts=env.restart_budget,
+        monitor_interval=MONITOR_INTERVAL,
+        # Rank 0's workers listen on this pod's name (port: a free one, picked per round by rank 0's
+        # agent); the node descriptor's address is only a sort key.
+        master_addr=env.master_addr,
+    )
+    agent = InPlaceAgent(
+        spec,
+        node_rank=env.node_rank,
+        budget=env.restart_budget,
+        exit_dir=exit_dir,
+        progress_dir=progress_dir,
+        ledger=ledger,
+    )
+    close_rendezvous = True
+    try:
+        result = agent.run()
+        if result is None:  # torch: the rendezvous was closed while this pod waited to join
+            code = EXIT_PEER_LOST
+        elif result.is_failed():
+            failures = {rank: failure.exitcode for rank, failure in result.failures.items()}
+            code = agent.exit_code or first_failure_code(failures, read_exit_records(exit_dir))
+            if agent.ending == "budget-spent":
+                log(f"the gang spent its restart budget ({env.restart_budget}); exiting {code}")
+        else:
+            code = 0
+    except SignalException as stopped:
+        # This pod was stopped (deleted): the others restart without it, so the rendezvous stays open.
+        close_rendezvous = False
+        records = read_exit_records(exit_dir)
+        code = first_failure_code({}, records) if records else 128 + int(stopped.sigval)
+    except Exception as error:
+        # The rendezvous failed: its host (rank 0's pod) is gone, it timed out waiting for a pod, or
+        # it was closed by a pod that ended the job. The operator restarts the gang: retried.
+        log(
+            f"pod {env.node_rank} left the rendezvous at MASTER_ADDR:MASTER_PORT = "
+            f"{env.master_addr}:{env.master_port} ({type(error).__name__}: {error}); exiting {EXIT_PEER_LOST}"
+        )
+        code = EXIT_PEER_LOST
+    finally:
+        if close_rendezvous:
+            _close(handler)
+    return code
+
+
+def _close(handler: RendezvousHandler) -> None:
+    """Close the rendezvous so the other pods stop waiting for this one (best effort: its host may be
+    gone already)."""
+    try:
+        handler.shutdown()
+    except Exception as error:
+        log(f"could not close the rendezvous ({type(error).__name__}: {error})")

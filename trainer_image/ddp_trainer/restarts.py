@@ -1,0 +1,197 @@
+"""In-place restarts, the pure part: who failed, whether to restart, and what the last restart cost.
+
+The launcher (``ddp_trainer.elastic``) runs torch's elastic agent on every pod; when a worker fails,
+every pod's agent restarts its workers on a new round of the c10d rendezvous. What has to be decided
+the same way on every pod is decided here, from plain values, without torch:
+
+- the node descriptor address that makes the rendezvous rank of a pod its ``NODE_RANK``;
+- whether a failed worker's code is restarted (retried, within the gang's budget) or ends the pod;
+- which of the failures the agents report is *the* failure of a restart, and its cause;
+- the record of the last restart that rank 0's pod exports (docs/metrics.md, "In-place restarts").
+
+See docs/restarts.md for the modes and docs/trainer.md for the env contract.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Final, Literal
+
+from ddp_trainer.exitcodes import COLLATERAL_CODES, is_retryable
+
+# Width of the node rank in a node descriptor: a job has at most 4096 pods (the CRD's bound); six
+# digits leave room, and every descriptor has the same width, so the text order is the numeric order.
+NODE_RANK_DIGITS: Final = 6
+NODE_ADDR_PREFIX: Final = "ddp-node-"
+
+# The causes of a restart (the ``cause`` label of ddp_last_restart_info).
+Cause = Literal["ExitCode", "PeerLost", "MemberJoined"]
+
+# What a pod's agent does about a failed worker group ("stuck": a worker no signal can end, see
+# ddp_trainer.elastic).
+Decision = Literal["restart", "permanent", "budget-spent", "stuck"]
+
+
+def node_addr(node_rank: int) -> str:
+    """The address in this pod's rendezvous node descriptor.
+
+    torch's c10d rendezvous (``DynamicRendezvousHandler``) ranks the nodes of a round by sorting their
+    descriptors, ``(addr, pid, local_id)``, where addr defaults to the host's FQDN: pods named
+    ``job-10`` sort before ``job-2``, and equal names are ordered by process id. A fixed-width rank
+    makes the sort follow ``NODE_RANK``. The launcher gives the workers MASTER_ADDR itself, so this
+    address never has to resolve.
+    """
+    if not 0 <= node_rank < 10**NODE_RANK_DIGITS:
+        raise ValueError(f"node rank {node_rank} out of range")
+    return f"{NODE_ADDR_PREFIX}{node_rank:0{NODE_RANK_DIGITS}d}"
+
+
+def decide(exit_code: int, restarts_done: int, budget: int) -> Decision:
+    """What a pod's agent does when its worker group failed with ``exit_code``.
+
+    ``restarts_done`` is the gang's count of in-place restarts so far (the same on every pod, read
+    from the rendezvous), ``budget`` what DDP_RESTART_BUDGET allows in all. A permanent code
+    (docs/restarts.md: 1-127) restarts nothing; a retried one restarts while the budget lasts.
+    """
+    if not is_retryable(exit_code):
+        return "permanent"
+    if restarts_done >= budget:
+        return "budget-spent"
+    return "restart"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One pod's report of a failed worker group: the worker whose code decides, as its agent saw it."""
+
+    node_rank: int
+    global_rank: int
+    exit_code: int
+    time: float  # unix seconds when the agent saw the worker's end
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def decode(text: str) -> Failure:
+        data = json.loads(text)
+        return Failure(
+            int(data["node_rank"]), int(data["global_rank"]), int(data["exit_code"]), float(data["time"])
+        )
+
+
+def first_failure(failures: Iterable[Failure]) -> Failure | None:
+    """The failure that caused a restart: a worker's own failure before the collateral ones (a lost
+    peer's 170, a stop's 143: docs/trainer.md), then the earliest, then the lowest rank."""
+    ordered = sorted(failures, key=lambda f: (f.exit_code in COLLATERAL_CODES, f.time, f.global_rank))
+    return ordered[0] if ordered else None
+
+
+def restart_cause(failure: Failure | None) -> Cause:
+    """ExitCode: a worker failed of itself; PeerLost: only collateral failures (a peer or its pod went
+    away); MemberJoined: no worker failed, a pod joined (a replacement) and the group re-formed."""
+    if failure is None:
+        return "MemberJoined"
+    return "PeerLost" if failure.exit_code in COLLATERAL_CODES else "ExitCode"
+
+
+@dataclass(frozen=True)
+class RestartRecord:
+    """The last in-place restart as rank 0's pod exports it (docs/metrics.md).
+
+    Times are unix seconds. ``resumed`` and ``steps_redone`` arrive later, from rank 0's worker,
+    once it has made its first step after the resume.
+    """
+
+    restarts: int  # the gang's in-place restarts so far, this one included
+    cause: Cause
+    failed_rank: int | None
+    exit_code: int | None
+    failure: float | None  # when the failed worker died (None for MemberJoined)
+    stopped: float  # every survivor's workers stopped
+    reformed: float  # the new round complete
+    steps_before: int | None = None  # rank 0's completed steps when its workers were stopped
+    resumed: float | None = None
+    resumed_step: int | None = None
+
+    @property
+    def steps_redone(self) -> int | None:
+        if self.steps_before is None or self.resumed_step is None:
+            return None
+        return max(self.steps_before - self.resumed_step, 0)
+
+    def with_resume(self, resumed: float, resumed_step: int) -> RestartRecord:
+        return RestartRecord(
+            restarts=self.restarts,
+            cause=self.cause,
+            failed_rank=self.failed_rank,
+            exit_code=self.exit_code,
+            failure=self.failure,
+            stopped=self.stopped,
+            reformed=self.reformed,
+            steps_before=self.steps_before,
+            resumed=resumed,
+            resumed_step=resumed_step,
+        )
+
+
+def build_record(
+    restarts: int,
+    failures: Sequence[Failure],
+    stopped_times: Sequence[float],
+    reformed: float,
+    steps_before: int | None,
+) -> RestartRecord:
+    """Rank 0's record of the restart that led to the round just formed.
+
+    ``stopped_times`` are every pod's "workers stopped" times (a replacement pod has none): the
+    survivors are all stopped at the latest of them.
+    """
+    failure = first_failure(failures)
+    stopped = max(stopped_times) if stopped_times else reformed
+    return RestartRecord(
+        restarts=restarts,
+        cause=restart_cause(failure),
+        failed_rank=None if failure is None else failure.global_rank,
+        exit_code=None if failure is None else failure.exit_code,
+        failure=None if failure is None else failure.time,
+        stopped=stopped,
+        reformed=reformed,
+        steps_before=steps_before,
+    )
+
+
+@dataclass(frozen=True)
+class ResumeNote:
+    """What rank 0's worker leaves for its launcher after its first step following an in-place restart."""
+
+    restarts: int  # DDP_GROUP_RESTARTS of the worker: which restart this resume belongs to
+    time: float  # unix seconds at the end of that first step
+    resumed_step: int  # the step the worker resumed from (the checkpoint's, or 0)
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def decode(text: str) -> ResumeNote | None:
+        try:
+            data = json.loads(text)
+            note = ResumeNote(int(data["restarts"]), float(data["time"]), int(data["resumed_step"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+        return note if math.isfinite(note.time) else None
+
+
+class RestartLedger:
+    """What the launcher knows of the gang's in-place restarts, for its /metrics endpoint.
+
+    Written by the agent's thread, read by the endpoint's: each field is replaced whole (a counter and
+    a frozen record), which needs no lock.
+    """
+
+    def __init__(self) -> None:
+        self.restarts = 0
+        self.record: RestartRecord | None = None

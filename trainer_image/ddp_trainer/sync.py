@@ -340,7 +340,12 @@ class LoggerRecorder(SyncRecorder):
         if sent is None or overlap is None:
             return None
         outside = data + comm + between
-        wait = min(max(float(sent) - float(overlap), 0.0) / _NS_PER_S * steps, total - outside)
+        # One sampled step's wait, taken for every step of the window, can exceed what the window has
+        # room for (a step sampled while the machine was loaded): the wait never eats the backward
+        # compute DDP itself measured, so the compute left is never a bogus 0.
+        measured_compute = float(logged.get("avg_backward_compute_time") or 0) / _NS_PER_S * steps
+        room = max(total - outside - measured_compute, 0.0)
+        wait = min(max(float(sent) - float(overlap), 0.0) / _NS_PER_S * steps, room)
         return Window(steps, data=data, compute=total - outside - wait, comm=comm, wait=between + wait)
 
 

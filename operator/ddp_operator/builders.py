@@ -179,6 +179,12 @@ def restart_env(job: JobSpec, rank: int, attempt: int, restart_budget: int) -> l
         return values
     budget = str(max(0, restart_budget))
     endpoint = f"{names.master_addr(job.name, job.namespace)}:{job.rendezvous_port}"
+    rdzv_conf = f"is_host={1 if rank == 0 else 0}"
+    if job.elastic is not None:
+        # An elastic job trains on DDP_MIN_NODES..NNODES pods; a round waits this long for missing ones.
+        wait = str(job.elastic.replacement_wait_seconds)
+        values += [("DDP_MIN_NODES", str(job.elastic.min_replicas)), ("DDP_REPLACEMENT_WAIT_SECONDS", wait)]
+        rdzv_conf += f",last_call_timeout={wait}"
     return [
         *values,
         ("DDP_RESTART_BUDGET", budget),
@@ -189,10 +195,17 @@ def restart_env(job: JobSpec, rank: int, attempt: int, restart_budget: int) -> l
         ("PET_RDZV_ID", run_id(job, attempt)),
         ("PET_MAX_RESTARTS", budget),
         # torchrun would guess the store's host by matching addresses, before rank 0's DNS is published.
-        ("PET_RDZV_CONF", f"is_host={1 if rank == 0 else 0}"),
+        ("PET_RDZV_CONF", rdzv_conf),
         # Rank 0 publishes a store for the workers each round, so a replacement pod can join a later one.
         ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),
     ]
+
+
+def _torchrun_nnodes(job: JobSpec) -> str:
+    """torchrun's --nnodes: the pods, or ``min:max`` for an elastic job."""
+    if job.elastic is None:
+        return str(job.replicas)
+    return f"{job.elastic.min_replicas}:{job.elastic.max_replicas}"
 
 
 def remaining_restart_budget(job: JobSpec, restarts: int) -> int:
@@ -217,7 +230,7 @@ def contract_env(job: JobSpec, rank: int, attempt: int, restart_budget: int = 0)
         # With several processes per pod the launcher assigns these per worker.
         values += [("RANK", str(rank)), ("LOCAL_RANK", "0")]
     values += [
-        ("PET_NNODES", str(job.replicas)),
+        ("PET_NNODES", _torchrun_nnodes(job)),
         ("PET_NODE_RANK", str(rank)),
         ("PET_NPROC_PER_NODE", str(job.nproc_per_node)),
         ("PET_MASTER_ADDR", master),

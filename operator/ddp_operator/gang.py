@@ -87,8 +87,9 @@ def _v1alpha2(job: JobSpec, attempt: int) -> GangObjects:
     api_version = f"{GROUP}/v1alpha2"
     workload_name = names.gang_workload_name(job.name, attempt)
     pod_group_name = names.gang_pod_group_name(job.name, attempt)
-    # A DDP group cannot start without every rank: the gang's minimum is the whole job.
-    policy: dict[str, Any] = {"gang": {"minCount": job.replicas}}
+    # A fixed-size DDP group cannot start without every rank: the gang's minimum is the whole job. An
+    # elastic one trains on minReplicas pods, so the scheduler may bind those first (docs/elastic.md).
+    policy: dict[str, Any] = {"gang": {"minCount": job.min_replicas}}
     workload = {
         "apiVersion": api_version,
         "kind": WORKLOAD_KIND,

@@ -60,6 +60,8 @@ REASON_STRAGGLER: Final = "Straggler"
 REASON_QUEUED: Final = "Queued"
 # Events of a restart that kept the pods (docs/restarts.md), and of any restart once its cost is known.
 REASON_RESTARTED_IN_PLACE: Final = "RestartedInPlace"
+# An elastic job's group changed size in place (docs/elastic.md).
+REASON_RESIZED: Final = "Resized"
 REASON_POD_REPLACED: Final = "PodReplaced"
 REASON_RECOVERED: Final = "Recovered"
 # Reasons that fail a job which must stop consuming resources whatever cleanPodPolicy says.
@@ -193,6 +195,10 @@ class _Transition:
     last_restart: Mapping[str, Any] | None = None
     goodput: float | None = None
     pod_replacements: int | None = None
+    # An elastic job's pods in the group as rank 0 last said, and the resizes so far; None: as the old
+    # status says.
+    group_replicas: int | None = None
+    resizes: int | None = None
 
 
 def _int(value: Any, default: int) -> int:
@@ -272,7 +278,25 @@ def _status(job: JobSpec, old: Mapping[str, Any], change: _Transition, now: date
     replaced = change.pod_replacements if change.pod_replacements is not None else old.get("podReplacements")
     if isinstance(replaced, int) and replaced:
         status["podReplacements"] = replaced
+    if job.elastic is not None:
+        status["elastic"] = _elastic_status(job, old, change)
+        status["worldSize"] = status["elastic"]["replicas"] * job.nproc_per_node
     return status
+
+
+def _elastic_status(job: JobSpec, old: Mapping[str, Any], change: _Transition) -> dict[str, int]:
+    """status.elastic: the group's pods now (what the job asks for until rank 0 says), bounds, resizes."""
+    assert job.elastic is not None
+    shown = old.get("elastic")
+    previous: Mapping[str, Any] = shown if isinstance(shown, Mapping) else {}
+    group = change.group_replicas or _int(previous.get("replicas"), job.replicas)
+    resizes = change.resizes if change.resizes is not None else _int(previous.get("resizes"), 0)
+    return {
+        "replicas": group,
+        "minReplicas": job.elastic.min_replicas,
+        "maxReplicas": job.elastic.max_replicas,
+        "resizes": resizes,
+    }
 
 
 _STATUS_KEYS: Final = (
@@ -295,6 +319,7 @@ _STATUS_KEYS: Final = (
     "lastRestart",
     "goodput",
     "podReplacements",
+    "elastic",
 )
 
 
@@ -599,6 +624,37 @@ class _LiveAttempt:
         )
 
     @property
+    def running(self) -> list[PodObservation]:
+        return [p for p in self.current if (p.running or p.trainer_succeeded) and not p.deleting]
+
+    @property
+    def can_train(self) -> bool:
+        """Every rank's pod runs; an elastic job's group trains once minReplicas pods run, rank 0's
+        (the rendezvous' host) among them."""
+        if self.job.elastic is None:
+            return self.all_running
+        running = self.running
+        return len(running) >= self.job.min_replicas and any(p.rank == 0 for p in running)
+
+    @property
+    def group_replicas(self) -> int | None:
+        """An elastic job's pods in the training group, as rank 0's launcher last said."""
+        report = self.progress.restart if self.progress is not None else None
+        return report.group_nodes if report is not None and self.job.elastic is not None else None
+
+    @property
+    def resizes(self) -> int | None:
+        """status.elastic.resizes after this read: one more when it brings a restart that resized."""
+        record = self.accounting.record
+        if self.job.elastic is None or record is None or recovery.resize(record) is None:
+            return None
+        last = self.old.get("lastRestart")
+        if isinstance(last, Mapping) and recovery.resize(last) is not None and _same_round(last, record):
+            return None  # the same resize, its seconds filled in
+        previous = self.old.get("elastic")
+        return _int(previous.get("resizes") if isinstance(previous, Mapping) else None, 0) + 1
+
+    @property
     def active_left(self) -> float | None:
         return deadline.seconds_left(
             parse_time(self.old.get("startTime")), self.job.run_policy.active_deadline_seconds, self.now
@@ -652,7 +708,7 @@ class _LiveAttempt:
         Time spent queued by Kueue does not count: the deadline runs from the attempt's first pod, or
         from when the job left the Queued phase if that was later (docs/scheduling.md).
         """
-        if self.old.get("phase") == names.PHASE_RUNNING or self.all_running or self.kueue_gated:
+        if self.old.get("phase") == names.PHASE_RUNNING or self.can_train or self.kueue_gated:
             return None
         created = [p.created_at for p in self.current if p.created_at is not None]
         since = min(created) if created else None
@@ -897,9 +953,9 @@ def _rule_root_image_refused(live: _LiveAttempt) -> Decision | None:
 def _rule_progress(live: _LiveAttempt) -> Decision:
     """Nothing ended the attempt: Pending, Starting or Running, and the ranks still to create."""
     job, attempt, current = live.job, live.attempt, live.current
-    if live.all_running or live.old.get("phase") == names.PHASE_RUNNING:
+    if live.can_train or live.old.get("phase") == names.PHASE_RUNNING:
         phase, reason = names.PHASE_RUNNING, REASON_RUNNING
-        message = f"all {job.replicas} rank(s) of attempt {attempt} are running (world size {job.world_size})"
+        message = _running_message(live)
     elif live.kueue_gated and job.kueue is not None:
         phase, reason = names.PHASE_QUEUED, REASON_QUEUED
         message = queued_message(live.kueue_gated, job.replicas, attempt, live.queue, job.kueue.queue_name)
@@ -927,6 +983,8 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
         straggler=straggler,
         last_restart=live.accounting.record,
         goodput=live.goodput,
+        group_replicas=live.group_replicas,
+        resizes=live.resizes,
     )
     return _decision(
         job,
@@ -950,14 +1008,33 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
     )
 
 
+def _running_message(live: _LiveAttempt) -> str:
+    job, attempt = live.job, live.attempt
+    if job.elastic is None:
+        return f"all {job.replicas} rank(s) of attempt {attempt} are running (world size {job.world_size})"
+    return (
+        f"{len(live.running)} of {job.replicas} rank pod(s) of attempt {attempt} are running (elastic: "
+        f"trains on {job.elastic.min_replicas} to {job.elastic.max_replicas} pods)"
+    )
+
+
+def _same_round(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return a.get("attempt") == b.get("attempt") and a.get("groupRestarts") == b.get("groupRestarts")
+
+
 def _restart_notices(live: _LiveAttempt) -> tuple[PhaseEvent, ...]:
-    """An in-place restart the launchers made (Warning), and any restart's cost once known (Normal)."""
+    """An in-place restart the launchers made (Warning), an elastic group's resize (Warning when it
+    shrank, Normal when it grew), and any restart's cost once known (Normal)."""
     record = live.accounting.record
     if record is None:
         return ()
     text = recovery.describe(record, live.restarts, live.job.run_policy.backoff_limit)
     notices: list[PhaseEvent] = []
-    if live.accounting.added:
+    sizes = recovery.resize(record)
+    if live.resizes is not None and sizes is not None:
+        kind: Literal["Normal", "Warning"] = "Normal" if sizes[1] > sizes[0] else "Warning"
+        notices.append(PhaseEvent(type=kind, reason=REASON_RESIZED, message=text))
+    elif live.accounting.added:
         notices.append(PhaseEvent(type="Warning", reason=REASON_RESTARTED_IN_PLACE, message=text))
     elif live.accounting.measured is not None:
         notices.append(PhaseEvent(type="Normal", reason=REASON_RECOVERED, message=text))

@@ -43,6 +43,9 @@ DEFAULT_RESTART_MODE: Final[RestartMode] = "InPlace"
 DEFAULT_CHECKPOINT_MOUNT_PATH: Final = "/var/run/ddp/checkpoints"
 DEFAULT_RENDEZVOUS_PORT: Final = 29500
 DEFAULT_METRICS_PORT: Final = 9400
+# An elastic job's survivors wait this long for a lost pod's replacement before they train without it.
+DEFAULT_REPLACEMENT_WAIT_SECONDS: Final = 60
+MAX_REPLACEMENT_WAIT_SECONDS: Final = 3600
 MAX_CONTAINERS: Final = 16
 
 
@@ -72,6 +75,7 @@ DECLARED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
             "metrics",
             "networkPolicy",
             "scheduling",
+            "elastic",
         }
     ),
     "spec.runPolicy": frozenset(
@@ -91,6 +95,7 @@ DECLARED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "spec.metrics": frozenset({"enabled", "port"}),
     "spec.networkPolicy": frozenset({"enabled"}),
     "spec.scheduling": frozenset({"gang"}),
+    "spec.elastic": frozenset({"minReplicas", "maxReplicas", "replacementWaitSeconds"}),
 }
 
 
@@ -173,6 +178,18 @@ class KueueSpec:
 
 
 @dataclass(frozen=True)
+class ElasticSpec:
+    """An elastic job (docs/elastic.md): it trains on any number of pods from ``min_replicas`` to
+    ``max_replicas``. It starts ``max_replicas`` pods; a lost pod whose replacement cannot start within
+    ``replacement_wait_seconds`` leaves the others training without it, and it joins them again (the
+    group grows back) once it runs."""
+
+    min_replicas: int
+    max_replicas: int
+    replacement_wait_seconds: int = DEFAULT_REPLACEMENT_WAIT_SECONDS
+
+
+@dataclass(frozen=True)
 class JobSpec:
     name: str
     namespace: str
@@ -191,6 +208,13 @@ class JobSpec:
     network_policy: NetworkPolicySpec = field(default_factory=NetworkPolicySpec)
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec)
     kueue: KueueSpec | None = None
+    # Elastic jobs only; ``replicas`` is then ``elastic.max_replicas``, the pods the job asks for.
+    elastic: ElasticSpec | None = None
+
+    @property
+    def min_replicas(self) -> int:
+        """The fewest pods the job trains on: ``replicas`` unless it is elastic."""
+        return self.elastic.min_replicas if self.elastic is not None else self.replicas
 
 
 def _mapping(value: Any, path: str, *, required: bool = False) -> Mapping[str, Any]:
@@ -372,6 +396,43 @@ def _parse_kueue(metadata: Mapping[str, Any], template: Mapping[str, Any]) -> Ku
     return KueueSpec(queue_name=queue, priority_class=pick(names.KUEUE_PRIORITY_CLASS_LABEL))
 
 
+def _parse_elastic(spec: Mapping[str, Any], run_policy: RunPolicy) -> ElasticSpec | None:
+    """spec.elastic, checked against the fields it excludes or needs (the CRD's CEL says the same)."""
+    if spec.get("elastic") is None:
+        return None
+    path = "spec.elastic"
+    raw = _mapping(spec.get("elastic"), path)
+    if spec.get("replicas") is not None:
+        raise SpecError(
+            "spec.replicas",
+            "an elastic job's size is spec.elastic.minReplicas..maxReplicas; remove spec.replicas",
+        )
+    bounds = {"minimum": 1, "maximum": names.MAX_REPLICAS}
+    for key in ("minReplicas", "maxReplicas"):
+        if raw.get(key) is None:
+            raise SpecError(f"{path}.{key}", "is required")
+    minimum = _required_int(raw, "minReplicas", path, 1, **bounds)
+    maximum = _required_int(raw, "maxReplicas", path, 1, **bounds)
+    if minimum > maximum:
+        raise SpecError(
+            f"{path}.minReplicas", f"must be at most spec.elastic.maxReplicas ({maximum}), got {minimum}"
+        )
+    if run_policy.restart_mode != RESTART_MODE_IN_PLACE:
+        raise SpecError(
+            "spec.runPolicy.restartMode",
+            "an elastic job resizes its group in place: set it to InPlace (its default) or remove spec.elastic",
+        )
+    wait = _required_int(
+        raw,
+        "replacementWaitSeconds",
+        path,
+        DEFAULT_REPLACEMENT_WAIT_SECONDS,
+        minimum=1,
+        maximum=MAX_REPLACEMENT_WAIT_SECONDS,
+    )
+    return ElasticSpec(min_replicas=minimum, max_replicas=maximum, replacement_wait_seconds=wait)
+
+
 def parse_job(obj: Mapping[str, Any]) -> JobSpec:
     """A defaulted JobSpec from a DDPJob object (as the apiserver returns it, or as a user wrote it)."""
     metadata = _mapping(obj.get("metadata"), "metadata", required=True)
@@ -396,6 +457,9 @@ def parse_job(obj: Mapping[str, Any]) -> JobSpec:
     template = _mapping(spec.get("template"), "spec.template", required=True)
     _validate_template(template)
     run_policy = _parse_run_policy(_mapping(spec.get("runPolicy"), "spec.runPolicy"))
+    elastic = _parse_elastic(spec, run_policy)
+    if elastic is not None:
+        replicas = elastic.max_replicas
     checkpoint = _parse_checkpoint(spec.get("checkpoint"))
     rendezvous_port = _required_int(
         spec, "rendezvousPort", "spec", DEFAULT_RENDEZVOUS_PORT, minimum=1, maximum=65535
@@ -436,6 +500,7 @@ def parse_job(obj: Mapping[str, Any]) -> JobSpec:
         network_policy=network_policy,
         scheduling=scheduling,
         kueue=kueue,
+        elastic=elastic,
     )
 
 

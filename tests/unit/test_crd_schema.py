@@ -65,13 +65,17 @@ def test_names_match_the_constants() -> None:
     assert version["name"] == names.API_VERSION
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Phase", "Ready", "Restarts", "Step", "Samples/s", "Age"]
+    assert columns == ["Phase", "Ready", "Restarts", "World", "Step", "Samples/s", "Age"]
 
 
 @pytest.mark.parametrize(
     ("path", "default"),
     [
-        pytest.param("spec.replicas", spec.DEFAULT_REPLICAS, id="replicas"),
+        pytest.param(
+            "spec.elastic.replacementWaitSeconds",
+            spec.DEFAULT_REPLACEMENT_WAIT_SECONDS,
+            id="replacement-wait",
+        ),
         pytest.param("spec.nprocPerNode", spec.DEFAULT_NPROC_PER_NODE, id="nproc"),
         pytest.param("spec.backend", "auto", id="backend"),
         pytest.param("spec.restartPolicy", spec.DEFAULT_RESTART_POLICY, id="restart-policy"),
@@ -86,6 +90,21 @@ def test_names_match_the_constants() -> None:
 )
 def test_defaults_agree_with_the_parser(path: str, default: Any) -> None:
     assert field(path)["default"] == default
+
+
+def test_replicas_has_no_schema_default() -> None:
+    """The CRD's CEL tells a left-out spec.replicas (an elastic job's) from one set: a schema default
+    would make it always present. The parser defaults it instead."""
+    assert "default" not in field("spec.replicas")
+    assert (
+        spec.parse_job(
+            {
+                "metadata": {"name": "j"},
+                "spec": {"template": {"spec": {"containers": [{"name": "trainer", "image": "i"}]}}},
+            }
+        ).replicas
+        == spec.DEFAULT_REPLICAS
+    )
 
 
 @pytest.mark.parametrize(
@@ -104,6 +123,11 @@ def test_enums_agree_with_the_parser(path: str, allowed: tuple[str, ...]) -> Non
     ("path", "minimum", "maximum"),
     [
         pytest.param("spec.replicas", 1, names.MAX_REPLICAS, id="replicas"),
+        pytest.param("spec.elastic.minReplicas", 1, names.MAX_REPLICAS, id="elastic-min"),
+        pytest.param("spec.elastic.maxReplicas", 1, names.MAX_REPLICAS, id="elastic-max"),
+        pytest.param(
+            "spec.elastic.replacementWaitSeconds", 1, spec.MAX_REPLACEMENT_WAIT_SECONDS, id="replacement-wait"
+        ),
         pytest.param("spec.nprocPerNode", 1, spec.MAX_NPROC_PER_NODE, id="nproc"),
         pytest.param("spec.runPolicy.backoffLimit", 0, spec.MAX_BACKOFF_LIMIT, id="backoff"),
         pytest.param("spec.runPolicy.activeDeadlineSeconds", 1, None, id="active-deadline"),

@@ -234,7 +234,7 @@ def test_declared_fields_match_the_crd_schema() -> None:
     expected = {"": set(schema["properties"]) | {"metadata"}}
     spec = schema["properties"]["spec"]
     expected["spec"] = set(spec["properties"])
-    for name in ("runPolicy", "template", "checkpoint", "metrics", "networkPolicy", "scheduling"):
+    for name in ("runPolicy", "template", "checkpoint", "metrics", "networkPolicy", "scheduling", "elastic"):
         expected[f"spec.{name}"] = set(spec["properties"][name]["properties"])
     assert {path: set(fields) for path, fields in DECLARED_FIELDS.items()} == expected
 

@@ -74,6 +74,13 @@ class GroupRestartReport:
     """
 
     restarts: int  # ddp_group_restarts_total: rounds after the attempt's first
+    # ddp_group_grows_total: of those, the rounds that only grew an elastic group (no failure: not
+    # counted against backoffLimit).
+    grows: int = 0
+    group_nodes: int | None = None  # ddp_group_nodes: pods in the group now
+    world_size: int | None = None  # rank 0's ddp_world_size: processes in the group now
+    nodes_before: int | None = None  # the group's pods before the last restart
+    nodes_after: int | None = None  # and after it
     failure_at: float | None = None
     stopped_at: float | None = None
     reformed_at: float | None = None
@@ -166,6 +173,8 @@ def _fill(record: dict[str, Any], report: GroupRestartReport) -> tuple[str, floa
             record[key] = f"{seconds:.2f}"
     if report.steps_redone is not None:
         record["stepsRedone"] = report.steps_redone
+    if report.nodes_before is not None and report.nodes_after is not None:
+        record["replicasBefore"], record["replicasAfter"] = report.nodes_before, report.nodes_after
     if not had_resumed and "resumedSeconds" in record:
         return str(record["mode"]), float(_seconds(report.resumed_at, failure) or 0.0)
     return None
@@ -184,6 +193,7 @@ def account(
         return RestartAccounting()
     same_attempt = isinstance(last, Mapping) and last.get("attempt") == attempt
     accounted = int(last.get("groupRestarts", 0)) if same_attempt and last is not None else 0
+    grows_accounted = int(last.get("groupGrows", 0)) if same_attempt and last is not None else 0
     if report.restarts > accounted:
         failure_at = report.failure_at if report.failure_at is not None else report.reformed_at
         if failure_at is None:
@@ -197,8 +207,12 @@ def account(
             exit_code=report.exit_code,
             group_restarts=report.restarts,
         )
+        if report.grows:
+            record["groupGrows"] = report.grows
         measured = _fill(record, report)
-        return RestartAccounting(added=report.restarts - accounted, record=record, measured=measured)
+        # Rounds that only grew an elastic group are no failure: they do not count against backoffLimit.
+        added = max(0, (report.restarts - accounted) - max(0, report.grows - grows_accounted))
+        return RestartAccounting(added=added, record=record, measured=measured)
     if same_attempt and last is not None and report.restarts == accounted and accounted > 0:
         record = dict(last)
         measured = _fill(record, report)
@@ -236,6 +250,18 @@ def goodput(kept_step_seconds: float | None, start: datetime | None, now: dateti
     return round(min(1.0, max(0.0, kept_step_seconds / wall)), 4)
 
 
+# rank 0's launcher's cause of a round no worker failed for: a pod joined (a replacement, or capacity back).
+CAUSE_MEMBER_JOINED: Final = "MemberJoined"
+
+
+def resize(record: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(pods before, pods after) when the restart changed the group's size (elastic jobs), else None."""
+    before, after = record.get("replicasBefore"), record.get("replicasAfter")
+    if not isinstance(before, int) or not isinstance(after, int) or before == after:
+        return None
+    return before, after
+
+
 def describe(record: Mapping[str, Any], restarts: int, backoff_limit: int) -> str:
     """One line for the restart's Event: what failed, how it was recovered, and what it cost."""
     mode = {
@@ -248,7 +274,15 @@ def describe(record: Mapping[str, Any], restarts: int, backoff_limit: int) -> st
         what += f" of rank {record['rank']}"
     if "exitCode" in record:
         what += f" (exit code {record['exitCode']})"
-    parts = [f"{what}: {mode} (restart {restarts} of {backoff_limit})"]
+    sizes = resize(record)
+    if sizes is not None and sizes[1] > sizes[0] and record.get("cause") == CAUSE_MEMBER_JOINED:
+        parts = [f"pods joined: the group grew from {sizes[0]} to {sizes[1]} pods in place (not a failure)"]
+    else:
+        parts = [f"{what}: {mode} (restart {restarts} of {backoff_limit})"]
+        if sizes is not None:
+            parts.append(
+                f"the group {'grew' if sizes[1] > sizes[0] else 'shrank'} from {sizes[0]} to {sizes[1]} pods"
+            )
     phases = [
         f"{label} {record[key]}s"
         for key, label in (

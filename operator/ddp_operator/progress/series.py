@@ -38,6 +38,14 @@ RESTART_REFORMED: Final = "ddp_last_restart_reformed_timestamp_seconds"
 RESTART_RESUMED: Final = "ddp_last_restart_resumed_timestamp_seconds"
 RESTART_STEPS_REDONE: Final = "ddp_last_restart_steps_redone"
 RESTART_INFO: Final = "ddp_last_restart_info"
+# Elastic jobs (docs/elastic.md): the pods in the group now, the rounds that grew it (not failures),
+# and the group's pods before and after the last restart (a resize when they differ).
+GROUP_NODES: Final = "ddp_group_nodes"
+GROUP_GROWS: Final = "ddp_group_grows_total"
+RESTART_NODES_BEFORE: Final = "ddp_last_restart_nodes_before"
+RESTART_NODES_AFTER: Final = "ddp_last_restart_nodes_after"
+# Every worker: the processes in its group (an elastic job's changes with each resize).
+WORLD_SIZE: Final = "ddp_world_size"
 # Exported by the in-place launcher, not by a worker's registry.
 LAUNCHER: Final = frozenset(
     {
@@ -48,6 +56,10 @@ LAUNCHER: Final = frozenset(
         RESTART_RESUMED,
         RESTART_STEPS_REDONE,
         RESTART_INFO,
+        GROUP_NODES,
+        GROUP_GROWS,
+        RESTART_NODES_BEFORE,
+        RESTART_NODES_AFTER,
     }
 )
 
@@ -69,6 +81,7 @@ READ: Final = frozenset(
         EVAL_ACCURACY,
         KEPT_STEP_SECONDS,
         RESUMED,
+        WORLD_SIZE,
     }
     | LAUNCHER
 )

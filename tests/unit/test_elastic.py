@@ -1,0 +1,280 @@
+"""Elastic DDPJobs (docs/elastic.md), the operator's pure part: the spec, the env and gang the pods get,
+how rank 0's reports of resizes are counted and recorded, and what status and Events say."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.unit.kube_factories import at, job_object, observe, pod
+from tests.unit.test_reconcile import live_status
+
+from ddp_operator import builders, gang
+from ddp_operator.policies import recovery
+from ddp_operator.policies.recovery import GroupRestartReport
+from ddp_operator.progress.tracker import ProgressObservation
+from ddp_operator.reconcile import Decision, decide
+from ddp_operator.spec import DEFAULT_REPLACEMENT_WAIT_SECONDS, JobSpec, SpecError, parse_job
+
+pytestmark = pytest.mark.unit
+
+
+def elastic_object(minimum: int = 2, maximum: int = 3, **extra: Any) -> dict[str, Any]:
+    body = job_object(**extra)
+    del body["spec"]["replicas"]
+    body["spec"]["elastic"] = {"minReplicas": minimum, "maxReplicas": maximum}
+    return body
+
+
+def elastic_job(minimum: int = 2, maximum: int = 3, **elastic: Any) -> JobSpec:
+    body = elastic_object(minimum, maximum)
+    body["spec"]["elastic"].update(elastic)
+    return parse_job(body)
+
+
+# --- the spec --------------------------------------------------------------------------------------
+
+
+def test_an_elastic_job_asks_for_max_and_trains_on_min() -> None:
+    job = elastic_job(2, 4, replacementWaitSeconds=20)
+    assert (job.replicas, job.min_replicas, job.world_size) == (4, 2, 4)
+    assert job.elastic is not None and job.elastic.replacement_wait_seconds == 20
+    assert elastic_job().elastic.replacement_wait_seconds == DEFAULT_REPLACEMENT_WAIT_SECONDS  # type: ignore[union-attr]
+
+
+def test_a_fixed_size_job_trains_on_all_its_replicas() -> None:
+    job = parse_job(job_object(replicas=3))
+    assert (job.replicas, job.min_replicas, job.elastic) == (3, 3, None)
+
+
+def _with(spec: dict[str, Any]) -> dict[str, Any]:
+    body = elastic_object()
+    body["spec"].update(spec)
+    return body
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        pytest.param(_with({"replicas": 3}), "spec.replicas", "remove spec.replicas", id="replicas-too"),
+        pytest.param(
+            _with({"elastic": {"minReplicas": 4, "maxReplicas": 3}}),
+            "spec.elastic.minReplicas",
+            "at most spec.elastic.maxReplicas (3)",
+            id="min-above-max",
+        ),
+        pytest.param(
+            _with({"elastic": {"maxReplicas": 3}}), "spec.elastic.minReplicas", "required", id="min-missing"
+        ),
+        pytest.param(
+            _with({"elastic": {"minReplicas": 0, "maxReplicas": 3}}),
+            "spec.elastic.minReplicas",
+            "between 1 and 4096",
+            id="min-zero",
+        ),
+        pytest.param(
+            _with({"runPolicy": {"restartMode": "Recreate"}}),
+            "spec.runPolicy.restartMode",
+            "set it to InPlace",
+            id="recreate",
+        ),
+        pytest.param(
+            _with({"elastic": {"minReplicas": 1, "maxReplicas": 2, "replacementWaitSeconds": 0}}),
+            "spec.elastic.replacementWaitSeconds",
+            "between 1 and 3600",
+            id="no-wait",
+        ),
+    ],
+)
+def test_bad_elastic_specs_name_the_field_and_the_fix(body: dict[str, Any], field: str, words: str) -> None:
+    with pytest.raises(SpecError) as raised:
+        parse_job(body)
+    assert raised.value.field == field
+    assert words in raised.value.message
+
+
+# --- what the pods get -------------------------------------------------------------------------------
+
+
+def _env(job: JobSpec, rank: int) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in builders.contract_env(job, rank, 0, 3) if "value" in e}
+
+
+@pytest.mark.parametrize(
+    ("job", "expected"),
+    [
+        pytest.param(
+            elastic_job(2, 3, replacementWaitSeconds=15),
+            {
+                "NNODES": "3",
+                "WORLD_SIZE": "3",
+                "DDP_MIN_NODES": "2",
+                "DDP_REPLACEMENT_WAIT_SECONDS": "15",
+                "PET_NNODES": "2:3",
+                "PET_RDZV_CONF": "is_host=0,last_call_timeout=15",
+            },
+            id="elastic",
+        ),
+        pytest.param(
+            parse_job(job_object(replicas=3)),
+            {
+                "NNODES": "3",
+                "WORLD_SIZE": "3",
+                "DDP_MIN_NODES": None,
+                "DDP_REPLACEMENT_WAIT_SECONDS": None,
+                "PET_NNODES": "3",
+                "PET_RDZV_CONF": "is_host=0",
+            },
+            id="fixed-size",
+        ),
+    ],
+)
+def test_env_contract_of_an_elastic_pod(job: JobSpec, expected: dict[str, str | None]) -> None:
+    env = _env(job, 1)
+    assert {key: env.get(key) for key in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("job", "min_count"),
+    [
+        pytest.param(elastic_job(2, 5), 2, id="elastic-min"),
+        pytest.param(parse_job(job_object(replicas=5)), 5, id="fixed-size-whole-gang"),
+    ],
+)
+def test_the_in_tree_gang_asks_for_the_fewest_pods_the_job_trains_on(job: JobSpec, min_count: int) -> None:
+    objects = gang.gang_objects(job, 0, "v1alpha2")
+    assert objects is not None
+    (template,) = objects.workload["spec"]["podGroupTemplates"]
+    assert template["schedulingPolicy"] == {"gang": {"minCount": min_count}}
+
+
+# --- counting what rank 0 reports --------------------------------------------------------------------
+
+
+def _report(restarts: int, grows: int, before: int, after: int, cause: str) -> GroupRestartReport:
+    return GroupRestartReport(
+        restarts=restarts,
+        grows=grows,
+        group_nodes=after,
+        failure_at=at(100).timestamp() if cause != "MemberJoined" else None,
+        reformed_at=at(110).timestamp(),
+        cause=cause,
+        nodes_before=before,
+        nodes_after=after,
+    )
+
+
+@pytest.mark.parametrize(
+    ("last", "report", "added", "sizes"),
+    [
+        pytest.param(None, _report(1, 0, 3, 2, "PeerLost"), 1, (3, 2), id="shrink-is-a-failure"),
+        pytest.param(
+            {"attempt": 0, "groupRestarts": 1, "failureTime": "2025-01-01T12:01:40.000000Z"},
+            _report(2, 1, 2, 3, "MemberJoined"),
+            0,
+            (2, 3),
+            id="grow-is-not",
+        ),
+        pytest.param(
+            None, _report(2, 1, 2, 3, "MemberJoined"), 1, (2, 3), id="shrink-and-grow-between-reads"
+        ),
+        pytest.param(None, _report(1, 0, 3, 3, "ExitCode"), 1, None, id="same-size"),
+    ],
+)
+def test_grows_do_not_count_against_backoff_limit(
+    last: dict[str, Any] | None, report: GroupRestartReport, added: int, sizes: tuple[int, int] | None
+) -> None:
+    accounting = recovery.account(last, 0, report)
+    assert accounting.added == added
+    assert accounting.record is not None
+    assert recovery.resize(accounting.record) == sizes
+
+
+@pytest.mark.parametrize(
+    ("record", "words"),
+    [
+        pytest.param(
+            {"cause": "MemberJoined", "mode": "InPlace", "replicasBefore": 2, "replicasAfter": 3},
+            "pods joined: the group grew from 2 to 3 pods in place (not a failure)",
+            id="grow",
+        ),
+        pytest.param(
+            {"cause": "PeerLost", "mode": "InPlace", "rank": 2, "replicasBefore": 3, "replicasAfter": 2},
+            "PeerLost of rank 2: restarted in place (restart 1 of 3); the group shrank from 3 to 2 pods",
+            id="shrink",
+        ),
+    ],
+)
+def test_a_resize_says_from_what_to_what(record: dict[str, Any], words: str) -> None:
+    assert words in recovery.describe(record, 1, 3)
+
+
+# --- decisions ---------------------------------------------------------------------------------------
+
+
+def run(
+    job: JobSpec, status: dict[str, Any], pods: list[dict[str, Any]], report: GroupRestartReport | None
+) -> Decision:
+    observed = (
+        ProgressObservation(attempt=0, step=100, step_changed_at=at(299), restart=report)
+        if report is not None
+        else None
+    )
+    return decide(job, status, observe(*pods), at(300), observed=observed)
+
+
+def test_an_elastic_job_runs_once_min_pods_run_with_rank_0() -> None:
+    status = live_status(phase="Starting")
+    decision = run(
+        elastic_job(2, 3), status, [pod(0), pod(1), pod(2, phase="Pending", scheduled=False)], None
+    )
+    assert decision.report.status["phase"] == "Running"
+    assert "2 of 3 rank pod(s)" in decision.report.status["conditions"][-1]["message"]
+
+
+def test_without_rank_0_an_elastic_job_is_not_running() -> None:
+    status = live_status(phase="Starting")
+    pods = [pod(0, phase="Pending", scheduled=False), pod(1), pod(2)]
+    assert run(elastic_job(2, 3), status, pods, None).report.status["phase"] != "Running"
+
+
+def test_a_shrink_shows_in_status_and_a_warning() -> None:
+    status = live_status(restarts=0)
+    pods = [pod(0), pod(1), pod(2, replacement=1, phase="Pending", scheduled=False)]
+    decision = run(elastic_job(2, 3), status, pods, _report(1, 0, 3, 2, "PeerLost"))
+    shown = decision.report.status
+    assert shown["elastic"] == {"replicas": 2, "minReplicas": 2, "maxReplicas": 3, "resizes": 1}
+    assert shown["worldSize"] == 2
+    assert shown["restarts"] == 1
+    assert (shown["lastRestart"]["replicasBefore"], shown["lastRestart"]["replicasAfter"]) == (3, 2)
+    assert [(n.type, n.reason) for n in decision.report.notices] == [("Warning", "Resized")]
+
+
+def test_a_grow_shows_in_status_and_is_no_restart() -> None:
+    status = live_status(restarts=1)
+    status["elastic"] = {"replicas": 2, "minReplicas": 2, "maxReplicas": 3, "resizes": 1}
+    status["lastRestart"] = {
+        "cause": "PeerLost",
+        "mode": "InPlace",
+        "attempt": 0,
+        "groupRestarts": 1,
+        "failureTime": "2025-01-01T12:01:40.000000Z",
+        "replicasBefore": 3,
+        "replicasAfter": 2,
+    }
+    pods = [pod(0), pod(1), pod(2, replacement=1)]
+    decision = run(elastic_job(2, 3), status, pods, _report(2, 1, 2, 3, "MemberJoined"))
+    shown = decision.report.status
+    assert shown["restarts"] == 1, "a grow spends no restart"
+    assert shown["elastic"]["replicas"] == 3 and shown["elastic"]["resizes"] == 2
+    assert shown["worldSize"] == 3
+    assert [(n.type, n.reason) for n in decision.report.notices] == [("Normal", "Resized")]
+    again = run(elastic_job(2, 3), shown, pods, _report(2, 1, 2, 3, "MemberJoined"))
+    assert again.report.status["elastic"]["resizes"] == 2, "the same resize read again is not another"
+    assert [n.reason for n in again.report.notices] == []
+
+
+def test_a_lost_pod_of_an_elastic_job_is_replaced_alone() -> None:
+    decision = run(elastic_job(2, 3), live_status(), [pod(0), pod(1), pod(2, deleting_at=20)], None)
+    assert decision.create.replacements == ((2, 1),)
+    assert decision.report.status["phase"] == "Running"

@@ -706,9 +706,14 @@ class _LiveAttempt:
         """Seconds left to start every rank; None once the attempt ran or without a startup deadline.
 
         Time spent queued by Kueue does not count: the deadline runs from the attempt's first pod, or
-        from when the job left the Queued phase if that was later (docs/scheduling.md).
+        from when the job left the Queued phase if that was later (docs/scheduling.md). An elastic job
+        that ran is held to it again while its group cannot train (fewer than minReplicas pods run).
         """
-        if self.old.get("phase") == names.PHASE_RUNNING or self.can_train or self.kueue_gated:
+        if self.kueue_gated:
+            return None
+        if self.old.get("phase") == names.PHASE_RUNNING:
+            return self.below_min_left
+        if self.can_train:
             return None
         created = [p.created_at for p in self.current if p.created_at is not None]
         since = min(created) if created else None
@@ -717,6 +722,19 @@ class _LiveAttempt:
         admitted = self.now if queued_now else _condition_ended_at(self.old, names.PHASE_QUEUED)
         if since is not None and admitted is not None and admitted > since:
             since = admitted
+        return deadline.seconds_left(since, self.job.run_policy.startup_deadline_seconds, self.now)
+
+    @property
+    def below_min_left(self) -> float | None:
+        """An elastic job below minReplicas: seconds left of startupDeadlineSeconds, counted from the
+        loss that took it there (docs/elastic.md); None while it can train, or for a fixed-size job."""
+        if self.job.elastic is None or self.can_train:
+            return None
+        last = self.old.get("lastRestart")
+        since = None
+        if isinstance(last, Mapping) and last.get("attempt") == self.attempt:
+            since = parse_time(last.get("failureTime"))
+        since = since or _condition_time(self.old, names.PHASE_RUNNING)
         return deadline.seconds_left(since, self.job.run_policy.startup_deadline_seconds, self.now)
 
 
@@ -866,6 +884,8 @@ def _rule_judged(live: _LiveAttempt) -> Decision | None:
         live.job.replicas,
         live.failures,
         success.succeeded_ranks(live.current),
+        elastic_min=live.job.elastic.min_replicas if live.job.elastic is not None else None,
+        running_ranks=frozenset(p.rank for p in live.current if p.rank is not None and p.running),
     )
     if verdict.outcome == "retry":
         return _restart(live, verdict.reason, verdict.message, verdict.counted, verdict.failure)
@@ -892,6 +912,11 @@ def _rule_startup_deadline(live: _LiveAttempt) -> Decision | None:
     if limit is None or left is None or left > 0:
         return None
     reason, message = deadline.classify_startup(live.current, live.job.replicas, limit)
+    if live.below_min_left is not None and live.job.elastic is not None:
+        message = (
+            f"fewer than spec.elastic.minReplicas ({live.job.elastic.min_replicas}) pods run, so the group "
+            f"cannot train: {message}"
+        )
     return _finish(live, names.PHASE_FAILED, reason, message)
 
 

@@ -278,3 +278,90 @@ def test_a_lost_pod_of_an_elastic_job_is_replaced_alone() -> None:
     decision = run(elastic_job(2, 3), live_status(), [pod(0), pod(1), pod(2, deleting_at=20)], None)
     assert decision.create.replacements == ((2, 1),)
     assert decision.report.status["phase"] == "Running"
+
+
+@pytest.mark.parametrize(
+    ("now", "phase"),
+    [
+        pytest.param(115, "Running", id="within-the-deadline"),
+        pytest.param(125, "Failed", id="after-the-deadline"),
+    ],
+)
+def test_below_min_the_startup_deadline_counts_from_the_loss(now: float, phase: str) -> None:
+    job = parse_job(
+        {
+            **elastic_object(),
+            "spec": {**elastic_object()["spec"], "runPolicy": {"startupDeadlineSeconds": 20}},
+        }
+    )
+    status = live_status(restarts=2)
+    status["lastRestart"] = {
+        "cause": "PodDeleted",
+        "mode": "PodReplaced",
+        "attempt": 0,
+        "groupRestarts": 2,
+        "failureTime": "2025-01-01T12:01:40.000000Z",  # T0 + 100 s
+    }
+    pending = {"phase": "Pending", "scheduled": False, "unschedulable": "0/4 nodes are available"}
+    pods = [pod(0), pod(1, replacement=1, **pending), pod(2, replacement=2, **pending)]
+    decision = decide(job, status, observe(*pods), at(now))
+    assert decision.report.status["phase"] == phase
+    if phase == "Failed":
+        failed = next(c for c in decision.report.status["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "Unschedulable"
+        assert "fewer than spec.elastic.minReplicas (2) pods run" in failed["message"]
+    else:
+        assert decision.requeue_after is not None and decision.requeue_after <= 5
+
+
+def test_a_fixed_size_job_below_its_size_keeps_todays_behaviour() -> None:
+    job = parse_job(job_object(replicas=3, runPolicy={"startupDeadlineSeconds": 20}))
+    status = live_status(restarts=1)
+    pending = {"phase": "Pending", "scheduled": False, "unschedulable": "0/4 nodes are available"}
+    pods = [pod(0), pod(1), pod(2, replacement=1, **pending)]
+    assert decide(job, status, observe(*pods), at(500)).report.status["phase"] == "Running"
+
+
+WAITING = {"phase": "Pending", "scheduled": False, "unschedulable": "0/4 nodes are available"}
+
+
+@pytest.mark.parametrize(
+    ("pods", "phase"),
+    [
+        pytest.param(
+            [
+                pod(0, phase="Succeeded", exit_code=0),
+                pod(1, phase="Succeeded", exit_code=0),
+                pod(2, replacement=1, **WAITING),
+            ],
+            "Succeeded",
+            id="a-replacement-that-never-started-is-not-waited-for",
+        ),
+        pytest.param(
+            [
+                pod(0, phase="Succeeded", exit_code=0),
+                pod(1, phase="Succeeded", exit_code=0),
+                pod(2, replacement=1),
+            ],
+            "Running",
+            id="a-running-member-is-waited-for",
+        ),
+        pytest.param(
+            [pod(0, phase="Succeeded", exit_code=0), pod(1, **WAITING), pod(2, **WAITING)],
+            "Running",
+            id="fewer-than-min-did-not-finish-the-job",
+        ),
+        pytest.param(
+            [
+                pod(0, **WAITING),
+                pod(1, phase="Succeeded", exit_code=0),
+                pod(2, phase="Succeeded", exit_code=0),
+            ],
+            "Running",
+            id="rank-0-must-have-finished",
+        ),
+    ],
+)
+def test_when_an_elastic_attempt_succeeded(pods: list[dict[str, Any]], phase: str) -> None:
+    decision = decide(elastic_job(2, 3), live_status(), observe(*pods), at(300))
+    assert decision.report.status["phase"] == phase

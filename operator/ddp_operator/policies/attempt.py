@@ -39,8 +39,16 @@ def judge_attempt(
     replicas: int,
     failures: Sequence[failure.RankFailure],
     succeeded_ranks: Collection[int],
+    *,
+    elastic_min: int | None = None,
+    running_ranks: Collection[int] = (),
 ) -> AttemptVerdict:
-    """Succeeded, retry the gang as attempt + 1, failed, or still running."""
+    """Succeeded, retry the gang as attempt + 1, failed, or still running.
+
+    An elastic job (``elastic_min``: its minReplicas) succeeded once rank 0 and at least minReplicas
+    ranks exited 0 and none of the others still runs: a pod that never started (a replacement still
+    waiting for capacity) is not waited for (docs/elastic.md).
+    """
     if failures:
         verdict = failure.judge_failures(restart_policy, backoff_limit, restarts, failures, attempt)
         return AttemptVerdict(
@@ -53,5 +61,13 @@ def judge_attempt(
     if frozenset(succeeded_ranks) >= frozenset(range(replicas)):
         return AttemptVerdict(
             "succeeded", success.REASON_SUCCEEDED, success.success_message(replicas, attempt)
+        )
+    if elastic_min is not None and success.elastic_group_succeeded(
+        elastic_min, succeeded_ranks, running_ranks
+    ):
+        return AttemptVerdict(
+            "succeeded",
+            success.REASON_SUCCEEDED,
+            success.elastic_success_message(len(frozenset(succeeded_ranks)), replicas, attempt),
         )
     return STILL_RUNNING

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,122 @@ def test_a_deleted_rank_pod_is_replaced_alone_and_the_others_keep_theirs(
     assert status.get("attempt") == 0 and status.get("podReplacements") == 1, status
     record = _assert_recovered(status, rank0_log.text(), "PodReplaced", "PodDeleted")
     suite.TIMINGS.record("pod_replaced_resumed_s", float(record["resumedSeconds"]))
+
+
+# ---- elastic jobs (docs/elastic.md): shrink in place when capacity is lost, grow back when it returns ----
+
+
+def _elastic_job(name: str, storage_class: str | None) -> dict[str, Any]:
+    """The digits example as a 2..3-pod elastic job, slow enough to live through two resizes; 3 ranks at
+    200m fit beside the control plane and the operator on the 2-core kind node."""
+    manifest = suite.digits_job(
+        name, "--epochs", "40", "--throttle-ms", "150", "--checkpoint-every", "10",
+        storage_class=storage_class, cpu="200m",
+    )  # fmt: skip
+    del manifest["spec"]["replicas"]
+    manifest["spec"]["elastic"] = {"minReplicas": 2, "maxReplicas": 3, "replacementWaitSeconds": 10}
+    return manifest
+
+
+def _group_of(cluster: suite.ExternalCluster, namespace: str, job: str, pods: int) -> dict[str, Any] | None:
+    """The job's status once rank 0 reports a group of ``pods`` pods."""
+    status = suite.job_status(cluster, namespace, job)
+    if status.get("phase") in ("Succeeded", "Failed"):
+        raise AssertionError(f"{job} ended {status.get('phase')} before its group had {pods} pods: {status}")
+    if (status.get("elastic") or {}).get("replicas") != pods or status.get("worldSize") != pods:
+        return None
+    return status
+
+
+def _resumed_at(record: dict[str, Any]) -> float | None:
+    """Unix seconds of rank 0's first step after the restart ``record`` describes, once it is known."""
+    if "resumedSeconds" not in record or "failureTime" not in record:
+        return None
+    failed = datetime.fromisoformat(str(record["failureTime"]).replace("Z", "+00:00")).timestamp()
+    return failed + float(record["resumedSeconds"])
+
+
+def _resized_and_resumed(
+    cluster: suite.ExternalCluster, namespace: str, job: str, before: int, after: int
+) -> dict[str, Any] | None:
+    record = suite.job_status(cluster, namespace, job).get("lastRestart") or {}
+    resized = (record.get("replicasBefore"), record.get("replicasAfter")) == (before, after)
+    return record if resized and _resumed_at(record) is not None else None
+
+
+def _steps_move(cluster: suite.ExternalCluster, namespace: str, job: str, after: int) -> int | None:
+    step = int((suite.job_status(cluster, namespace, job).get("progress") or {}).get("step") or 0)
+    return step if step > after else None
+
+
+def test_an_elastic_job_trains_on_fewer_pods_while_capacity_is_lost_and_grows_back(
+    cluster: suite.ExternalCluster,
+    checkpoint_storage: str | None,  # noqa: F811 (the suite's fixtures)
+    operator_release: str,  # noqa: F811
+    restricted_namespace: str,  # noqa: F811
+) -> None:
+    """3 pods (min 2, max 3); the node is cordoned and rank 2's pod deleted: its replacement cannot be
+    placed, so ranks 0 and 1 re-form a group of 2 in place (their pods kept) and train on; uncordoned,
+    the replacement starts and the group grows back to 3 in place; the job Succeeds with the example's
+    accuracy."""
+    namespace, job = restricted_namespace, "elastic"
+    survivors = (f"{job}-0-0", f"{job}-1-0")
+    cluster.apply_json(_elastic_job(job, checkpoint_storage), "-n", namespace)
+    pods = suite.wait_for(
+        "3 ranks Running", lambda: suite.running_ranks(cluster, namespace, job, 0, 3), timeout=600
+    )
+    rank0_log = suite.LogFollower(cluster, namespace, f"{job}-0-0")
+    suite.wait_for(
+        "a checkpoint", lambda: suite.checkpoint_files(cluster, namespace, job, survivors[0]), timeout=300
+    )
+    suite.wait_for("a group of 3 in status", lambda: _group_of(cluster, namespace, job, 3), timeout=120)
+    before = _pod_uids(cluster, namespace, job)
+    node = pods[0]["spec"]["nodeName"]
+    cluster.kubectl_run("cordon", node)
+    try:
+        lost = time.time()  # the kind node shares this machine's clock
+        cluster.kubectl_run("delete", "pod", f"{job}-2-0", "-n", namespace, "--wait=false")
+        shrunk = suite.wait_for("a group of 2", lambda: _group_of(cluster, namespace, job, 2), timeout=300)
+        shrink = suite.wait_for(
+            "the shrink's resume", lambda: _resized_and_resumed(cluster, namespace, job, 3, 2), timeout=120
+        )
+        suite.TIMINGS.record("elastic_loss_to_training_on_2_s", (_resumed_at(shrink) or lost) - lost)
+        step = int((shrunk.get("progress") or {}).get("step") or 0)
+        suite.wait_for(
+            "steps on the group of 2", lambda: _steps_move(cluster, namespace, job, step), timeout=120
+        )
+        now = _pod_uids(cluster, namespace, job)
+        assert {k: now.get(k) for k in survivors} == {k: before[k] for k in survivors}, (
+            "the survivors keep their pods"
+        )
+        assert shrunk.get("attempt") == 0, "no whole-gang restart"
+        replacement = suite.get_json(cluster, "pod", f"{job}-2-0r1", "-n", namespace)
+        assert replacement["status"].get("phase") == "Pending", "no capacity for it while cordoned"
+    finally:
+        cluster.kubectl_run("uncordon", node)
+    back = time.time()
+    suite.wait_for("the group grown back to 3", lambda: _group_of(cluster, namespace, job, 3), timeout=300)
+    grow = suite.wait_for(
+        "the grow's resume", lambda: _resized_and_resumed(cluster, namespace, job, 2, 3), timeout=120
+    )
+    assert grow.get("cause") == "MemberJoined", grow
+    suite.TIMINGS.record("elastic_capacity_to_training_on_3_s", (_resumed_at(grow) or back) - back)
+    status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
+    after = _pod_uids(cluster, namespace, job)
+    assert {k: after.get(k) for k in survivors} == {k: before[k] for k in survivors}, (
+        "no survivor was recreated"
+    )
+    assert status.get("attempt") == 0 and status.get("restarts") == 1, f"the grow spent no restart: {status}"
+    assert (status.get("elastic") or {}).get("resizes") == 2, status
+    reasons = [
+        (e["type"], e["reason"])
+        for e in suite.get_json(cluster, "events", "-n", namespace)["items"]
+        if e.get("involvedObject", {}).get("name") == job
+    ]
+    assert ("Warning", "Resized") in reasons and ("Normal", "Resized") in reasons, reasons
+    logs = rank0_log.text()
+    final = suite.status_lines(logs, "final")
+    assert final and 0.5 < float(final[-1]["accuracy"]) <= 1.0, logs[-2000:]
 
 
 @pytest.fixture(scope="module")

@@ -119,6 +119,33 @@ INVALID = [
         id="checkpoint-without-size",
     ),
     pytest.param(setting("spec.replica", 2), "spec.replica", id="typo-refused-by-strict-field-validation"),
+    pytest.param(
+        setting("spec.elastic", {"minReplicas": 2, "maxReplicas": 3}),
+        "spec.replicas",
+        id="elastic-and-replicas",
+    ),
+    pytest.param(
+        lambda job: (
+            dropping("spec.replicas")(job),
+            setting("spec.elastic", {"minReplicas": 3, "maxReplicas": 2})(job),
+        ),
+        "spec.elastic.minReplicas",
+        id="elastic-min-above-max",
+    ),
+    pytest.param(
+        lambda job: (dropping("spec.replicas")(job), setting("spec.elastic", {"maxReplicas": 2})(job)),
+        "spec.elastic.minReplicas",
+        id="elastic-without-min",
+    ),
+    pytest.param(
+        lambda job: (
+            dropping("spec.replicas")(job),
+            setting("spec.elastic", {"minReplicas": 1, "maxReplicas": 2})(job),
+            setting("spec.runPolicy.restartMode", "Recreate")(job),
+        ),
+        "spec.runPolicy.restartMode",
+        id="elastic-needs-in-place",
+    ),
 ]
 
 
@@ -167,6 +194,23 @@ def test_valid_job_is_accepted_with_defaults(kubectl: Callable[..., Any]) -> Non
     }
     assert spec["rendezvousPort"] == 29500
     assert spec["metrics"] == {"enabled": True, "port": 9400}
+
+
+def test_an_elastic_job_is_accepted_and_keeps_its_size_while_it_runs(kubectl: Callable[..., Any]) -> None:
+    job = valid_job("elastic")
+    del job["spec"]["replicas"]
+    job["spec"]["elastic"] = {"minReplicas": 2, "maxReplicas": 4}
+    result = apply(kubectl, job)
+    assert result.returncode == 0, result.stderr
+    stored = json.loads(kubectl("get", "ddpjob", "elastic", "-n", NAMESPACE, "-o", "json").stdout)["spec"]
+    assert "replicas" not in stored, "no schema default: left out, as an elastic job must"
+    assert stored["elastic"] == {"minReplicas": 2, "maxReplicas": 4, "replacementWaitSeconds": 60}
+    set_phase(kubectl, "elastic", "Running")
+    resized = copy.deepcopy(job)
+    resized["spec"]["elastic"]["maxReplicas"] = 5
+    refused = apply(kubectl, resized)
+    assert refused.returncode != 0
+    assert "spec.elastic" in refused.stderr
 
 
 def test_unknown_fields_are_pruned_without_strict_validation(kubectl: Callable[..., Any]) -> None:

@@ -48,7 +48,7 @@ def test_example_gets_its_service_and_running_rank_pods(
 ) -> None:
     job = _the_job(example)
     name = job["metadata"]["name"]
-    replicas = int(job["spec"].get("replicas", 1))
+    replicas = int(job["spec"].get("replicas") or job["spec"].get("elastic", {}).get("maxReplicas", 1))
     checkpoint = job["spec"].get("checkpoint")
     volume = _volume_for(kube, namespace, name, checkpoint["volumeClaimTemplate"]) if checkpoint else None
     try:
@@ -128,7 +128,7 @@ def test_example_pods_are_admitted_under_pod_security_restricted(
         job = _the_job(example)
         name = job["metadata"]["name"]
         kube.run("apply", "-n", restricted_namespace, "-f", str(example))
-        replicas = int(job["spec"].get("replicas", 1))
+        replicas = int(job["spec"].get("replicas") or job["spec"].get("elastic", {}).get("maxReplicas", 1))
 
         def created_or_refused() -> Any:
             phase = kube.status(restricted_namespace, name).get("phase")

@@ -65,6 +65,18 @@ def dropping(path: str) -> Mutation:
     return mutate
 
 
+def elastic(bounds: dict[str, Any], restart_mode: str | None = None) -> Mutation:
+    """An elastic job instead of a fixed-size one (spec.replicas left out)."""
+
+    def mutate(job: dict[str, Any]) -> None:
+        del job["spec"]["replicas"]
+        job["spec"]["elastic"] = bounds
+        if restart_mode is not None:
+            setting("spec.runPolicy.restartMode", restart_mode)(job)
+
+    return mutate
+
+
 INVALID = [
     pytest.param(setting("spec.replicas", 0), "spec.replicas", id="replicas-zero"),
     pytest.param(setting("spec.replicas", 4097), "spec.replicas", id="replicas-too-many"),
@@ -125,24 +137,11 @@ INVALID = [
         id="elastic-and-replicas",
     ),
     pytest.param(
-        lambda job: (
-            dropping("spec.replicas")(job),
-            setting("spec.elastic", {"minReplicas": 3, "maxReplicas": 2})(job),
-        ),
-        "spec.elastic.minReplicas",
-        id="elastic-min-above-max",
+        elastic({"minReplicas": 3, "maxReplicas": 2}), "spec.elastic.minReplicas", id="elastic-min-above-max"
     ),
+    pytest.param(elastic({"maxReplicas": 2}), "spec.elastic.minReplicas", id="elastic-without-min"),
     pytest.param(
-        lambda job: (dropping("spec.replicas")(job), setting("spec.elastic", {"maxReplicas": 2})(job)),
-        "spec.elastic.minReplicas",
-        id="elastic-without-min",
-    ),
-    pytest.param(
-        lambda job: (
-            dropping("spec.replicas")(job),
-            setting("spec.elastic", {"minReplicas": 1, "maxReplicas": 2})(job),
-            setting("spec.runPolicy.restartMode", "Recreate")(job),
-        ),
+        elastic({"minReplicas": 1, "maxReplicas": 2}, restart_mode="Recreate"),
         "spec.runPolicy.restartMode",
         id="elastic-needs-in-place",
     ),

@@ -388,6 +388,49 @@ def test_one_new_member_of_a_scheduled_pod_group_is_placed_alone(
         gated_cluster.kubectl_run("delete", "namespace", namespace, "--wait=false")
 
 
+def test_an_elastic_gang_asks_the_scheduler_for_min_replicas(
+    gated_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """An elastic job's PodGroup has minCount = minReplicas (docs/elastic.md). What the 1.36 scheduler does
+    with it, seen here: with room for only 2 of its 4 pods (two of the four nodes cordoned), it binds
+    2, which is enough for the group to train, and the job is Running; the other two wait."""
+    gated_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
+    gated_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    namespace = f"gang-elastic-{uuid.uuid4().hex[:6]}"
+    gated_cluster.create_namespace(namespace)
+    nodes = sorted(n["metadata"]["name"] for n in gated_cluster.get_json("nodes")["items"])[:2]
+    operator = OperatorProcess(gated_cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    passed = False
+    try:
+        wait_for("no pod on any node", lambda: not _pods_on_nodes(gated_cluster), timeout=120)
+        for node in nodes:
+            gated_cluster.kubectl_run("cordon", node)
+        job = _operator_job("stretch", "Workload")
+        del job["spec"]["replicas"]
+        job["spec"]["elastic"] = {"minReplicas": 2, "maxReplicas": 4}
+        gated_cluster.apply_json(job, "-n", namespace)
+        wait_for("2 of 4 bound", lambda: len(_bound(gated_cluster, namespace, "stretch")) == 2, timeout=90)
+        pod_group = gated_cluster.get_json("podgroups.scheduling.k8s.io", "stretch-0", "-n", namespace)
+        assert pod_group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 2}}
+        placed = set(_bound(gated_cluster, namespace, "stretch"))
+        if "stretch-0-0" in placed:
+            wait_for(
+                "stretch Running",
+                lambda: _status(gated_cluster, namespace, "stretch").get("phase") == "Running",
+            )
+        time.sleep(3)
+        assert len(_bound(gated_cluster, namespace, "stretch")) == 2, "no room for more"
+        print(f"elastic gang minCount 2 of 4 with room for 2: bound {sorted(placed)}")
+        passed = True
+    finally:
+        for node in nodes:
+            gated_cluster.kubectl_run("uncordon", node, check=False)
+        operator.stop()
+        if not passed:
+            print(operator.log_tail(30))
+        gated_cluster.kubectl_run("delete", "namespace", namespace, "--wait=false")
+
+
 # ---- both together: Kueue admits the gang, the scheduler places it whole -------------------------------
 
 

@@ -656,3 +656,51 @@ def test_a_lost_pod_of_an_admitted_group_is_replaced_alone_inside_the_group(
     assert (status["phase"], status["attempt"], status["restarts"]) == ("Running", 0, 1), status
     finish(kueue, namespace, "mend")
     wait_for("mend Succeeded", lambda: phase_is(kueue, namespace, "mend", "Succeeded"), timeout=90)
+
+
+def elastic(job: dict[str, Any], minimum: int) -> dict[str, Any]:
+    """``job`` as an elastic job of ``minimum`` to its replicas pods (docs/elastic.md)."""
+    maximum = job["spec"].pop("replicas")
+    job["spec"]["elastic"] = {"minReplicas": minimum, "maxReplicas": maximum, "replacementWaitSeconds": 5}
+    job["spec"]["runPolicy"]["restartMode"] = "InPlace"
+    return job
+
+
+def test_kueue_admits_an_elastic_group_whole_at_max_replicas(
+    kueue: KueueProcess, queue: tuple[str, str], operator: OperatorProcess
+) -> None:
+    """What Kueue v0.17 admits of an elastic job (docs/elastic.md): its pods form one plain-pod group of
+    maxReplicas (the pod-group total count), admitted whole or not at all. A job of 2..5 x 4 GPUs
+    stays Queued on a 16-GPU queue although its minimum (8) would fit; one of 2..3 x 4 GPUs is admitted
+    as a group of 3 and runs; a pod lost from it is replaced inside the admitted group."""
+    namespace, local_queue = queue
+    apply(kueue, elastic(ddpjob(namespace, "wide", local_queue, 5, 4, backoff_limit=2), 2))
+    wait_for("wide Queued", lambda: phase_is(kueue, namespace, "wide", "Queued"), timeout=60)
+    pods = job_pods(kueue, namespace, "wide")
+    assert len(pods) == 5 and all(gated(p) for p in pods), "all 5 pods are created, gated"
+    counts = {p["metadata"]["annotations"].get(names.KUEUE_POD_GROUP_TOTAL_COUNT_ANNOTATION) for p in pods}
+    assert counts == {"5"}, counts
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        assert not any(p["spec"].get("nodeName") for p in job_pods(kueue, namespace, "wide")), (
+            "Kueue admits no part of a group: its minimum alone never runs"
+        )
+        time.sleep(0.5)
+    kubectl(kueue, "delete", "ddpjob", "wide", "-n", namespace, "--wait=false")
+    wait_for("wide's gated pods gone", lambda: not job_pods(kueue, namespace, "wide"), timeout=60)
+
+    apply(kueue, elastic(ddpjob(namespace, "fits", local_queue, 3, 4, backoff_limit=2), 2))
+    wait_for("fits Running", lambda: phase_is(kueue, namespace, "fits", "Running"), timeout=90)
+    group = job_pods(kueue, namespace, "fits")[0]["metadata"]["labels"][names.KUEUE_POD_GROUP_LABEL]
+    kubectl(kueue, "delete", "pod", "fits-2-0", "-n", namespace, "--wait=false")
+
+    def replacement_runs() -> dict[str, Any] | None:
+        new = {p["metadata"]["name"]: p for p in job_pods(kueue, namespace, "fits")}.get("fits-2-0r1")
+        return new if new is not None and new["status"].get("phase") == "Running" and not gated(new) else None
+
+    new = wait_for("the replacement admitted into the group", replacement_runs, timeout=90)
+    assert new["metadata"]["labels"][names.KUEUE_POD_GROUP_LABEL] == group
+    status = job_status(kueue, namespace, "fits")
+    assert (status["phase"], status["attempt"], status["elastic"]["maxReplicas"]) == ("Running", 0, 3), status
+    finish(kueue, namespace, "fits")
+    wait_for("fits Succeeded", lambda: phase_is(kueue, namespace, "fits", "Succeeded"), timeout=90)

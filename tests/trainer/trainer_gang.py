@@ -264,6 +264,22 @@ def wait_all(processes: Sequence[TrainerProcess], timeout: float = RUN_TIMEOUT) 
     return codes
 
 
+def events(pod: TrainerProcess, event: str) -> list[dict[str, str]]:
+    """The in-place launcher's status lines of one event (``launcher event=EVENT ...``)."""
+    return [fields for fields in pod.status_lines("launcher") if fields["event"] == event]
+
+
+def finish(pods: Sequence[TrainerProcess]) -> list[str]:
+    """Wait until every pod lingers after training, scrape each, then end them; returns the scrapes."""
+    for pod in pods:
+        pod.wait_for_stdout(LINGERING)
+    scrapes = [pod.scrape() for pod in pods]
+    for pod in pods:
+        pod.signal(signal.SIGTERM)
+    assert wait_all(pods) == [0] * len(pods), describe(pods)
+    return scrapes
+
+
 def describe(processes: Sequence[TrainerProcess]) -> str:
     return "\n".join(
         f"--- {p.name} rc={p.process.returncode}\n{p.stdout[-1500:]}\n{p.stderr[-2500:]}" for p in processes
@@ -283,6 +299,15 @@ def samples(text: str, name: str) -> dict[str, float]:
             labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
             found[labels.get("rank", "")] = float(match.group(3))
     return found
+
+
+def labelled(text: str, name: str) -> dict[str, str] | None:
+    """The labels of the one sample of ``name`` in an exposition, or None."""
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            inner = line[len(name) + 1 : line.index("}")]
+            return dict(part.split("=", 1) for part in inner.replace('"', "").split(",") if part)
+    return None
 
 
 def promtool_check(text: str) -> subprocess.CompletedProcess[str]:

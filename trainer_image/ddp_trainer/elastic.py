@@ -38,6 +38,7 @@ workers' store address in every round (a replacement pod joining a later round r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -52,7 +53,7 @@ from typing import Any, Final
 from torch._C._distributed_c10d import Store, TCPStore
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, RunProcsResult
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
@@ -106,6 +107,10 @@ class RestartBudgetSpentError(RuntimeError):
     """A pod joined, but the gang may not restart again: the operator decides."""
 
 
+class TrainingFinishedError(Exception):
+    """A grow's stop found this pod's workers finished: training was over, nothing is left to grow."""
+
+
 def log(message: str) -> None:
     print(f"ddp_trainer: {message}", file=sys.stderr, flush=True)
 
@@ -143,8 +148,6 @@ class InPlaceAgent(LocalElasticAgent):
         self._gang_grows = 0  # rank 0: the grows it has counted
         self._round_store: Store | None = None
         self._steps_before: int | None = None
-        # This agent stops its healthy workers for a grow: with the agreed stop, not SIGKILL.
-        self._growing = False
         # Set when a failed group ends the pod: the code it exits with and why.
         self.exit_code: int | None = None
         self.ending: Decision | None = None
@@ -167,7 +170,6 @@ class InPlaceAgent(LocalElasticAgent):
         self._grows = int(store.get(GROWS_KEY))
         self._nodes = nodes
         self._round_store = store
-        self._growing = False
         # Rank 0's note of its resume says which restart it belongs to.
         write_restarts(self._progress_dir, self._restarts)
         self._ledger.restarts, self._ledger.grows, self._ledger.nodes = self._restarts, self._grows, nodes
@@ -276,21 +278,46 @@ class InPlaceAgent(LocalElasticAgent):
                     f"a pod waits to join, but the gang has spent its restart budget ({self._budget})"
                 )
             if action == "grow" and self._round_store is not None:
-                self._growing = True
-                self._round_store.set(GROWING_KEY, str(self._node_rank))
-                _status("grow", node=self._node_rank, nodes=nodes, time=f"{time.time():.6f}")
+                self._grow(worker_group, self._round_store, nodes)
+                return
         super()._restart_workers(worker_group)
 
+    def _grow(self, worker_group: WorkerGroup, store: Store, nodes: int) -> None:
+        """torch's restart of the workers (stop, rendezvous, start), for a grow.
+
+        A grow stops a healthy group, so it uses the agreed stop (docs/trainer.md), not SIGKILL: every
+        rank stops at the same step boundary and rank 0 writes a checkpoint there, so the grown round
+        redoes no step. The ranks combine their flags in one allreduce, so the workers of pods whose
+        agents have not seen the waiting pod yet stop too; GROWING_KEY, set first, tells those agents
+        that it was no failure (_monitor_workers).
+        """
+        store.set(GROWING_KEY, str(self._node_rank))
+        _status("grow", node=self._node_rank, nodes=nodes, time=f"{time.time():.6f}")
+        ended = self._agreed_stop()
+        self._stop_workers(worker_group)  # what is left (a worker stuck past the grace), and the books
+        if ended is not None and not ended.is_failed():
+            # The stop came after the last stop check: the workers finished training instead. A new
+            # round would only resume at the end; this pod meets the others at torch's exit barrier,
+            # as a finished group does, and exits 0.
+            self._exit_barrier()  # type: ignore[no-untyped-call]
+            raise TrainingFinishedError(f"training was over when a pod joined the round of {nodes}")
+        worker_group.state = WorkerState.STOPPED
+        self._initialize_workers(worker_group)
+
+    def _agreed_stop(self) -> RunProcsResult | None:
+        """SIGTERM this pod's workers and wait for their result, up to SHUTDOWN_TIMEOUT (None: some
+        are still running). It polls as the monitor does, not torch's close: a worker that has
+        returned waits until its agent has read its return value, which close never does."""
+        if self._pcontext is None:
+            return None
+        for pid in self._pcontext.pids().values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        result: RunProcsResult | None = self._pcontext.wait(SHUTDOWN_TIMEOUT, period=MONITOR_INTERVAL)
+        return result
+
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
-        if self._growing:
-            # A grow stops a healthy group, so it can use the agreed stop (docs/trainer.md): every rank
-            # stops at the same step boundary and rank 0 writes a checkpoint there, so the grown round
-            # redoes no step. The ranks combine their flags in one allreduce, so the pods whose agents
-            # have not seen the waiting pod yet stop too, and GROWING_KEY tells their agents why. A
-            # worker that does not stop within the grace (stuck) is killed, as torch does.
-            self._shutdown(death_sig=signal.SIGTERM, timeout=SHUTDOWN_TIMEOUT)
-        else:
-            self._shutdown(death_sig=signal.SIGKILL)
+        self._shutdown(death_sig=signal.SIGKILL)
         stopped = time.time()
         if self._node_rank == 0:
             ranks = [worker.global_rank for worker in worker_group.workers]
@@ -431,6 +458,9 @@ def run_in_place(
                 log(f"the gang spent its restart budget ({env.restart_budget}); exiting {code}")
         else:
             code = 0
+    except TrainingFinishedError as finished:
+        log(f"{finished}; exiting 0")
+        code = 0
     except SignalException as stopped:
         # This pod was stopped (deleted): the others restart without it, so the rendezvous stays open.
         close_rendezvous = False

@@ -12,7 +12,16 @@ import signal
 from pathlib import Path
 
 import pytest
-from trainer_gang import Gangs, TrainerProcess, describe, events, finish, labelled, samples, wait_all
+from trainer_gang import (
+    Gangs,
+    TrainerProcess,
+    describe,
+    events,
+    finish,
+    labelled,
+    samples,
+    wait_all,
+)
 
 from ddp_trainer.exitcodes import EXIT_PEER_LOST, EXIT_STOPPED
 
@@ -134,6 +143,27 @@ def test_a_pod_leaves_the_survivors_train_on_and_a_new_pod_grows_the_group_back(
     info = labelled(rank0, "ddp_last_restart_info")
     assert info is not None and info["cause"] == "MemberJoined" and info["exit_code"] == ""
     assert "ddp_last_restart_nodes_before" not in scrapes[1]
+
+
+def test_a_grow_after_the_last_stop_check_finds_the_job_done(gangs: Gangs, tmp_path: Path) -> None:
+    # No stop check before the last step: a grow's SIGTERM cannot stop the workers, they finish.
+    args = elastic_args(tmp_path / "ckpt", "--max-steps", "150", "--stop-check-every", "1000")
+    # A first start without pod 2: the round of 2 forms once the replacement wait is over.
+    pods = gangs.pods(3, 1, args, with_metrics=False, env=ELASTIC, start_order=[1, 0])
+    wait_for_round(pods, 2)
+    pods[0].wait_for_stdout(r"^progress step=10 ")
+    late = gangs.start("pod2", {**pods[0].env, "NODE_RANK": "2"}, args)
+    # The pods that stopped their workers for the grow find them done and meet the others at the
+    # exit barrier, instead of starting a round that would keep those waiting.
+    assert wait_all(pods) == [0, 0], describe([*pods, late])
+    growers = [pod for pod in pods if events(pod, "grow")]
+    assert growers, describe([*pods, late])
+    for pod in growers:
+        assert "training was over when a pod joined the round of 2; exiting 0" in pod.stderr
+    assert [[e["nodes"] for e in events(pod, "started")] for pod in pods] == [["2"], ["2"]]
+    assert len({digest for pod in pods for digest in pod.digests().values()}) == 1
+    assert "final accuracy=" in pods[0].stdout
+    assert late.wait() == EXIT_PEER_LOST, describe([*pods, late])  # the job ended without it
 
 
 def test_below_min_nodes_the_survivor_does_not_train_alone(gangs: Gangs, tmp_path: Path) -> None:

@@ -231,7 +231,7 @@ class Gangs:
         start_order: Sequence[int] | None = None,
     ) -> list[TrainerProcess]:
         """One launcher per pod, each starting NPROC_PER_NODE local workers; returned by NODE_RANK,
-        started in ``start_order`` (default: by NODE_RANK)."""
+        started in ``start_order`` (default: every NODE_RANK in order; a subset leaves pods out)."""
         port = free_port()
         pods: dict[int, TrainerProcess] = {}
         for node in start_order or range(nnodes):
@@ -245,7 +245,7 @@ class Gangs:
             }
             metrics_port = free_port() if with_metrics else None
             pods[node] = self.start(f"{tag}{node}", pod_env, args, metrics_port)
-        return [pods[node] for node in range(nnodes)]
+        return [pods[node] for node in sorted(pods)]
 
     def again(self, pod: TrainerProcess, name: str) -> TrainerProcess:
         """The same pod started again (a replacement: same env, NODE_RANK and metrics port)."""

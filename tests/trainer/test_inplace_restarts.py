@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 from trainer_gang import (
-    LINGERING,
     PYTHON,
     Gangs,
     TrainerProcess,
     describe,
+    events,
+    finish,
     free_port,
+    labelled,
     samples,
     wait_all,
 )
@@ -51,36 +53,12 @@ def in_place_args(checkpoints: Path, *extra: str) -> list[str]:
     ]
 
 
-def events(pod: TrainerProcess, event: str) -> list[dict[str, str]]:
-    return [fields for fields in pod.status_lines("launcher") if fields["event"] == event]
-
-
 def kill_worker(pod: TrainerProcess, rank: int) -> float:
     """SIGKILL the worker of global rank ``rank``; returns when."""
     workers = pod.worker_pids()
     assert rank in workers, describe([pod])
     os.kill(workers[rank], signal.SIGKILL)
     return time.time()
-
-
-def finish(pods: list[TrainerProcess]) -> list[str]:
-    """Wait until every pod lingers after training, scrape each, then end them; returns the scrapes."""
-    for pod in pods:
-        pod.wait_for_stdout(LINGERING)
-    scrapes = [pod.scrape() for pod in pods]
-    for pod in pods:
-        pod.signal(signal.SIGTERM)
-    assert wait_all(pods) == [0] * len(pods), describe(pods)
-    return scrapes
-
-
-def labelled(text: str, name: str) -> dict[str, str] | None:
-    """The labels of the one sample of ``name`` in an exposition, or None."""
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            inner = line[len(name) + 1 : line.index("}")]
-            return dict(part.split("=", 1) for part in inner.replace('"', "").split(",") if part)
-    return None
 
 
 def assert_one_restart_in_order(pods: list[TrainerProcess], after: float) -> float:

@@ -231,7 +231,7 @@ class Gangs:
         start_order: Sequence[int] | None = None,
     ) -> list[TrainerProcess]:
         """One launcher per pod, each starting NPROC_PER_NODE local workers; returned by NODE_RANK,
-        started in ``start_order`` (default: by NODE_RANK)."""
+        started in ``start_order`` (default: every NODE_RANK in order; a subset leaves pods out)."""
         port = free_port()
         pods: dict[int, TrainerProcess] = {}
         for node in start_order or range(nnodes):
@@ -245,7 +245,7 @@ class Gangs:
             }
             metrics_port = free_port() if with_metrics else None
             pods[node] = self.start(f"{tag}{node}", pod_env, args, metrics_port)
-        return [pods[node] for node in range(nnodes)]
+        return [pods[node] for node in sorted(pods)]
 
     def again(self, pod: TrainerProcess, name: str) -> TrainerProcess:
         """The same pod started again (a replacement: same env, NODE_RANK and metrics port)."""
@@ -262,6 +262,22 @@ def wait_all(processes: Sequence[TrainerProcess], timeout: float = RUN_TIMEOUT) 
     for process in processes:
         codes.append(process.wait(timeout=max(deadline - time.monotonic(), 1.0)))
     return codes
+
+
+def events(pod: TrainerProcess, event: str) -> list[dict[str, str]]:
+    """The in-place launcher's status lines of one event (``launcher event=EVENT ...``)."""
+    return [fields for fields in pod.status_lines("launcher") if fields["event"] == event]
+
+
+def finish(pods: Sequence[TrainerProcess]) -> list[str]:
+    """Wait until every pod lingers after training, scrape each, then end them; returns the scrapes."""
+    for pod in pods:
+        pod.wait_for_stdout(LINGERING)
+    scrapes = [pod.scrape() for pod in pods]
+    for pod in pods:
+        pod.signal(signal.SIGTERM)
+    assert wait_all(pods) == [0] * len(pods), describe(pods)
+    return scrapes
 
 
 def describe(processes: Sequence[TrainerProcess]) -> str:
@@ -283,6 +299,15 @@ def samples(text: str, name: str) -> dict[str, float]:
             labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
             found[labels.get("rank", "")] = float(match.group(3))
     return found
+
+
+def labelled(text: str, name: str) -> dict[str, str] | None:
+    """The labels of the one sample of ``name`` in an exposition, or None."""
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            inner = line[len(name) + 1 : line.index("}")]
+            return dict(part.split("=", 1) for part in inner.replace('"', "").split(",") if part)
+    return None
 
 
 def promtool_check(text: str) -> subprocess.CompletedProcess[str]:

@@ -175,6 +175,116 @@ def test_parse_env_names_the_bad_variable_and_the_fix(env: dict[str, str], varia
     assert message.startswith(f"{variable}: ") and "; fix: " in message and "\n" not in message
 
 
+ELASTIC_POD = {
+    **BASE,
+    "WORLD_SIZE": "3",
+    "NNODES": "3",
+    "NODE_RANK": "2",
+    "DDP_RESTART_MODE": "InPlace",
+    "DDP_MIN_NODES": "2",
+}
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param(
+            POD,
+            {"elastic": False, "min_nodes": None, "replacement_wait": 60, "nnodes": 2},
+            id="no-variable-is-fixed-size",
+        ),
+        pytest.param(
+            ELASTIC_POD,
+            {"elastic": True, "min_nodes": 2, "replacement_wait": 60, "nnodes": 3, "world_size": 3},
+            id="elastic-pod-default-wait",
+        ),
+        pytest.param(
+            {**ELASTIC_POD, "DDP_MIN_NODES": "3", "DDP_REPLACEMENT_WAIT_SECONDS": "5"},
+            {"elastic": True, "min_nodes": 3, "replacement_wait": 5},
+            id="min-equals-max",
+        ),
+        pytest.param(
+            {**ELASTIC_POD, "DDP_MIN_NODES": "1", "DDP_REPLACEMENT_WAIT_SECONDS": "1"},
+            {"min_nodes": 1, "replacement_wait": 1, "launches_workers": True},
+            id="min-one-shortest-wait",
+        ),
+        pytest.param(
+            # torch's agent starts a worker of a round of 2 pods: WORLD_SIZE and the group are the
+            # round's, NNODES and NODE_RANK the pod's.
+            {
+                **ELASTIC_POD,
+                "WORLD_SIZE": "2",
+                "RANK": "1",
+                "LOCAL_RANK": "0",
+                "GROUP_RANK": "1",
+                "GROUP_WORLD_SIZE": "2",
+                "DDP_TRAINER_WORKER": "1",
+            },
+            {"world_size": 2, "nnodes": 2, "node_rank": 1, "rank": 1, "launches_workers": False},
+            id="worker-of-a-smaller-round",
+        ),
+        pytest.param(
+            {
+                **BASE,
+                "WORLD_SIZE": "4",
+                "NNODES": "3",
+                "NODE_RANK": "2",
+                "NPROC_PER_NODE": "2",
+                "DDP_RESTART_MODE": "InPlace",
+                "DDP_MIN_NODES": "1",
+                "RANK": "3",
+                "LOCAL_RANK": "1",
+                "GROUP_RANK": "1",
+                "GROUP_WORLD_SIZE": "2",
+                "DDP_TRAINER_WORKER": "1",
+            },
+            {"world_size": 4, "nnodes": 2, "node_rank": 1, "rank": 3, "local_rank": 1},
+            id="two-workers-per-pod-smaller-round",
+        ),
+        pytest.param(
+            {**POD, "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1"},
+            {"nnodes": 2, "node_rank": 1},
+            id="group-variables-ignored-outside-a-worker",
+        ),
+    ],
+)
+def test_elastic_jobs(env: dict[str, str], expected: dict[str, object]) -> None:
+    parsed = parse_env(env)
+    assert {key: getattr(parsed, key) for key in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        pytest.param({**ELASTIC_POD, "DDP_MIN_NODES": "0"}, "must be >= 1", id="min-zero"),
+        pytest.param({**ELASTIC_POD, "DDP_MIN_NODES": "4"}, "4 > NNODES=3", id="min-above-nnodes"),
+        pytest.param({**ELASTIC_POD, "DDP_MIN_NODES": "two"}, "must be an integer", id="min-text"),
+        pytest.param(
+            {**ELASTIC_POD, "DDP_RESTART_MODE": "Recreate"}, "needs DDP_RESTART_MODE=InPlace", id="recreate"
+        ),
+        pytest.param(
+            {key: value for key, value in ELASTIC_POD.items() if key != "DDP_RESTART_MODE"},
+            "needs DDP_RESTART_MODE=InPlace",
+            id="restart-mode-unset",
+        ),
+    ],
+)
+def test_ddp_min_nodes_errors(env: dict[str, str], problem: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_env(env)
+    assert raised.value.variable == "DDP_MIN_NODES"
+    assert problem in raised.value.problem and "DDP_MIN_NODES" in raised.value.fix
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "2.5", "soon"], ids=["zero", "negative", "fraction", "text"])
+@pytest.mark.parametrize("env", [ELASTIC_POD, POD], ids=["elastic", "fixed-size"])
+def test_ddp_replacement_wait_seconds_errors(env: dict[str, str], value: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_env({**env, "DDP_REPLACEMENT_WAIT_SECONDS": value})
+    assert raised.value.variable == "DDP_REPLACEMENT_WAIT_SECONDS"
+    assert "whole seconds" in raised.value.fix
+
+
 @pytest.mark.parametrize(
     ("requested", "cuda", "resolved"),
     [

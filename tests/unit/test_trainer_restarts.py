@@ -17,8 +17,12 @@ from ddp_trainer.restarts import (
     build_record,
     decide,
     first_failure,
+    healthy_restart,
+    is_grow,
     node_addr,
+    rank_mismatch,
     restart_cause,
+    restarts_spent,
 )
 from ddp_trainer.resume import (
     KEPT_SECONDS_FIELD,
@@ -63,6 +67,80 @@ def test_node_addr_refuses_ranks_it_cannot_order() -> None:
         node_addr(-1)
     with pytest.raises(ValueError):
         node_addr(10**6)
+
+
+@pytest.mark.parametrize(
+    ("node_rank", "group_rank", "elastic", "accepted"),
+    [
+        pytest.param(2, 2, False, True, id="fixed-own-rank"),
+        pytest.param(2, 1, False, False, id="fixed-shifted-down-refused"),
+        pytest.param(1, 2, False, False, id="fixed-shifted-up-refused"),
+        pytest.param(0, 0, True, True, id="elastic-pod0-is-rank0"),
+        pytest.param(2, 2, True, True, id="elastic-all-present"),
+        pytest.param(2, 1, True, True, id="elastic-after-a-missing-pod"),
+        pytest.param(5, 0, True, True, id="elastic-only-missing-pods-before"),
+        pytest.param(0, 1, True, False, id="elastic-pod0-not-rank0-refused"),
+        pytest.param(1, 2, True, False, id="elastic-ranked-after-itself-refused"),
+    ],
+)
+def test_the_rank_a_round_may_give_a_pod(
+    node_rank: int, group_rank: int, elastic: bool, accepted: bool
+) -> None:
+    problem = rank_mismatch(node_rank, group_rank, elastic)
+    assert (problem is None) == accepted
+    if problem is not None:
+        assert f"NODE_RANK {node_rank}" in problem and f"node {group_rank}" in problem
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "failures", "grow"),
+    [
+        pytest.param(2, 3, [], True, id="pod-joined-healthy-group"),
+        pytest.param(1, 3, [], True, id="two-pods-joined"),
+        pytest.param(2, 3, ["failure"], False, id="a-failure-is-no-grow"),
+        pytest.param(3, 3, [], False, id="replacement-same-size"),
+        pytest.param(3, 2, ["failure"], False, id="shrink"),
+        pytest.param(3, 2, [], False, id="shrink-without-report"),
+    ],
+)
+def test_grow_detection(before: int, after: int, failures: list[str], grow: bool) -> None:
+    reported = [failure(1, 137, 10.0) for _ in failures]
+    assert is_grow(before, after, reported) is grow
+    record = build_record(1, reported, [], 50.0, None, nodes_before=before, nodes_after=after)
+    assert (record.grow, record.nodes_before, record.nodes_after) == (grow, before, after)
+
+
+@pytest.mark.parametrize(
+    ("restarts", "grows", "budget", "code", "expected"),
+    [
+        pytest.param(3, 0, 3, 137, "budget-spent", id="no-grows-spent"),
+        pytest.param(3, 1, 3, 137, "restart", id="a-grow-is-not-budgeted"),
+        pytest.param(5, 2, 3, 170, "budget-spent", id="three-failures-two-grows-spent"),
+        pytest.param(2, 2, 0, 137, "budget-spent", id="only-grows-budget-zero"),
+        pytest.param(4, 4, 1, 137, "restart", id="only-grows-budget-one"),
+    ],
+)
+def test_the_budget_counts_restarts_but_grows(
+    restarts: int, grows: int, budget: int, code: int, expected: str
+) -> None:
+    assert decide(code, restarts_spent(restarts, grows), budget) == expected
+
+
+@pytest.mark.parametrize(
+    ("elastic", "nodes", "max_nodes", "spent", "budget", "expected"),
+    [
+        pytest.param(True, 2, 3, 0, 3, "grow", id="elastic-smaller-round-grows"),
+        pytest.param(True, 2, 3, 3, 3, "grow", id="grow-allowed-with-budget-spent"),
+        pytest.param(True, 3, 3, 1, 3, "restart", id="elastic-full-round-restarts"),
+        pytest.param(True, 3, 3, 3, 3, "budget-spent", id="elastic-full-round-spent"),
+        pytest.param(False, 3, 3, 2, 3, "restart", id="fixed-replacement-restarts"),
+        pytest.param(False, 3, 3, 3, 3, "budget-spent", id="fixed-replacement-spent"),
+    ],
+)
+def test_a_healthy_group_restarts_for_a_waiting_pod(
+    elastic: bool, nodes: int, max_nodes: int, spent: int, budget: int, expected: str
+) -> None:
+    assert healthy_restart(elastic, nodes, max_nodes, spent, budget) == expected
 
 
 @pytest.mark.parametrize(
@@ -233,6 +311,22 @@ def test_the_last_restart_series() -> None:
     text = exposition(ledger, rank=0, resume=ledger.record.with_resume(103.0, 40))
     assert 'ddp_last_restart_resumed_timestamp_seconds{rank="0"} 103.0' in text
     assert 'ddp_last_restart_steps_redone{rank="0"} 7.0' in text
+
+
+def test_the_group_series_on_every_pod_and_the_resize_on_rank0() -> None:
+    ledger = RestartLedger()
+    assert 'ddp_group_nodes{rank="2"} 0.0' in exposition(ledger, rank=2)  # no round yet
+    ledger.restarts, ledger.grows, ledger.nodes = 2, 1, 3
+    ledger.record = build_record(2, [], [], 50.0, steps_before=30, nodes_before=2, nodes_after=3)
+    text = exposition(ledger, rank=0)
+    assert 'ddp_group_grows_total{rank="0"} 1.0' in text
+    assert 'ddp_group_nodes{rank="0"} 3.0' in text
+    assert 'ddp_last_restart_nodes_before{rank="0"} 2.0' in text
+    assert 'ddp_last_restart_nodes_after{rank="0"} 3.0' in text
+    assert 'ddp_last_restart_info{cause="MemberJoined",exit_code="",failed_rank="",rank="0"} 1.0' in text
+    # A record without node counts (none known) exports none.
+    ledger.record = build_record(1, [failure(1, 137, 10.0)], [], 50.0, steps_before=None)
+    assert "nodes_before" not in exposition(ledger, rank=0)
 
 
 def test_a_member_joining_has_no_failed_rank() -> None:

@@ -28,6 +28,9 @@ RestartMode = Literal["InPlace", "Recreate"]
 RESTART_MODES: Final = ("InPlace", "Recreate")
 # DDP_RESTART_BUDGET when unset: runPolicy.backoffLimit's default.
 DEFAULT_RESTART_BUDGET: Final = 3
+# DDP_REPLACEMENT_WAIT_SECONDS when unset: how long an elastic job's round waits for more pods once
+# DDP_MIN_NODES have joined (the c10d rendezvous' last_call_timeout, whole seconds, torch's unit).
+DEFAULT_REPLACEMENT_WAIT: Final = 60
 DEFAULT_MNIST_URL: Final = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 # Set by the trainer on the local workers it launches when NPROC_PER_NODE > 1.
 WORKER_MARKER: Final = "DDP_TRAINER_WORKER"
@@ -79,6 +82,15 @@ class DistEnv:
     restart_budget: int = DEFAULT_RESTART_BUDGET
     # DDP_RUN_ID: the elastic rendezvous' run id, the same on every pod of one attempt.
     run_id: str = "ddp-trainer-0"
+    # DDP_MIN_NODES (an elastic job's minReplicas): a round may train on min_nodes..nnodes pods;
+    # None: a fixed-size job, every round has all nnodes pods.
+    min_nodes: int | None = None
+    # DDP_REPLACEMENT_WAIT_SECONDS: an elastic round's wait for more pods once min_nodes have joined.
+    replacement_wait: int = DEFAULT_REPLACEMENT_WAIT
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes is not None
 
     @property
     def launches_workers(self) -> bool:
@@ -116,9 +128,10 @@ def _int(env: Mapping[str, str], name: str, fix: str, *, default: int | None = N
 
 def parse_env(env: Mapping[str, str]) -> DistEnv:
     """Validate the env contract; raises ConfigError naming the first bad variable."""
-    world_size, nproc, nnodes = _world(env)
     launched_worker = env.get(WORKER_MARKER) == "1"
-    rank, local_rank, node_rank = _ranks(env, world_size, nproc, nnodes, launched_worker)
+    view = _node_view(env, launched_worker)
+    world_size, nproc, nnodes = _world(view)
+    rank, local_rank, node_rank = _ranks(view, world_size, nproc, nnodes, launched_worker)
     master_addr, master_port = _rendezvous(env, world_size)
     backend_text = (env.get("DDP_BACKEND") or "auto").strip().lower()
     if backend_text not in BACKENDS:
@@ -141,6 +154,7 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
             "DDP_STALL_TIMEOUT_SECONDS", str(error), "set it to a positive number of seconds, or unset it"
         ) from None
     restart_mode, restart_budget = _restarts(env)
+    min_nodes, replacement_wait = _elastic(env, nnodes, restart_mode)
     job_name = env.get("DDPJOB_NAME") or None
     run_id = (env.get("DDP_RUN_ID") or "").strip() or f"{job_name or 'ddp-trainer'}-{attempt}"
     return DistEnv(
@@ -163,7 +177,46 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
         restart_mode=restart_mode,
         restart_budget=restart_budget,
         run_id=run_id,
+        min_nodes=min_nodes,
+        replacement_wait=replacement_wait,
     )
+
+
+def _node_view(env: Mapping[str, str], launched_worker: bool) -> Mapping[str, str]:
+    """The environment as a worker of a launcher sees its node: torch's agent sets GROUP_RANK and
+    GROUP_WORLD_SIZE (and WORLD_SIZE) for the round it started the worker in, while NODE_RANK and
+    NNODES are the pod's own (its index and the job's largest size). In an elastic job's smaller
+    round the round's view is the one that adds up: NNODES x NPROC_PER_NODE == WORLD_SIZE."""
+    if not launched_worker:
+        return env
+    group_size, group_rank = _lookup(env, "GROUP_WORLD_SIZE"), _lookup(env, "GROUP_RANK")
+    if group_size is None or group_rank is None:
+        return env
+    return {**env, "NNODES": group_size, "NODE_RANK": group_rank}
+
+
+def _elastic(env: Mapping[str, str], nnodes: int, restart_mode: RestartMode) -> tuple[int | None, int]:
+    """DDP_MIN_NODES (unset: a fixed-size job) and DDP_REPLACEMENT_WAIT_SECONDS."""
+    wait = _int(
+        env,
+        "DDP_REPLACEMENT_WAIT_SECONDS",
+        "set DDP_REPLACEMENT_WAIT_SECONDS to the whole seconds a round waits for more pods (>= 1)",
+        default=DEFAULT_REPLACEMENT_WAIT,
+        minimum=1,
+    )
+    if _lookup(env, "DDP_MIN_NODES") is None:
+        return None, wait
+    fix = f"set DDP_MIN_NODES to the fewest pods the job may train on, 1..NNODES={nnodes}"
+    min_nodes = _int(env, "DDP_MIN_NODES", fix, minimum=1)
+    if min_nodes > nnodes:
+        raise ConfigError("DDP_MIN_NODES", f"{min_nodes} > NNODES={nnodes}", fix)
+    if restart_mode != "InPlace":
+        raise ConfigError(
+            "DDP_MIN_NODES",
+            "an elastic job (DDP_MIN_NODES set) needs DDP_RESTART_MODE=InPlace: its pods change rounds in place",
+            "set DDP_RESTART_MODE=InPlace, or unset DDP_MIN_NODES for a fixed-size job",
+        )
+    return min_nodes, wait
 
 
 def _restarts(env: Mapping[str, str]) -> tuple[RestartMode, int]:

@@ -9,7 +9,8 @@ pods are in, each starts its workers again and rank 0 resumes from the newest ch
 
 What this module adds to torch's agent (:class:`InPlaceAgent`, a small subclass, not a second agent):
 
-- **Ranks**: node rank k is pod k (``ddp_trainer.restarts.node_addr``); checked after every round.
+- **Ranks**: node rank k is pod k (``ddp_trainer.restarts.node_addr``), or in an elastic job's
+  smaller round, the k-th pod present; checked after every round.
 - **One gang-wide budget**: torch counts restarts per agent. The gang's count is the round number,
   which rank 0's agent publishes in each round's store; a failed agent restarts only while the count
   is below DDP_RESTART_BUDGET, and not at all for a permanent exit code (docs/restarts.md). Then it
@@ -18,10 +19,15 @@ What this module adds to torch's agent (:class:`InPlaceAgent`, a small subclass,
 - **Stopping at once**: a restart kills the workers (SIGKILL). The group is broken, so the agreed
   SIGTERM stop (docs/trainer.md) could never complete; a worker blocked in a collective is ended by
   the kernel, not after torch's 30 s shutdown grace. A pod's own SIGTERM (its deletion) still goes
-  to the workers as SIGTERM, for the agreed stop and the checkpoint.
+  to the workers as SIGTERM, for the agreed stop and the checkpoint, and so does a grow's stop.
 - **Measuring**: each agent appends its failures and its "workers stopped" time to the store of the
   round it leaves; rank 0's agent, once the next round is complete, turns them into the record of
   the last restart (``ddp_trainer.restarts.RestartRecord``), exported by the launcher's endpoint.
+- **Elastic jobs** (DDP_MIN_NODES, docs/trainer.md "Elastic jobs"): a round may have DDP_MIN_NODES
+  to NNODES pods (``last_call_timeout``: DDP_REPLACEMENT_WAIT_SECONDS). A pod after a missing one
+  ranks lower (pod 0 stays rank 0: ``ddp_trainer.restarts.rank_mismatch``). When a pod joins a smaller healthy round, torch's agents restart
+  their workers for it: a grow, stopped with the agreed SIGTERM stop, not counted against the budget
+  (rank 0 publishes the gang's grows beside its restarts).
 
 torch facts this relies on (torch 2.15, ``torch/distributed/elastic``): ``_invoke_run`` restarts a
 failed group while ``_remaining_restarts > 0`` and a healthy one when nodes wait; a round's nodes are
@@ -32,6 +38,7 @@ workers' store address in every round (a replacement pod joining a later round r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -46,7 +53,7 @@ from typing import Any, Final
 from torch._C._distributed_c10d import Store, TCPStore
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, RunProcsResult
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
@@ -54,7 +61,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handl
 from ddp_trainer.addresses import loopback_listener
 from ddp_trainer.config import DistEnv, TrainConfig
 from ddp_trainer.control import read_exit_records
-from ddp_trainer.exitcodes import EXIT_PEER_LOST, first_failure, first_failure_code
+from ddp_trainer.exitcodes import EXIT_PEER_LOST, first_failure, first_failure_code, is_retryable
 from ddp_trainer.progress import format_status_line
 from ddp_trainer.restarts import (
     Decision,
@@ -62,7 +69,10 @@ from ddp_trainer.restarts import (
     RestartLedger,
     build_record,
     decide,
+    healthy_restart,
     node_addr,
+    rank_mismatch,
+    restarts_spent,
 )
 from ddp_trainer.resume import read_step_marker, step_marker_path, write_restarts
 from ddp_trainer.worker import forked_worker
@@ -70,6 +80,9 @@ from ddp_trainer.workloads import LAZY_IMPORTS
 
 # Keys in each round's store (a PrefixStore of the round, so a key is per round).
 RESTARTS_KEY = "ddp/group_restarts"
+GROWS_KEY = "ddp/group_grows"
+# Set by an agent that stops its healthy workers for a grow, before it stops them (see _restart_workers).
+GROWING_KEY = "ddp/growing"
 FAILURES_KEY = "ddp/failures"
 STOPPED_KEY = "ddp/stopped"
 
@@ -94,6 +107,10 @@ class RestartBudgetSpentError(RuntimeError):
     """A pod joined, but the gang may not restart again: the operator decides."""
 
 
+class TrainingFinishedError(Exception):
+    """A grow's stop found this pod's workers finished: training was over, nothing is left to grow."""
+
+
 def log(message: str) -> None:
     print(f"ddp_trainer: {message}", file=sys.stderr, flush=True)
 
@@ -109,8 +126,7 @@ class InPlaceAgent(LocalElasticAgent):
         self,
         spec: WorkerSpec,
         *,
-        node_rank: int,
-        budget: int,
+        env: DistEnv,
         exit_dir: Path,
         progress_dir: Path,
         ledger: RestartLedger,
@@ -118,13 +134,18 @@ class InPlaceAgent(LocalElasticAgent):
         super().__init__(
             spec, logs_specs=DefaultLogsSpecs(), start_method="forkserver", shutdown_timeout=SHUTDOWN_TIMEOUT
         )
-        self._node_rank = node_rank
-        self._budget = budget
+        self._node_rank = env.node_rank
+        self._budget = env.restart_budget
+        self._elastic = env.elastic
+        self._max_nodes = env.nnodes
         self._exit_dir = exit_dir
         self._progress_dir = progress_dir
         self._restarts = 0
+        self._grows = 0  # of the gang's restarts, the grows (not budgeted)
+        self._nodes = 0  # pods in the current round
         self._ledger = ledger
         self._rounds = 0  # rank 0: the rounds it has joined
+        self._gang_grows = 0  # rank 0: the grows it has counted
         self._round_store: Store | None = None
         self._steps_before: int | None = None
         # Set when a failed group ends the pod: the code it exits with and why.
@@ -133,33 +154,53 @@ class InPlaceAgent(LocalElasticAgent):
 
     # --- the round -------------------------------------------------------------------------------
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
-        previous = self._round_store
+        previous, nodes_before = self._round_store, self._nodes
         super()._rendezvous(worker_group)
         reformed = time.time()
         store, group_rank = worker_group.store, worker_group.group_rank
-        assert store is not None and group_rank is not None  # set by the rendezvous just made
-        if group_rank != self._node_rank:
-            raise NodeRankMismatchError(
-                f"the rendezvous ranked NODE_RANK {self._node_rank} as node {group_rank}: "
-                "two pods claim one NODE_RANK"
-            )
+        nodes = worker_group.group_world_size
+        assert store is not None and group_rank is not None and nodes is not None  # set by the rendezvous
+        problem = rank_mismatch(self._node_rank, group_rank, self._elastic)
+        if problem is not None:
+            raise NodeRankMismatchError(problem)
         if group_rank == 0:
-            self._rounds += 1
-            store.set(RESTARTS_KEY, str(self._rounds - 1))
+            self._publish(store, previous, nodes_before, nodes, reformed)
+        # Rank 0 sets the grows before the restarts, and a get waits for its key: both are there.
         self._restarts = int(store.get(RESTARTS_KEY))
+        self._grows = int(store.get(GROWS_KEY))
+        self._nodes = nodes
         self._round_store = store
         # Rank 0's note of its resume says which restart it belongs to.
         write_restarts(self._progress_dir, self._restarts)
-        self._ledger.restarts = self._restarts
+        self._ledger.restarts, self._ledger.grows, self._ledger.nodes = self._restarts, self._grows, nodes
         if self._restarts == 0:
             return
-        _status("reformed", node=self._node_rank, restarts=self._restarts, time=f"{reformed:.6f}")
-        if group_rank == 0 and previous is not None:
+        _status(
+            "reformed",
+            node=self._node_rank,
+            restarts=self._restarts,
+            grows=self._grows,
+            nodes=nodes,
+            time=f"{reformed:.6f}",
+        )
+
+    def _publish(
+        self, store: Store, previous: Store | None, nodes_before: int, nodes: int, reformed: float
+    ) -> None:
+        """Rank 0's agent, once a round is complete: the gang's counts for it, in its store, and the
+        record of the restart that led to it (from what the agents left in the previous round's)."""
+        self._rounds += 1
+        restarts = self._rounds - 1
+        if previous is not None:
             failures = [Failure.decode(line) for line in _read_all(previous, FAILURES_KEY)]
             stopped = [float(line.split()[1]) for line in _read_all(previous, STOPPED_KEY)]
-            self._ledger.record = build_record(
-                self._restarts, failures, stopped, reformed, self._steps_before
+            record = build_record(
+                restarts, failures, stopped, reformed, self._steps_before, nodes_before, nodes
             )
+            self._gang_grows += record.grow
+            self._ledger.record = record
+        store.set(GROWS_KEY, str(self._gang_grows))
+        store.set(RESTARTS_KEY, str(restarts))
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         # Exit records of an earlier round must not decide this one's code.
@@ -171,6 +212,7 @@ class InPlaceAgent(LocalElasticAgent):
             "started",
             node=self._node_rank,
             restarts=self._restarts,
+            nodes=self._nodes,
             workers=",".join(f"{ranks[local]}:{pid}" for local, pid in sorted(pids.items())),
         )
         return pids
@@ -187,7 +229,14 @@ class InPlaceAgent(LocalElasticAgent):
         # torch marks a group UNHEALTHY when a worker sits in uninterruptible sleep (a wedged device):
         # no restart can kill it, so this pod ends and the operator replaces it.
         stuck = result.state == WorkerState.UNHEALTHY
-        decision: Decision = "stuck" if stuck else decide(code, self._restarts, self._budget)
+        if not stuck and is_retryable(code) and self._grow_under_way():
+            # Another pod's agent stops the group for a grow, and this pod's workers ended with it (the
+            # agreed stop's 143, or a lost peer's 170): no failure, the next round is the grow's.
+            self._remaining_restarts = max(int(self._remaining_restarts), 1)
+            _status("grow", node=self._node_rank, nodes=self._nodes, code=code, time=f"{seen:.6f}")
+            return result
+        spent = restarts_spent(self._restarts, self._grows)
+        decision: Decision = "stuck" if stuck else decide(code, spent, self._budget)
         _status(
             "failed",
             node=self._node_rank,
@@ -195,6 +244,7 @@ class InPlaceAgent(LocalElasticAgent):
             code=code,
             decision=decision,
             restarts=self._restarts,
+            grows=self._grows,
             budget=self._budget,
             time=f"{seen:.6f}",
         )
@@ -210,15 +260,61 @@ class InPlaceAgent(LocalElasticAgent):
             self.ending = decision
         return result
 
+    def _grow_under_way(self) -> bool:
+        """An elastic job's agent stops this round's group for a grow (GROWING_KEY, set before its
+        workers were told to stop, so a peer that ended because of it finds the key)."""
+        return self._elastic and self._round_store is not None and self._round_store.check([GROWING_KEY])
+
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
-        if worker_group.state == WorkerState.HEALTHY and self._restarts >= self._budget:
-            # torch restarts a healthy group when a pod waits to join (a replacement): that is a
-            # restart of the gang like any other, and there is none left.
-            self._stop_workers(worker_group)
-            raise RestartBudgetSpentError(
-                f"a pod waits to join, but the gang has spent its restart budget ({self._budget})"
-            )
+        if worker_group.state == WorkerState.HEALTHY:
+            # torch restarts a healthy group when a pod waits to join: an elastic job's grow, or a
+            # replacement, a restart of the gang like any other (fixed-size jobs).
+            nodes = worker_group.group_world_size or self._nodes
+            spent = restarts_spent(self._restarts, self._grows)
+            action = healthy_restart(self._elastic, nodes, self._max_nodes, spent, self._budget)
+            if action == "budget-spent":
+                self._stop_workers(worker_group)
+                raise RestartBudgetSpentError(
+                    f"a pod waits to join, but the gang has spent its restart budget ({self._budget})"
+                )
+            if action == "grow" and self._round_store is not None:
+                self._grow(worker_group, self._round_store, nodes)
+                return
         super()._restart_workers(worker_group)
+
+    def _grow(self, worker_group: WorkerGroup, store: Store, nodes: int) -> None:
+        """torch's restart of the workers (stop, rendezvous, start), for a grow.
+
+        A grow stops a healthy group, so it uses the agreed stop (docs/trainer.md), not SIGKILL: every
+        rank stops at the same step boundary and rank 0 writes a checkpoint there, so the grown round
+        redoes no step. The ranks combine their flags in one allreduce, so the workers of pods whose
+        agents have not seen the waiting pod yet stop too; GROWING_KEY, set first, tells those agents
+        that it was no failure (_monitor_workers).
+        """
+        store.set(GROWING_KEY, str(self._node_rank))
+        _status("grow", node=self._node_rank, nodes=nodes, time=f"{time.time():.6f}")
+        ended = self._agreed_stop()
+        self._stop_workers(worker_group)  # what is left (a worker stuck past the grace), and the books
+        if ended is not None and not ended.is_failed():
+            # The stop came after the last stop check: the workers finished training instead. A new
+            # round would only resume at the end; this pod meets the others at torch's exit barrier,
+            # as a finished group does, and exits 0.
+            self._exit_barrier()  # type: ignore[no-untyped-call]
+            raise TrainingFinishedError(f"training was over when a pod joined the round of {nodes}")
+        worker_group.state = WorkerState.STOPPED
+        self._initialize_workers(worker_group)
+
+    def _agreed_stop(self) -> RunProcsResult | None:
+        """SIGTERM this pod's workers and wait for their result, up to SHUTDOWN_TIMEOUT (None: some
+        are still running). It polls as the monitor does, not torch's close: a worker that has
+        returned waits until its agent has read its return value, which close never does."""
+        if self._pcontext is None:
+            return None
+        for pid in self._pcontext.pids().values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        result: RunProcsResult | None = self._pcontext.wait(SHUTDOWN_TIMEOUT, period=MONITOR_INTERVAL)
+        return result
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(death_sig=signal.SIGKILL)
@@ -294,18 +390,23 @@ def rendezvous_handler(env: DistEnv, config: TrainConfig) -> RendezvousHandler:
         # A job on one machine stays on loopback (docs/trainer.md, "Where rank 0 listens").
         master_listen_fd=loopback_listener(env.master_addr, env.master_port) if is_host else None,
     )
+    # An elastic job's round completes once min_nodes pods have joined and then the replacement wait
+    # has passed (or all nnodes are in): survivors go on without a pod that cannot be placed, and a
+    # first start without all pods is bounded by it. A fixed-size job's round needs every pod.
+    elastic = {"last_call_timeout": env.replacement_wait} if env.elastic else {}
     params = RendezvousParameters(
         backend="c10d",
         endpoint=f"{env.master_addr}:{env.master_port}",
         run_id=env.run_id,
-        min_nodes=env.nnodes,
+        min_nodes=env.min_nodes if env.min_nodes is not None else env.nnodes,
         max_nodes=env.nnodes,
         local_addr=node_addr(env.node_rank),
         # A replacement pod may take a while to be scheduled and started: the survivors wait for it
-        # as long as a first start may take.
+        # as long as a first start may take (an elastic job's below DDP_MIN_NODES too).
         join_timeout=int(config.init_timeout),
         keep_alive_interval=KEEP_ALIVE_INTERVAL,
         keep_alive_max_attempt=KEEP_ALIVE_MAX_ATTEMPT,
+        **elastic,
     )
     return create_handler(store, C10dRendezvousBackend(store, env.run_id), params)
 
@@ -340,8 +441,7 @@ def run_in_place(
     )
     agent = InPlaceAgent(
         spec,
-        node_rank=env.node_rank,
-        budget=env.restart_budget,
+        env=env,
         exit_dir=exit_dir,
         progress_dir=progress_dir,
         ledger=ledger,
@@ -358,6 +458,9 @@ def run_in_place(
                 log(f"the gang spent its restart budget ({env.restart_budget}); exiting {code}")
         else:
             code = 0
+    except TrainingFinishedError as finished:
+        log(f"{finished}; exiting 0")
+        code = 0
     except SignalException as stopped:
         # This pod was stopped (deleted): the others restart without it, so the rendezvous stays open.
         close_rendezvous = False

@@ -377,12 +377,17 @@ def resumed_timestamp_gauge(rank: int, registry: CollectorRegistry | None) -> Ga
     ).labels(rank=str(rank))
 
 
+def _optional(value: int | None) -> float | None:
+    return None if value is None else float(value)
+
+
 class RestartCollector(Collector):
     """The in-place launcher's series (docs/metrics.md, "In-place restarts").
 
-    ``ddp_group_restarts_total`` on every pod; the ``ddp_last_restart_*`` series on rank 0's pod only,
-    absent until a restart. ``rank`` is the pod's first global rank (its local rank 0). ``resume``
-    returns rank 0's worker's note of the last resume: its time and the step it resumed from.
+    ``ddp_group_restarts_total``, ``ddp_group_grows_total`` and ``ddp_group_nodes`` on every pod; the
+    ``ddp_last_restart_*`` series on rank 0's pod only, absent until a restart. ``rank`` is the pod's
+    first global rank in the largest group (NODE_RANK x NPROC_PER_NODE). ``resume`` returns rank 0's
+    worker's note of the last resume: its time and the step it resumed from.
     """
 
     def __init__(
@@ -408,6 +413,21 @@ class RestartCollector(Collector):
         )
         restarts.add_metric(list(labels.values()), float(self.ledger.restarts))
         yield restarts
+        grows = CounterMetricFamily(
+            "ddp_group_grows_total",
+            "Of the in-place restarts, the grows: a pod joined a healthy group and the next round was "
+            "larger (an elastic job; not counted against the restart budget; the same on every pod).",
+            labels=list(labels),
+        )
+        grows.add_metric(list(labels.values()), float(self.ledger.grows))
+        yield grows
+        nodes = GaugeMetricFamily(
+            "ddp_group_nodes",
+            "Pods in the current rendezvous round (0 before the first one is complete).",
+            labels=list(labels),
+        )
+        nodes.add_metric(list(labels.values()), float(self.ledger.nodes))
+        yield nodes
         record = self.ledger.record
         if record is None:
             return
@@ -428,9 +448,11 @@ class RestartCollector(Collector):
             ),
             (
                 "steps_redone",
-                None if record.steps_redone is None else float(record.steps_redone),
+                _optional(record.steps_redone),
                 "steps done before the failure that the checkpoint resumed from did not keep",
             ),
+            ("nodes_before", _optional(record.nodes_before), "pods in the round it left"),
+            ("nodes_after", _optional(record.nodes_after), "pods in the round it formed"),
         ]
         for suffix, value, meaning in gauges:
             if value is None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-STATUS_KINDS: Final = frozenset({"progress", "final", "stopped", "params", "resumed", "launcher"})
+STATUS_KINDS: Final = frozenset({"progress", "final", "stopped", "params", "resumed", "resized", "launcher"})
 NOT_AVAILABLE: Final = "na"
 
 

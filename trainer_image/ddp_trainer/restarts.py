@@ -4,8 +4,10 @@ The launcher (``ddp_trainer.elastic``) runs torch's elastic agent on every pod; 
 every pod's agent restarts its workers on a new round of the c10d rendezvous. What has to be decided
 the same way on every pod is decided here, from plain values, without torch:
 
-- the node descriptor address that makes the rendezvous rank of a pod its ``NODE_RANK``;
-- whether a failed worker's code is restarted (retried, within the gang's budget) or ends the pod;
+- the node descriptor address that makes the rendezvous rank of a pod its ``NODE_RANK``, and which
+  rank a round may give a pod (an elastic job's smaller rounds shift the pods after a missing one);
+- whether a failed worker's code is restarted (retried, within the gang's budget) or ends the pod,
+  and whether a healthy group restarts for a pod that waits (an elastic job's grow is free);
 - which of the failures the agents report is *the* failure of a restart, and its cause;
 - the record of the last restart that rank 0's pod exports (docs/metrics.md, "In-place restarts").
 
@@ -14,6 +16,7 @@ See docs/restarts.md for the modes and docs/trainer.md for the env contract.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -33,6 +36,8 @@ Cause = Literal["ExitCode", "PeerLost", "MemberJoined"]
 # What a pod's agent does about a failed worker group ("stuck": a worker no signal can end, see
 # ddp_trainer.elastic).
 Decision = Literal["restart", "permanent", "budget-spent", "stuck"]
+# What a pod's agent does when its workers are healthy and a pod waits to join the next round.
+HealthyRestart = Literal["grow", "restart", "budget-spent"]
 
 
 def node_addr(node_rank: int) -> str:
@@ -49,11 +54,59 @@ def node_addr(node_rank: int) -> str:
     return f"{NODE_ADDR_PREFIX}{node_rank:0{NODE_RANK_DIGITS}d}"
 
 
+def rank_mismatch(node_rank: int, group_rank: int, elastic: bool) -> str | None:
+    """Why a round's rank for this pod is wrong, or None when it is right.
+
+    A fixed-size job's round has every pod, so group rank k must be pod k. An elastic job's smaller
+    round ranks the pods present in ``NODE_RANK`` order (:func:`node_addr`), so a pod after a missing
+    one moves down: its group rank is at most its NODE_RANK. Pod 0 is always rank 0: its launcher
+    hosts the rendezvous store and its first worker, global rank 0, holds the checkpoint volume.
+    """
+    if not elastic:
+        if group_rank == node_rank:
+            return None
+        return (
+            f"the rendezvous ranked NODE_RANK {node_rank} as node {group_rank}: two pods claim one NODE_RANK"
+        )
+    if node_rank == 0 and group_rank != 0:
+        return f"the rendezvous ranked NODE_RANK 0 as node {group_rank}: two pods claim NODE_RANK 0"
+    if group_rank > node_rank:
+        return (
+            f"the rendezvous ranked NODE_RANK {node_rank} as node {group_rank}, after pods it should "
+            "precede: two pods claim one NODE_RANK"
+        )
+    return None
+
+
+def restarts_spent(restarts: int, grows: int) -> int:
+    """The restarts that count against DDP_RESTART_BUDGET: every restart of the group but the grows."""
+    return max(restarts - grows, 0)
+
+
+def is_grow(nodes_before: int, nodes_after: int, failures: Sequence[Failure]) -> bool:
+    """A restart is a grow when the round it left ended with no failure reported and the round it
+    formed has more pods: a pod joined a healthy group. It is not a failure and is not budgeted."""
+    return not failures and nodes_after > nodes_before
+
+
+def healthy_restart(elastic: bool, nodes: int, max_nodes: int, spent: int, budget: int) -> HealthyRestart:
+    """What a pod's agent does when torch restarts its healthy group because a pod waits to join.
+
+    In an elastic job whose round has fewer than NNODES pods, the waiting pod makes the next round
+    larger: a grow, allowed whatever the budget. Otherwise (a fixed-size job, whose pods wait only to
+    replace one that was lost) it is a restart like any other, while ``spent`` is below ``budget``.
+    """
+    if elastic and nodes < max_nodes:
+        return "grow"
+    return "restart" if spent < budget else "budget-spent"
+
+
 def decide(exit_code: int, restarts_done: int, budget: int) -> Decision:
     """What a pod's agent does when its worker group failed with ``exit_code``.
 
-    ``restarts_done`` is the gang's count of in-place restarts so far (the same on every pod, read
-    from the rendezvous), ``budget`` what DDP_RESTART_BUDGET allows in all. A permanent code
+    ``restarts_done`` is the gang's count of in-place restarts so far that count against the budget
+    (:func:`restarts_spent`: the same on every pod, read from the rendezvous), ``budget`` what
+    DDP_RESTART_BUDGET allows in all. A permanent code
     (docs/restarts.md: 1-127) restarts nothing; a retried one restarts while the budget lasts.
     """
     if not is_retryable(exit_code):
@@ -116,6 +169,9 @@ class RestartRecord:
     steps_before: int | None = None  # rank 0's completed steps when its workers were stopped
     resumed: float | None = None
     resumed_step: int | None = None
+    nodes_before: int | None = None  # pods in the round the restart left
+    nodes_after: int | None = None  # pods in the round it formed
+    grow: bool = False  # a pod joined a healthy group (:func:`is_grow`)
 
     @property
     def steps_redone(self) -> int | None:
@@ -124,18 +180,7 @@ class RestartRecord:
         return max(self.steps_before - self.resumed_step, 0)
 
     def with_resume(self, resumed: float, resumed_step: int) -> RestartRecord:
-        return RestartRecord(
-            restarts=self.restarts,
-            cause=self.cause,
-            failed_rank=self.failed_rank,
-            exit_code=self.exit_code,
-            failure=self.failure,
-            stopped=self.stopped,
-            reformed=self.reformed,
-            steps_before=self.steps_before,
-            resumed=resumed,
-            resumed_step=resumed_step,
-        )
+        return dataclasses.replace(self, resumed=resumed, resumed_step=resumed_step)
 
 
 def build_record(
@@ -144,11 +189,14 @@ def build_record(
     stopped_times: Sequence[float],
     reformed: float,
     steps_before: int | None,
+    nodes_before: int | None = None,
+    nodes_after: int | None = None,
 ) -> RestartRecord:
     """Rank 0's record of the restart that led to the round just formed.
 
     ``stopped_times`` are every pod's "workers stopped" times (a replacement pod has none): the
-    survivors are all stopped at the latest of them.
+    survivors are all stopped at the latest of them. ``failures`` are those reported in the round
+    the restart left, ``nodes_before`` and ``nodes_after`` the pods of that round and of the new one.
     """
     failure = first_failure(failures)
     stopped = max(stopped_times) if stopped_times else reformed
@@ -161,6 +209,11 @@ def build_record(
         stopped=stopped,
         reformed=reformed,
         steps_before=steps_before,
+        nodes_before=nodes_before,
+        nodes_after=nodes_after,
+        grow=nodes_before is not None
+        and nodes_after is not None
+        and is_grow(nodes_before, nodes_after, failures),
     )
 
 
@@ -194,4 +247,6 @@ class RestartLedger:
 
     def __init__(self) -> None:
         self.restarts = 0
+        self.grows = 0  # of the restarts, the grows (an elastic job's pod joining a healthy group)
+        self.nodes = 0  # pods in the current round (0 before the first one is formed)
         self.record: RestartRecord | None = None

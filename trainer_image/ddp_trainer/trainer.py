@@ -23,6 +23,7 @@ from torch._C._distributed_c10d import TCPStore
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
+from ddp_trainer import resize
 from ddp_trainer.addresses import loopback_listener
 from ddp_trainer.checkpoint import load_newest_checkpoint, save_checkpoint
 from ddp_trainer.config import ConfigError, DistEnv, TrainConfig, metrics_port_error, resolve_backend
@@ -148,6 +149,9 @@ class _Place:
     step: int = 0
     epoch: int = 0
     batch: int = 0
+    # The world size ``batch`` counts in: a checkpoint's, until :meth:`Trainer._plan` maps it to this
+    # group's (None: this group's already).
+    world_size: int | None = None
 
 
 @dataclass
@@ -251,9 +255,7 @@ class Trainer:
             workload.train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=config.seed
         )
         batches_per_epoch = math.ceil(len(sampler) / config.batch_size)
-        total_steps = batches_per_epoch * config.epochs
-        if config.max_steps:
-            total_steps = min(total_steps, config.max_steps)
+        total_steps = self._plan(place, len(workload.train), batches_per_epoch)
         metrics = self._instrument(ddp, total_steps)
         run = _Run(ddp, optimizer, metrics, features, labels, sampler, batches_per_epoch, total_steps, place)
         self.book.loop_started()
@@ -286,12 +288,36 @@ class Trainer:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, epoch, position = int(state["step"]), int(state["epoch"]), int(state["batch_in_epoch"])
-        if int(state.get("world_size", ctx.world_size)) != ctx.world_size:
-            log("the checkpoint was written with another world size: the data order will differ")
         if self.is_rank0:
             print(format_status_line("resumed", {"step": step, "epoch": epoch}), flush=True)
         self._book_resume(step, state)
-        return _Place(step, epoch, position)
+        return _Place(step, epoch, position, int(state.get("world_size", ctx.world_size)))
+
+    def _plan(self, place: _Place, samples: int, batches_per_epoch: int) -> int:
+        """Map a checkpoint's place in the epoch to this group's world size (an elastic job's resize,
+        ddp_trainer.resize); returns the step the loop ends at.
+
+        The learning rate stays as it is: with fewer ranks the effective batch size is smaller.
+        """
+        config, world_size = self.config, self.ctx.world_size
+        saved = place.world_size if place.world_size is not None else world_size
+        if saved != world_size:
+            batch = resize.remap_batch(place.batch, saved, world_size, samples, config.batch_size)
+            if self.is_rank0:
+                fields = {
+                    "from_world_size": saved,
+                    "world_size": world_size,
+                    "step": place.step,
+                    "epoch": place.epoch,
+                    "batch_from": place.batch,
+                    "batch": batch,
+                }
+                print(format_status_line("resized", fields), flush=True)
+            place.batch = batch
+        place.world_size = world_size
+        return resize.total_steps(
+            place.step, place.epoch, place.batch, batches_per_epoch, config.epochs, config.max_steps
+        )
 
     def _book_resume(self, step: int, state: dict[str, Any] | None) -> None:
         """The resume bookkeeping (ddp_trainer.resume) starts at ``step``, from ``state`` if any."""

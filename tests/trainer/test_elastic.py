@@ -1,0 +1,182 @@
+"""Elastic jobs (DDP_MIN_NODES): "pods" are in-place launchers on loopback (see
+test_inplace_restarts.py) that may train on DDP_MIN_NODES..NNODES of them.
+
+A pod's deletion is a SIGTERM to its launcher; a replacement is a new launcher with that NODE_RANK.
+The order of events and the counts are asserted, never the seconds between them.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+
+import pytest
+from trainer_gang import (
+    Gangs,
+    TrainerProcess,
+    describe,
+    events,
+    finish,
+    labelled,
+    samples,
+    wait_all,
+)
+
+from ddp_trainer.exitcodes import EXIT_PEER_LOST, EXIT_STOPPED
+
+pytestmark = pytest.mark.trainer
+
+ELASTIC = {"DDP_RESTART_MODE": "InPlace", "DDP_MIN_NODES": "2", "DDP_REPLACEMENT_WAIT_SECONDS": "3"}
+# Slow enough steps that the survivors are still training when a replacement has started (its
+# launcher imports torch first), and enough of them; digits at world size 2 has 23 batches an epoch.
+TRAIN = ["--epochs", "20", "--max-steps", "250", "--progress-every", "5", "--stop-check-every", "5"]
+
+
+def elastic_args(checkpoints: Path, *extra: str) -> list[str]:
+    return [
+        *TRAIN,
+        "--seed",
+        "7",
+        "--throttle-ms",
+        "100",
+        "--checkpoint-dir",
+        str(checkpoints),
+        "--checkpoint-every",
+        "10",
+        *extra,
+    ]
+
+
+def start_three(
+    gangs: Gangs, args: list[str], with_metrics: bool = True, budget: int = 3
+) -> list[TrainerProcess]:
+    """Three pods, NODE_RANK 0 last: the others wait for its store, so all three join the first round
+    together (within the replacement wait, it would be a round of 2 and a grow)."""
+    env = {**ELASTIC, "DDP_RESTART_BUDGET": str(budget)}
+    pods = gangs.pods(3, 1, args, with_metrics=with_metrics, env=env, start_order=[2, 1, 0])
+    wait_for_round(pods, 3)
+    return pods
+
+
+def wait_for_round(pods: list[TrainerProcess], nodes: int) -> None:
+    """Until every pod's launcher has started its workers in a round of ``nodes`` pods."""
+    pattern = rf"^launcher event=started node=\d+ restarts=\d+ nodes={nodes} "
+    for pod in pods:
+        pod.wait_for_stdout(pattern)
+
+
+def progress_after(pod: TrainerProcess, line: str) -> int:
+    """The step of rank 0's first progress line printed after the line matching ``line``."""
+    match = pod.wait_for_stdout(rf"^{line}.*\n(?:.*\n)*?progress step=(\d+) ")
+    return int(match.group(1))
+
+
+def steps(pod: TrainerProcess, kind: str) -> list[int]:
+    return [int(fields["step"]) for fields in pod.status_lines(kind)]
+
+
+def gauge(pod: TrainerProcess, name: str) -> float:
+    found = samples(pod.scrape(), name)
+    assert len(found) == 1, found
+    return next(iter(found.values()))
+
+
+def test_a_pod_leaves_the_survivors_train_on_and_a_new_pod_grows_the_group_back(
+    gangs: Gangs, tmp_path: Path
+) -> None:
+    # The shrink spends the whole budget: the grow must not need any.
+    pods = start_three(gangs, elastic_args(tmp_path / "ckpt", "--metrics-linger", "120"), budget=1)
+    survivors = pods[:2]
+    # A round of 2 and a grow instead of the first round of 3 would shift the counts, not break them.
+    restarts_before = gauge(pods[0], "ddp_group_restarts_total")
+    grows_before = gauge(pods[0], "ddp_group_grows_total")
+    launchers = [pod.process.pid for pod in survivors]
+    pods[0].wait_for_stdout(r"^progress step=20 ")
+
+    # Shrink: pod 2 is deleted. Its workers and the others' stop together (the agreed stop), and the
+    # survivors re-form without it once its heartbeats are gone and the replacement wait is over.
+    pods[2].signal(signal.SIGTERM)
+    assert pods[2].wait() == EXIT_STOPPED, describe(pods)
+    wait_for_round(survivors, 2)
+    shrunk = pods[0].wait_for_stdout(r"^resized from_world_size=3 world_size=2 step=(\d+) ")
+    assert progress_after(pods[0], "resized from_world_size=3") > int(shrunk.group(1))
+    for rank, pod in enumerate(survivors):
+        assert samples(pod.scrape(), "ddp_group_nodes") == {str(rank): 2.0}
+    assert [e["nodes"] for e in events(pods[0], "reformed")][-1] == "2"
+    rank0 = pods[0].scrape()
+    assert (
+        samples(rank0, "ddp_last_restart_nodes_before"),
+        samples(rank0, "ddp_last_restart_nodes_after"),
+    ) == (
+        {"0": 3.0},
+        {"0": 2.0},
+    )
+
+    # Grow: a new pod 2 joins; the survivors stop with the agreed stop and the group re-forms as 3.
+    replacement = gangs.again(pods[2], "pod2-again")
+    wait_for_round([*survivors, replacement], 3)
+    grown = pods[0].wait_for_stdout(r"^resized from_world_size=2 world_size=3 step=(\d+) ")
+    assert [pod.process.pid for pod in survivors] == launchers
+    assert all(pod.process.poll() is None for pod in survivors), describe(pods)
+    scrapes = finish([*survivors, replacement])
+
+    # Each resize resumed from the checkpoint the agreed stop wrote: no step was done twice.
+    stopped, resumed = steps(pods[0], "stopped"), steps(pods[0], "resumed")
+    assert stopped == resumed and stopped[-2:] == [int(shrunk.group(1)), int(grown.group(1))], describe(pods)
+    assert [e["decision"] for pod in survivors for e in events(pod, "failed")] == ["restart", "restart"]
+    assert events(pods[0], "grow") or events(pods[1], "grow"), describe(pods)
+    # The same model on every rank of the last round.
+    digests = [pod.digests() for pod in (*survivors, replacement)]
+    assert [list(found) for found in digests] == [[0], [1], [2]], describe(pods)
+    assert len({digest for found in digests for digest in found.values()}) == 1
+
+    # Two restarts, one of them a grow (not budgeted), on every pod; rank 0 measured the grow.
+    for rank, text in enumerate(scrapes):
+        assert samples(text, "ddp_group_restarts_total") == {str(rank): restarts_before + 2}
+        assert samples(text, "ddp_group_grows_total") == {str(rank): grows_before + 1}
+        assert samples(text, "ddp_group_nodes") == {str(rank): 3.0}
+    rank0 = scrapes[0]
+    assert samples(rank0, "ddp_last_restart_nodes_before") == {"0": 2.0}
+    assert samples(rank0, "ddp_last_restart_nodes_after") == {"0": 3.0}
+    assert samples(rank0, "ddp_last_restart_steps_redone") == {"0": 0.0}
+    info = labelled(rank0, "ddp_last_restart_info")
+    assert info is not None and info["cause"] == "MemberJoined" and info["exit_code"] == ""
+    assert "ddp_last_restart_nodes_before" not in scrapes[1]
+
+
+def test_a_grow_after_the_last_stop_check_finds_the_job_done(gangs: Gangs, tmp_path: Path) -> None:
+    # No stop check before the last step: a grow's SIGTERM cannot stop the workers, they finish.
+    args = elastic_args(tmp_path / "ckpt", "--max-steps", "150", "--stop-check-every", "1000")
+    # A first start without pod 2: the round of 2 forms once the replacement wait is over.
+    pods = gangs.pods(3, 1, args, with_metrics=False, env=ELASTIC, start_order=[1, 0])
+    wait_for_round(pods, 2)
+    pods[0].wait_for_stdout(r"^progress step=10 ")
+    late = gangs.start("pod2", {**pods[0].env, "NODE_RANK": "2"}, args)
+    # The pods that stopped their workers for the grow find them done and meet the others at the
+    # exit barrier, instead of starting a round that would keep those waiting.
+    assert wait_all(pods) == [0, 0], describe([*pods, late])
+    growers = [pod for pod in pods if events(pod, "grow")]
+    assert growers, describe([*pods, late])
+    for pod in growers:
+        assert "training was over when a pod joined the round of 2; exiting 0" in pod.stderr
+    assert [[e["nodes"] for e in events(pod, "started")] for pod in pods] == [["2"], ["2"]]
+    assert len({digest for pod in pods for digest in pod.digests().values()}) == 1
+    assert "final accuracy=" in pods[0].stdout
+    assert late.wait() == EXIT_PEER_LOST, describe([*pods, late])  # the job ended without it
+
+
+def test_below_min_nodes_the_survivor_does_not_train_alone(gangs: Gangs, tmp_path: Path) -> None:
+    # --init-timeout bounds the survivor's wait for a second pod, as it bounds a first start.
+    pods = start_three(gangs, elastic_args(tmp_path / "ckpt", "--init-timeout", "30"), with_metrics=False)
+    pods[0].wait_for_stdout(r"^progress step=10 ")
+    started = len(events(pods[0], "started"))
+    for pod in pods[1:]:
+        pod.signal(signal.SIGTERM)
+    assert wait_all(pods) == [EXIT_PEER_LOST, EXIT_STOPPED, EXIT_STOPPED], describe(pods)
+    [failed] = events(pods[0], "failed")
+    assert (failed["code"], failed["decision"]) == (str(EXIT_STOPPED), "restart")
+    # It stopped its workers and waited for a round it never had: no workers started again.
+    assert len(events(pods[0], "started")) == started, describe(pods)
+    assert events(pods[0], "stopped"), describe(pods)
+    assert re.search(r"pod 0 left the rendezvous .*exiting 170", pods[0].stderr, re.DOTALL), describe(pods)

@@ -163,7 +163,9 @@ def test_a_grow_after_the_last_stop_check_finds_the_job_done(gangs: Gangs, tmp_p
     assert [[e["nodes"] for e in events(pod, "started")] for pod in pods] == [["2"], ["2"]]
     assert len({digest for pod in pods for digest in pod.digests().values()}) == 1
     assert "final accuracy=" in pods[0].stdout
-    assert late.wait() == EXIT_PEER_LOST, describe([*pods, late])  # the job ended without it
+    # The group ended without it: it took no part, so it is no failure of the job.
+    assert late.wait() == 0, describe([*pods, late])
+    assert "the elastic group had ended when this pod came to join it; exiting 0" in late.stderr
 
 
 def test_below_min_nodes_the_survivor_does_not_train_alone(gangs: Gangs, tmp_path: Path) -> None:

@@ -365,3 +365,16 @@ WAITING = {"phase": "Pending", "scheduled": False, "unschedulable": "0/4 nodes a
 def test_when_an_elastic_attempt_succeeded(pods: list[dict[str, Any]], phase: str) -> None:
     decision = decide(elastic_job(2, 3), live_status(), observe(*pods), at(300))
     assert decision.report.status["phase"] == phase
+
+
+def test_a_late_pod_that_failed_to_join_the_finished_group_is_no_failure_of_it() -> None:
+    late = pod(2, replacement=1, phase="Failed", exit_code=170, finished=290)
+    pods = [pod(0, phase="Succeeded", exit_code=0), pod(1, phase="Succeeded", exit_code=0), late]
+    decision = decide(elastic_job(2, 3), live_status(), observe(*pods, seen_at=290), at(300))
+    assert decision.report.status["phase"] == "Succeeded"
+
+
+def test_a_fixed_size_job_still_fails_on_any_rank() -> None:
+    pods = [pod(0, phase="Succeeded", exit_code=0), pod(1, phase="Failed", exit_code=3, finished=290)]
+    decision = decide(parse_job(job_object()), live_status(), observe(*pods, seen_at=290), at(300))
+    assert decision.report.status["phase"] == "Failed"

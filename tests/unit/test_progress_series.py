@@ -46,10 +46,13 @@ def rank_zero_registry() -> CollectorRegistry:
     metrics.straggler.show(list(windows), Straggler(rank=1, slowdown=3.0, phase="compute"))
     kept_step_seconds_gauge(0, registry).set(12.5)
     resumed_timestamp_gauge(0, registry).set(1.7e9 + 9)
-    # Rank 0's pod's launcher after one in-place restart (its series share the pod's endpoint).
+    # Rank 0's pod's launcher after one in-place restart that shrank an elastic group of 3 to 2 (its
+    # series share the pod's endpoint).
     ledger = RestartLedger()
-    ledger.restarts = 1
-    ledger.record = RestartRecord(1, "ExitCode", 1, 137, 1.7e9, 1.7e9 + 1, 1.7e9 + 2, 30, 1.7e9 + 9, 20)
+    ledger.restarts, ledger.nodes = 1, 2
+    ledger.record = RestartRecord(
+        1, "ExitCode", 1, 137, 1.7e9, 1.7e9 + 1, 1.7e9 + 2, 30, 1.7e9 + 9, 20, nodes_before=3, nodes_after=2
+    )
     registry.register(RestartCollector(ledger, 0))
     return registry
 

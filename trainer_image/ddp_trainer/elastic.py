@@ -55,13 +55,14 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, RunProcsResult
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
 from ddp_trainer.addresses import loopback_listener
 from ddp_trainer.config import DistEnv, TrainConfig
 from ddp_trainer.control import read_exit_records
-from ddp_trainer.exitcodes import EXIT_PEER_LOST, first_failure, first_failure_code, is_retryable
+from ddp_trainer.exitcodes import EXIT_OK, EXIT_PEER_LOST, first_failure, first_failure_code, is_retryable
 from ddp_trainer.progress import format_status_line
 from ddp_trainer.restarts import (
     Decision,
@@ -467,6 +468,11 @@ def run_in_place(
         records = read_exit_records(exit_dir)
         code = first_failure_code({}, records) if records else 128 + int(stopped.sigval)
     except Exception as error:
+        if env.elastic and isinstance(error, RendezvousClosedError):
+            # An elastic group may finish without a pod that came late (a replacement whose capacity
+            # came back at the end): it took no part, and must not read as a failure (docs/elastic.md).
+            log("the elastic group had ended when this pod came to join it; exiting 0")
+            return EXIT_OK
         # The rendezvous failed: its host (rank 0's pod) is gone, it timed out waiting for a pod, or
         # it was closed by a pod that ended the job. The operator restarts the gang: retried.
         log(

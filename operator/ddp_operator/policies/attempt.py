@@ -47,8 +47,18 @@ def judge_attempt(
 
     An elastic job (``elastic_min``: its minReplicas) succeeded once rank 0 and at least minReplicas
     ranks exited 0 and none of the others still runs: a pod that never started (a replacement still
-    waiting for capacity) is not waited for (docs/elastic.md).
+    waiting for capacity) is not waited for, and one that came too late to join and failed to reach the
+    finished group (its host gone) took no part: rank 0's 0 means every member passed the final
+    barrier (docs/elastic.md).
     """
+    if elastic_min is not None and success.elastic_group_succeeded(
+        elastic_min, succeeded_ranks, running_ranks
+    ):
+        return AttemptVerdict(
+            "succeeded",
+            success.REASON_SUCCEEDED,
+            success.elastic_success_message(len(frozenset(succeeded_ranks)), replicas, attempt),
+        )
     if failures:
         verdict = failure.judge_failures(restart_policy, backoff_limit, restarts, failures, attempt)
         return AttemptVerdict(
@@ -61,13 +71,5 @@ def judge_attempt(
     if frozenset(succeeded_ranks) >= frozenset(range(replicas)):
         return AttemptVerdict(
             "succeeded", success.REASON_SUCCEEDED, success.success_message(replicas, attempt)
-        )
-    if elastic_min is not None and success.elastic_group_succeeded(
-        elastic_min, succeeded_ranks, running_ranks
-    ):
-        return AttemptVerdict(
-            "succeeded",
-            success.REASON_SUCCEEDED,
-            success.elastic_success_message(len(frozenset(succeeded_ranks)), replicas, attempt),
         )
     return STILL_RUNNING

@@ -35,7 +35,9 @@ def elastic_group_succeeded(min_replicas: int, succeeded: Collection[int], runni
 
 
 def elastic_success_message(succeeded: int, replicas: int, attempt: int) -> str:
+    if succeeded == replicas:
+        return success_message(replicas, attempt)
     return (
         f"the elastic group finished in attempt {attempt}: {succeeded} of {replicas} rank(s) exited 0, "
-        "the others never started"
+        "the others took no part"
     )

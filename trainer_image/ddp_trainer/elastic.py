@@ -55,7 +55,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, RunProcsResult
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
-from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
+from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
@@ -152,6 +152,11 @@ class InPlaceAgent(LocalElasticAgent):
         # Set when a failed group ends the pod: the code it exits with and why.
         self.exit_code: int | None = None
         self.ending: Decision | None = None
+
+    @property
+    def joined(self) -> bool:
+        """Whether this pod's agent was ever part of a complete round of this attempt."""
+        return self._nodes > 0
 
     # --- the round -------------------------------------------------------------------------------
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
@@ -468,10 +473,13 @@ def run_in_place(
         records = read_exit_records(exit_dir)
         code = first_failure_code({}, records) if records else 128 + int(stopped.sigval)
     except Exception as error:
-        if env.elastic and isinstance(error, RendezvousClosedError):
+        if env.elastic and not agent.joined and isinstance(error, _GROUP_GONE):
             # An elastic group may finish without a pod that came late (a replacement whose capacity
             # came back at the end): it took no part, and must not read as a failure (docs/elastic.md).
-            log("the elastic group had ended when this pod came to join it; exiting 0")
+            # Had the group ended otherwise, its members' own codes, or rank 0's loss, decide.
+            log(
+                f"the elastic group had ended when this pod came to join it ({type(error).__name__}); exiting 0"
+            )
             return EXIT_OK
         # The rendezvous failed: its host (rank 0's pod) is gone, it timed out waiting for a pod, or
         # it was closed by a pod that ended the job. The operator restarts the gang: retried.
@@ -484,6 +492,10 @@ def run_in_place(
         if close_rendezvous:
             _close(handler)
     return code
+
+
+# What a pod that comes to join a group that has ended meets: a closed rendezvous, or no host at all.
+_GROUP_GONE: Final = (RendezvousClosedError, RendezvousConnectionError)
 
 
 def _close(handler: RendezvousHandler) -> None:

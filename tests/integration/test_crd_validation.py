@@ -296,6 +296,7 @@ def test_printer_columns(kubectl: Callable[..., Any]) -> None:
         "phase": "Running",
         "ready": "1/2",
         "restarts": 1,
+        "worldSize": 2,
         "progress": {"step": 420, "samplesPerSecond": "1536"},
     }
     patch = json.dumps({"status": status})
@@ -304,8 +305,8 @@ def test_printer_columns(kubectl: Callable[..., Any]) -> None:
     )
     table = kubectl("get", "ddpj", "columns", "-n", NAMESPACE).stdout
     header, row = table.strip().splitlines()
-    assert header.split() == ["NAME", "PHASE", "READY", "RESTARTS", "STEP", "SAMPLES/S", "AGE"]
-    assert row.split()[:6] == ["columns", "Running", "1/2", "1", "420", "1536"]
+    assert header.split() == ["NAME", "PHASE", "READY", "RESTARTS", "WORLD", "STEP", "SAMPLES/S", "AGE"]
+    assert row.split()[:7] == ["columns", "Running", "1/2", "1", "2", "420", "1536"]
 
 
 def test_the_checkpoint_of_a_running_job_is_immutable(kubectl: Callable[..., Any]) -> None:

@@ -405,29 +405,32 @@ class RestartCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         labels = {"rank": self.rank}
-        restarts = CounterMetricFamily(
-            "ddp_group_restarts",
-            "In-place restarts of the worker group since this attempt's first rendezvous round "
-            "(the same on every pod).",
-            labels=list(labels),
-        )
-        restarts.add_metric(list(labels.values()), float(self.ledger.restarts))
-        yield restarts
-        grows = CounterMetricFamily(
-            "ddp_group_grows_total",
-            "Of the in-place restarts, the grows: a pod joined a healthy group and the next round was "
-            "larger (an elastic job; not counted against the restart budget; the same on every pod).",
-            labels=list(labels),
-        )
-        grows.add_metric(list(labels.values()), float(self.ledger.grows))
-        yield grows
-        nodes = GaugeMetricFamily(
-            "ddp_group_nodes",
-            "Pods in the current rendezvous round (0 before the first one is complete).",
-            labels=list(labels),
-        )
-        nodes.add_metric(list(labels.values()), float(self.ledger.nodes))
-        yield nodes
+        group: list[tuple[type[CounterMetricFamily] | type[GaugeMetricFamily], str, str, int]] = [
+            (
+                CounterMetricFamily,
+                "ddp_group_restarts",
+                "In-place restarts of the worker group since this attempt's first rendezvous round "
+                "(the same on every pod).",
+                self.ledger.restarts,
+            ),
+            (
+                CounterMetricFamily,
+                "ddp_group_grows_total",
+                "Of the in-place restarts, the grows: a pod joined a healthy group and the next round was "
+                "larger (an elastic job; not counted against the restart budget; the same on every pod).",
+                self.ledger.grows,
+            ),
+            (
+                GaugeMetricFamily,
+                "ddp_group_nodes",
+                "Pods in the current rendezvous round (0 before the first one is complete).",
+                self.ledger.nodes,
+            ),
+        ]
+        for kind, name, meaning, count in group:
+            family = kind(name, meaning, labels=list(labels))
+            family.add_metric(list(labels.values()), float(count))
+            yield family
         record = self.ledger.record
         if record is None:
             return

@@ -78,7 +78,6 @@ class GroupRestartReport:
     # counted against backoffLimit).
     grows: int = 0
     group_nodes: int | None = None  # ddp_group_nodes: pods in the group now
-    world_size: int | None = None  # rank 0's ddp_world_size: processes in the group now
     nodes_before: int | None = None  # the group's pods before the last restart
     nodes_after: int | None = None  # and after it
     failure_at: float | None = None

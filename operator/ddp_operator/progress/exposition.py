@@ -147,20 +147,18 @@ def _restart_report(
         value = latest(name)
         return int(value) if value is not None else None
 
-    restarts, kept, resumed, world = (
+    restarts, kept, resumed = (
         latest(series.GROUP_RESTARTS),
         latest(series.KEPT_STEP_SECONDS),
         latest(series.RESUMED),
-        count(series.WORLD_SIZE),
     )
-    if restarts is None and kept is None and resumed is None and world is None:
+    if restarts is None and kept is None and resumed is None:
         return None
     redone = latest(series.RESTART_STEPS_REDONE)
     return GroupRestartReport(
         restarts=int(restarts or 0),
         grows=count(series.GROUP_GROWS) or 0,
         group_nodes=count(series.GROUP_NODES),
-        world_size=world,
         nodes_before=count(series.RESTART_NODES_BEFORE),
         nodes_after=count(series.RESTART_NODES_AFTER),
         failure_at=latest(series.RESTART_FAILURE),

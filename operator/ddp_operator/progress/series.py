@@ -44,8 +44,6 @@ GROUP_NODES: Final = "ddp_group_nodes"
 GROUP_GROWS: Final = "ddp_group_grows_total"
 RESTART_NODES_BEFORE: Final = "ddp_last_restart_nodes_before"
 RESTART_NODES_AFTER: Final = "ddp_last_restart_nodes_after"
-# Every worker: the processes in its group (an elastic job's changes with each resize).
-WORLD_SIZE: Final = "ddp_world_size"
 # Exported by the in-place launcher, not by a worker's registry.
 LAUNCHER: Final = frozenset(
     {
@@ -81,7 +79,6 @@ READ: Final = frozenset(
         EVAL_ACCURACY,
         KEPT_STEP_SECONDS,
         RESUMED,
-        WORLD_SIZE,
     }
     | LAUNCHER
 )

@@ -24,7 +24,6 @@ Needs a kind cluster with both images loaded and the chart installed (``make kin
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -33,7 +32,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench_recovery_kind import NAMESPACE, Kube, bench_mode, manifest, rank0_metrics, wait_for
+from bench_recovery_kind import (
+    NAMESPACE,
+    Kube,
+    bench_mode,
+    kind_cluster,
+    kind_parser,
+    manifest,
+    rank0_metrics,
+    wait_for,
+)
 
 JOB = "elastic-bench"
 WAIT_SECONDS = 10
@@ -122,19 +130,11 @@ def table(cycles: Sequence[Cycle], whole_gang_s: float | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--context", default="kind-ddp", help="kubectl context of the kind cluster [kind-ddp]"
-    )
-    parser.add_argument("--kubectl", default="kubectl")
+    parser = kind_parser(__doc__)
     parser.add_argument("--runs", type=int, default=5, help="shrink-and-grow cycles [5]")
     parser.add_argument("--baseline-runs", type=int, default=3, help="whole-gang recreates for the ratio [3]")
-    parser.add_argument("--image", default="ddp-trainer:0.1.0")
     args = parser.parse_args(argv)
-    kube = Kube(args.context, args.kubectl)
-    kube.run("create", "namespace", NAMESPACE, check=False)
+    kube = kind_cluster(args)
     cycles = bench(kube, args.runs, args.image)
     baseline = bench_mode(kube, "whole-gang", args.baseline_runs, args.image) if args.baseline_runs else []
     whole = statistics.median(r.resumed_s for r in baseline) if baseline else None

@@ -247,20 +247,32 @@ def table(results: dict[str, list[Run]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def kind_parser(description: str | None) -> argparse.ArgumentParser:
+    """The arguments every kind benchmark takes: the cluster's context, kubectl, the trainer image."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "--context", default="kind-ddp", help="kubectl context of the kind cluster [kind-ddp]"
     )
     parser.add_argument("--kubectl", default="kubectl")
-    parser.add_argument("--runs", type=int, default=5, help="failures per mode [5]")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--image", default="ddp-trainer:0.1.0")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def kind_cluster(args: argparse.Namespace) -> Kube:
+    """kubectl on the benchmark's cluster, with the benchmarks' namespace there."""
     kube = Kube(args.context, args.kubectl)
     kube.run("create", "namespace", NAMESPACE, check=False)
+    return kube
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = kind_parser(__doc__)
+    parser.add_argument("--runs", type=int, default=5, help="failures per mode [5]")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    args = parser.parse_args(argv)
+    kube = kind_cluster(args)
     results = {mode: bench_mode(kube, mode, args.runs, args.image) for mode in args.modes.split(",")}
     print(table(results))
     return 0

@@ -28,6 +28,7 @@ from ddp_trainer.addresses import loopback_listener
 from ddp_trainer.checkpoint import load_newest_checkpoint, save_checkpoint
 from ddp_trainer.config import ConfigError, DistEnv, TrainConfig, metrics_port_error, resolve_backend
 from ddp_trainer.control import StopFlag, Watchdog
+from ddp_trainer.determinism import seed_step, settle_buckets
 from ddp_trainer.exitcodes import (
     EXIT_BAD_CONFIG,
     EXIT_OK,
@@ -251,13 +252,21 @@ class Trainer:
                 bucket_cap_mb=config.bucket_cap_mb,
             )
         features, labels = workload.train.tensors
+        loss_fn = nn.CrossEntropyLoss()
+        with self._collective("settling DDP's gradient buckets"):
+            head = slice(0, config.batch_size)
+            settle_buckets(
+                ddp, lambda: loss_fn(ddp(features[head].to(ctx.device)), labels[head].to(ctx.device))
+            )
         sampler: DistributedSampler[Any] = DistributedSampler(
             workload.train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=config.seed
         )
         batches_per_epoch = math.ceil(len(sampler) / config.batch_size)
         total_steps = self._plan(place, len(workload.train), batches_per_epoch)
         metrics = self._instrument(ddp, total_steps)
-        run = _Run(ddp, optimizer, metrics, features, labels, sampler, batches_per_epoch, total_steps, place)
+        run = _Run(
+            ddp, optimizer, metrics, features, labels, sampler, batches_per_epoch, total_steps, place, loss_fn
+        )
         self.book.loop_started()
         try:
             stop_requested = self._loop(run)
@@ -358,6 +367,7 @@ class Trainer:
         inputs = run.features[indices].to(ctx.device, non_blocking=True)
         targets = run.labels[indices].to(ctx.device, non_blocking=True)
         inputs = misshape(config.inject_fault, ctx.rank, place.step, inputs)
+        seed_step(config.seed, ctx.rank, place.step)
         started = time.perf_counter()
         with self._collective("a training step"):
             run.optimizer.zero_grad(set_to_none=True)

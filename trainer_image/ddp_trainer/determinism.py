@@ -49,7 +49,7 @@ def settle_buckets(ddp: DistributedDataParallel, loss: Callable[[], torch.Tensor
     buffers = {name: tensor.detach().clone() for name, tensor in module.named_buffers()}
     devices = sorted({p.device.index for p in module.parameters() if p.device.type == "cuda"})
     with torch.random.fork_rng(devices=[d for d in devices if d is not None]):
-        loss().backward()
+        torch.autograd.backward([loss()])
     with torch.no_grad():
         for name, tensor in module.named_buffers():
             tensor.copy_(buffers[name])

@@ -36,12 +36,13 @@ from ddp_trainer.exitcodes import (
 from ddp_trainer.metrics import MULTIPROC_ENV
 from ddp_trainer.restarts import RestartLedger, RestartRecord
 from ddp_trainer.resume import PROGRESS_DIR_ENV, read_resume_note, resume_note_path
+from ddp_trainer.snapshot import SNAPSHOT_DIR_ENV
 
 __all__ = ["LAUNCHER_COLLATERAL_CODES", "first_failure_code", "launch_local_workers", "signal_exit_code"]
 
 
 def launch_local_workers(env: DistEnv, config: TrainConfig, argv: Sequence[str]) -> int:
-    workspace = Path(tempfile.mkdtemp(prefix="ddp-trainer-"))
+    workspace = Path(tempfile.mkdtemp(prefix="ddp-trainer-", dir=_memory_dir()))
     metrics_dir, exit_dir, progress_dir = workspace / "metrics", workspace / "exits", workspace / "progress"
     for directory in (metrics_dir, exit_dir, progress_dir):
         directory.mkdir()
@@ -53,6 +54,8 @@ def launch_local_workers(env: DistEnv, config: TrainConfig, argv: Sequence[str])
     ledger = RestartLedger()
     if in_place:
         os.environ[PROGRESS_DIR_ENV] = str(progress_dir)
+        # The workers' in-memory copies of the training state outlive them here (ddp_trainer.snapshot).
+        os.environ[SNAPSHOT_DIR_ENV] = str(workspace / "state")
     server = None
     if env.metrics_port:
         from ddp_trainer.config import metrics_port_error
@@ -87,6 +90,13 @@ def launch_local_workers(env: DistEnv, config: TrainConfig, argv: Sequence[str])
         server.server_close()
     shutil.rmtree(workspace, ignore_errors=True)
     return code
+
+
+def _memory_dir() -> str | None:
+    """The pod's memory-backed /dev/shm when it can be written (the operator mounts one on every rank
+    pod), else the default temporary directory."""
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
 
 
 def _launch_static(env: DistEnv, config: TrainConfig, argv: Sequence[str], exit_dir: Path) -> int:

@@ -25,7 +25,7 @@ from torch.utils.data import DistributedSampler
 
 from ddp_trainer import resize
 from ddp_trainer.addresses import loopback_listener
-from ddp_trainer.checkpoint import load_newest_checkpoint, save_checkpoint
+from ddp_trainer.checkpoint import complete_checkpoints, load_newest_checkpoint, save_checkpoint
 from ddp_trainer.config import ConfigError, DistEnv, TrainConfig, metrics_port_error, resolve_backend
 from ddp_trainer.control import StopFlag, Watchdog
 from ddp_trainer.determinism import seed_step, settle_buckets
@@ -47,6 +47,7 @@ from ddp_trainer.metrics import (
 )
 from ddp_trainer.progress import FinalResult, Progress, format_status_line
 from ddp_trainer.resume import StepBook
+from ddp_trainer.snapshot import SNAPSHOT_DIR_ENV, StateSnapshots, load_slot, newest_slot
 from ddp_trainer.teardown import THREADS_OUTLIVED_GROUP, GroupSession, process_group_session
 from ddp_trainer.workloads import Workload, build_workload
 
@@ -194,6 +195,10 @@ class Trainer:
         self.checkpoint_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
         self.endpoint = endpoint
         self.book = StepBook(context.rank)
+        # Under the in-place launcher: the state after each step, kept where the next round finds it.
+        snapshot_dir = os.environ.get(SNAPSHOT_DIR_ENV)
+        self.snapshot_dir = Path(snapshot_dir) if snapshot_dir else None
+        self.snapshots = StateSnapshots(self.snapshot_dir, context.rank) if self.snapshot_dir else None
         self.kept_gauge = kept_step_seconds_gauge(0, endpoint.registry) if self.is_rank0 else None
         # Set at the first step after a resume from a checkpoint (the restart's "training again").
         self.resumed_gauge: Gauge | None = None
@@ -220,21 +225,51 @@ class Trainer:
             stall_timeout=self.env.stall_timeout or 0,
         )
 
-    def _resume_state(self) -> dict[str, Any] | None:
-        """Rank 0 reads the newest complete checkpoint; every rank receives it by broadcast."""
-        holder: list[Any] = [None]
+    def _resume_state(self) -> tuple[dict[str, Any], str] | None:
+        """The newest state any member holds, and where it came from (docs/restarts.md).
+
+        Every rank says the newest step it can provide: its pod's in-memory copy (a survivor of an
+        in-place restart) and, on rank 0, the newest complete checkpoint. When every rank holds the
+        newest step in memory each loads its own; otherwise the lowest rank that holds it sends it to
+        the others over the group's collective ("peer"), or rank 0 reads the disk ("disk").
+        """
+        ctx = self.ctx
+        local = newest_slot(self.snapshot_dir) if self.snapshot_dir is not None else None
+        local_step = local[0] if local is not None else -1
+        disk_step = -1
         if self.is_rank0 and self.checkpoint_dir is not None:
-            found = load_newest_checkpoint(self.checkpoint_dir)
-            if found is not None:
-                holder[0] = found[0]
-                log(f"rank 0 resumes from {found[1]}")
-        inject(self.config.inject_fault, self.ctx.rank, "resume")
-        with self._collective("the checkpoint broadcast"):
+            found = complete_checkpoints(self.checkpoint_dir)
+            disk_step = found[-1][0] if found else -1
+        offers: list[Any] = [None] * ctx.world_size
+        with self._collective("the resume agreement"):
+            dist.all_gather_object(offers, (max(local_step, disk_step), local_step))
+        best = max(offer[0] for offer in offers)
+        inject(self.config.inject_fault, ctx.rank, "resume")
+        if best < 0:
+            return None
+        if all(offer[1] == best for offer in offers) and local is not None:
+            state = load_slot(local[1])
+            if state is not None:
+                return state, "memory"
+        source = min(rank for rank, offer in enumerate(offers) if offer[0] == best)
+        holder: list[Any] = [None]
+        origin = "peer"
+        if ctx.rank == source:
+            if local is not None and local_step == best:
+                holder[0] = load_slot(local[1])
+            if holder[0] is None and self.checkpoint_dir is not None:
+                loaded = load_newest_checkpoint(self.checkpoint_dir)
+                if loaded is not None:
+                    holder[0] = loaded[0]
+                    log(f"rank {ctx.rank} resumes from {loaded[1]}")
+                    origin = "disk"
+        with self._collective("the state broadcast"):
+            holder.append(origin)
             dist.broadcast_object_list(
-                holder, src=0, device=self.ctx.device if self.ctx.backend == "nccl" else None
+                holder, src=source, device=ctx.device if ctx.backend == "nccl" else None
             )
-        state = holder[0]
-        return state if isinstance(state, dict) else None
+        state, origin = holder[0], holder[1]
+        return (state, str(origin)) if isinstance(state, dict) else None
 
     # --- the loop ------------------------------------------------------------------------------------
     def train(self) -> int:
@@ -290,15 +325,16 @@ class Trainer:
     def _restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> _Place:
         """The newest checkpoint's model, optimizer and place in the data, or the start."""
         ctx = self.ctx
-        state = self._resume_state()
-        if state is None:
+        resumed = self._resume_state()
+        if resumed is None:
             self._book_resume(0, None)
             return _Place()
+        state, origin = resumed
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, epoch, position = int(state["step"]), int(state["epoch"]), int(state["batch_in_epoch"])
         if self.is_rank0:
-            print(format_status_line("resumed", {"step": step, "epoch": epoch}), flush=True)
+            print(format_status_line("resumed", {"step": step, "epoch": epoch, "from": origin}), flush=True)
         self._book_resume(step, state)
         return _Place(step, epoch, position, int(state.get("world_size", ctx.world_size)))
 
@@ -378,6 +414,10 @@ class Trainer:
         place.step += 1
         place.batch = batch_index + 1
         self._book_step(place.step)
+        if self.snapshots is not None:
+            self.snapshots.save(
+                place.step, self._state(run.ddp, run.optimizer, place.step, place.epoch, place.batch)
+            )
         run.window_steps += 1
         last = place.step >= run.total_steps
         logged = place.step % config.progress_every == 0 or last
@@ -422,6 +462,27 @@ class Trainer:
             (flag,) = metrics.exchange([1.0 if self.stop.requested else 0.0])
         return flag > 0
 
+    def _state(
+        self,
+        ddp: DistributedDataParallel,
+        optimizer: torch.optim.Optimizer,
+        step: int,
+        epoch: int,
+        position: int,
+    ) -> dict[str, Any]:
+        """The training state after ``step`` steps: what a checkpoint and an in-memory copy hold."""
+        return {
+            "step": step,
+            "epoch": epoch,
+            "batch_in_epoch": position,
+            "model": ddp.module.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "world_size": self.ctx.world_size,
+            "seed": self.config.seed,
+            "workload": self.config.workload,
+            **self.book.checkpoint_fields(),
+        }
+
     def _checkpoint(
         self,
         ddp: DistributedDataParallel,
@@ -440,17 +501,7 @@ class Trainer:
             return None
         path: str | None = None
         if self.is_rank0 and self.checkpoint_dir is not None:
-            state = {
-                "step": step,
-                "epoch": epoch,
-                "batch_in_epoch": position,
-                "model": ddp.module.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "world_size": self.ctx.world_size,
-                "seed": self.config.seed,
-                "workload": self.config.workload,
-                **self.book.checkpoint_fields(),
-            }
+            state = self._state(ddp, optimizer, step, epoch, position)
             path = str(save_checkpoint(self.checkpoint_dir, step, state, self.config.keep_checkpoints))
         if final:
             inject(self.config.inject_fault, self.ctx.rank, "final-barrier")

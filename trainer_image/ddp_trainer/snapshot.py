@@ -16,16 +16,19 @@ themselves; the write costs one memory copy of the state per step (docs/restarts
 
 from __future__ import annotations
 
+import ctypes
 import io
 import mmap
 import os
 import pickle
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import torch
+from torch import nn
 
 SNAPSHOT_DIR_ENV: Final = "DDP_TRAINER_SNAPSHOT_DIR"
 # magic, format, sequence (0: incomplete), step, skeleton bytes, tensor bytes
@@ -48,20 +51,6 @@ def _aligned(size: int) -> int:
     return (size + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def _flatten(value: Any, tensors: list[torch.Tensor], offset: list[int]) -> Any:
-    """``value`` with every tensor replaced by a _TensorRef, the tensors appended to ``tensors``."""
-    if isinstance(value, torch.Tensor):
-        ref = _TensorRef(offset[0], str(value.dtype).removeprefix("torch."), tuple(value.shape))
-        tensors.append(value)
-        offset[0] += _aligned(value.numel() * value.element_size())
-        return ref
-    if isinstance(value, dict):
-        return type(value)((key, _flatten(item, tensors, offset)) for key, item in value.items())
-    if isinstance(value, list | tuple):
-        return type(value)(_flatten(item, tensors, offset) for item in value)
-    return value
-
-
 def _unflatten(value: Any, data: memoryview) -> Any:
     if isinstance(value, _TensorRef):
         dtype = getattr(torch, value.dtype)
@@ -80,6 +69,51 @@ def _unflatten(value: Any, data: memoryview) -> Any:
     return value
 
 
+@dataclass
+class _Plan:
+    """Where each tensor of a model and its optimizer goes in a slot; built again when the optimizer's
+    state changes shape (its first step creates it)."""
+
+    signature: tuple[int, ...]
+    tensors: list[torch.Tensor]
+    offsets: list[int]
+    # The model's state dict and the optimizer's ``state`` with every tensor as its _TensorRef.
+    layout: bytes
+    size: int
+
+
+def _signature(optimizer: torch.optim.Optimizer) -> tuple[int, ...]:
+    return (len(optimizer.state), *(len(state) for state in optimizer.state.values()))
+
+
+def _build_plan(model: nn.Module, optimizer: torch.optim.Optimizer) -> _Plan:
+    tensors: list[torch.Tensor] = []
+    offsets: list[int] = []
+    end = 0
+
+    def place(value: Any) -> Any:
+        nonlocal end
+        if not isinstance(value, torch.Tensor):
+            return value
+        tensors.append(value.detach())
+        offsets.append(end)
+        ref = _TensorRef(end, str(value.dtype).removeprefix("torch."), tuple(value.shape))
+        end += _aligned(value.numel() * value.element_size())
+        return ref
+
+    model_refs = OrderedDict(
+        (name, place(tensor)) for name, tensor in model.state_dict(keep_vars=True).items()
+    )
+    # The optimizer's state in its state_dict() form: parameters by their index across the groups.
+    index = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
+    optimizer_refs = {
+        index[id(param)]: {key: place(value) for key, value in state.items()}
+        for param, state in optimizer.state.items()
+    }
+    layout = pickle.dumps((model_refs, optimizer_refs), protocol=pickle.HIGHEST_PROTOCOL)
+    return _Plan(_signature(optimizer), tensors, offsets, layout, end)
+
+
 class _Slot:
     """One memory-mapped slot file, grown when the state grows."""
 
@@ -87,6 +121,7 @@ class _Slot:
         self.path = path
         self._map: mmap.mmap | None = None
         self._view: torch.Tensor | None = None
+        self.address = 0
 
     def ensure(self, size: int) -> mmap.mmap:
         if self._map is None or len(self._map) < size:
@@ -100,6 +135,7 @@ class _Slot:
             finally:
                 os.close(fd)
             self._view = torch.frombuffer(self._map, dtype=torch.uint8)
+            self.address = self._view.data_ptr()
         return self._map
 
     @property
@@ -115,27 +151,38 @@ class StateSnapshots:
         directory.mkdir(parents=True, exist_ok=True)
         self._slots = [_Slot(slot_path(directory, rank, index)) for index in (0, 1)]
         self._sequence = max((read_header(slot.path) or (0, 0))[0] for slot in self._slots)
+        self._plan: _Plan | None = None
 
-    def save(self, step: int, state: dict[str, Any]) -> None:
-        """Copy ``state`` (tensors, and plain values) as the state after ``step`` completed steps."""
-        tensors: list[torch.Tensor] = []
-        end = [0]
-        skeleton = pickle.dumps(_flatten(state, tensors, end), protocol=pickle.HIGHEST_PROTOCOL)
-        data_start = _aligned(_HEADER.size + len(skeleton))
+    def save(
+        self, step: int, fields: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        """Copy the state after ``step`` completed steps: ``fields`` (plain values), the model's state
+        dict and the optimizer's (:func:`load_slot` gives back the checkpoint's form of the three)."""
+        plan = self._plan
+        if plan is None or plan.signature != _signature(optimizer):
+            plan = self._plan = _build_plan(model, optimizer)
+        groups = [
+            {**{k: v for k, v in group.items() if k != "params"}, "_count": len(group["params"])}
+            for group in optimizer.param_groups
+        ]
+        plain = pickle.dumps((fields, groups), protocol=pickle.HIGHEST_PROTOCOL)
+        skeleton_size = len(plan.layout) + len(plain)
+        data_start = _aligned(_HEADER.size + skeleton_size)
         slot = self._slots[(self._sequence + 1) % 2]
-        memory = slot.ensure(data_start + end[0])
+        memory = slot.ensure(data_start + plan.size)
         # Incomplete until the sequence number is written, last.
         struct.pack_into("<q", memory, _SEQUENCE_OFFSET, 0)
-        memory[_HEADER.size : _HEADER.size + len(skeleton)] = skeleton
-        view, offset = slot.view, data_start
-        for tensor in tensors:
+        memory[_HEADER.size : _HEADER.size + skeleton_size] = plan.layout + plain
+        base = slot.address + data_start
+        for tensor, offset in zip(plan.tensors, plan.offsets, strict=True):
             nbytes = tensor.numel() * tensor.element_size()
-            if nbytes:
-                source = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-                view[offset : offset + nbytes].copy_(source, non_blocking=False)
-            offset += _aligned(nbytes)
+            if tensor.device.type == "cpu" and tensor.is_contiguous():
+                ctypes.memmove(base + offset, tensor.data_ptr(), nbytes)
+            elif nbytes:
+                target = slot.view[data_start + offset : data_start + offset + nbytes]
+                target.copy_(tensor.contiguous().reshape(-1).view(torch.uint8))
         self._sequence += 1
-        _HEADER.pack_into(memory, 0, _MAGIC, 1, 0, step, len(skeleton), end[0])
+        _HEADER.pack_into(memory, 0, _MAGIC, 1, 0, step, skeleton_size, plan.size)
         struct.pack_into("<q", memory, _SEQUENCE_OFFSET, self._sequence)
 
 
@@ -178,7 +225,8 @@ def newest_slot(directory: Path) -> tuple[int, Path] | None:
 
 
 def load_slot(path: Path) -> dict[str, Any] | None:
-    """The state a complete slot holds (tensors copied out of it), or None."""
+    """The state a complete slot holds, as a checkpoint holds it (``fields``, ``model``, ``optimizer``),
+    with its tensors copied out; None for an incomplete or unreadable slot."""
     try:
         raw = path.read_bytes()
     except OSError:
@@ -189,9 +237,21 @@ def load_slot(path: Path) -> dict[str, Any] | None:
     if magic != _MAGIC or sequence <= 0:
         return None
     try:
-        skeleton = _SkeletonUnpickler(io.BytesIO(raw[_HEADER.size : _HEADER.size + skeleton_size])).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError):
+        stream = io.BytesIO(raw[_HEADER.size : _HEADER.size + skeleton_size])
+        model_refs, optimizer_refs = _SkeletonUnpickler(stream).load()
+        fields, groups = _SkeletonUnpickler(stream).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError):
         return None
     data_start = _aligned(_HEADER.size + skeleton_size)
-    state = _unflatten(skeleton, memoryview(raw)[data_start : data_start + data_size])
-    return state if isinstance(state, dict) else None
+    data = memoryview(raw)[data_start : data_start + data_size]
+    first = 0
+    param_groups = []
+    for group in groups:
+        count = group.pop("_count")
+        param_groups.append({**group, "params": list(range(first, first + count))})
+        first += count
+    return {
+        **fields,
+        "model": _unflatten(model_refs, data),
+        "optimizer": {"state": _unflatten(optimizer_refs, data), "param_groups": param_groups},
+    }

@@ -415,9 +415,8 @@ class Trainer:
         place.batch = batch_index + 1
         self._book_step(place.step)
         if self.snapshots is not None:
-            self.snapshots.save(
-                place.step, self._state(run.ddp, run.optimizer, place.step, place.epoch, place.batch)
-            )
+            fields = self._fields(place.step, place.epoch, place.batch)
+            self.snapshots.save(place.step, fields, run.ddp.module, run.optimizer)
         run.window_steps += 1
         last = place.step >= run.total_steps
         logged = place.step % config.progress_every == 0 or last
@@ -470,13 +469,20 @@ class Trainer:
         epoch: int,
         position: int,
     ) -> dict[str, Any]:
-        """The training state after ``step`` steps: what a checkpoint and an in-memory copy hold."""
+        """The training state after ``step`` steps, as a checkpoint holds it."""
+        return {
+            **self._fields(step, epoch, position),
+            "model": ddp.module.state_dict(),
+            "optimizer": optimizer.state_dict(),
+        }
+
+    def _fields(self, step: int, epoch: int, position: int) -> dict[str, Any]:
+        """The plain values of the training state: where training is, and what it was started with
+        (a checkpoint's and an in-memory copy's alike)."""
         return {
             "step": step,
             "epoch": epoch,
             "batch_in_epoch": position,
-            "model": ddp.module.state_dict(),
-            "optimizer": optimizer.state_dict(),
             "world_size": self.ctx.world_size,
             "seed": self.config.seed,
             "workload": self.config.workload,

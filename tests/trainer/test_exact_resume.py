@@ -1,0 +1,161 @@
+"""A resumed run is the uninterrupted run, bit for bit (docs/restarts.md: what recovery keeps).
+
+Real 3-rank gloo groups on loopback. A run stopped after step N (its final checkpoint at N) and
+resumed to the end must end with the digest of one run that never stopped, wherever N falls: mid-epoch,
+at an epoch boundary, right after a periodic checkpoint, and with dropout drawing random numbers
+(the gcn workload). The in-memory copies that survivors carry (ddp_trainer.snapshot) give back exactly
+what was saved, and a slot that is incomplete or holds anything but plain values is never read.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from trainer_gang import Gangs, describe, wait_all
+
+from ddp_trainer.snapshot import StateSnapshots, load_slot, newest_slot, slot_path
+
+pytestmark = pytest.mark.trainer
+
+# 15 steps an epoch (digits on 3 ranks, batch 32); 40 steps end mid-epoch 2.
+DIGITS = ["--max-steps", "40", "--seed", "11", "--progress-every", "40"]
+# Two ranks' share of a small generated graph; dropout on the hidden layer draws every step.
+GCN = ["--workload", "gcn", "--graph-nodes", "2000", "--gcn-hidden", "16", "--batch-size", "200"]
+GCN += ["--max-steps", "12", "--seed", "5", "--progress-every", "12"]
+
+
+# Digests of uninterrupted runs, by their arguments: each reference runs once per module.
+_REFERENCES: dict[tuple[str, ...], str] = {}
+
+
+def uninterrupted(gangs: Gangs, args: list[str], world_size: int) -> str:
+    key = (str(world_size), *args)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = run_to_end(gangs, args, world_size, "reference")
+    return _REFERENCES[key]
+
+
+def run_to_end(gangs: Gangs, args: list[str], world_size: int, tag: str) -> str:
+    gang = gangs.ranks(world_size, args, tag=tag)
+    assert wait_all(gang) == [0] * world_size, describe(gang)
+    digests = {digest for rank in gang for digest in rank.digests().values()}
+    assert len(digests) == 1, describe(gang)
+    return digests.pop()
+
+
+def with_max_steps(args: list[str], steps: int) -> list[str]:
+    index = args.index("--max-steps")
+    return [*args[: index + 1], str(steps), *args[index + 2 :]]
+
+
+@pytest.mark.parametrize(
+    ("workload", "world_size", "stop_at", "checkpoint_every", "resume_at"),
+    [
+        pytest.param(DIGITS, 3, 22, 0, 22, id="digits-mid-epoch"),
+        pytest.param(DIGITS, 3, 30, 0, 30, id="digits-at-an-epoch-boundary"),
+        # Lost after step 21: its final checkpoint never written, the periodic one of step 20 is there.
+        pytest.param(DIGITS, 3, 21, 10, 20, id="digits-right-after-a-checkpoint"),
+        pytest.param(GCN, 2, 5, 0, 5, id="gcn-with-dropout-mid-epoch"),
+    ],
+)
+def test_a_resumed_run_ends_with_the_uninterrupted_runs_parameters(
+    gangs: Gangs,
+    tmp_path: Path,
+    workload: list[str],
+    world_size: int,
+    stop_at: int,
+    checkpoint_every: int,
+    resume_at: int,
+) -> None:
+    reference = uninterrupted(gangs, workload, world_size)
+    directory = tmp_path / "ckpt"
+    checkpoints = ["--checkpoint-dir", str(directory), "--checkpoint-every", str(checkpoint_every)]
+    run_to_end(gangs, [*with_max_steps(workload, stop_at), *checkpoints], world_size, "first")
+    for path in directory.glob("ckpt-*.pt"):
+        if int(path.stem.split("-")[1]) > resume_at:
+            path.unlink()
+    resumed = gangs.ranks(world_size, [*workload, *checkpoints], tag="resumed")
+    assert wait_all(resumed) == [0] * world_size, describe(resumed)
+    assert resumed[0].wait_for_stdout(rf"^resumed step={resume_at} epoch=\d+ from=disk")
+    assert {digest for rank in resumed for digest in rank.digests().values()} == {reference}
+
+
+def trained(optimizer_kind: str) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer: torch.optim.Optimizer
+    if optimizer_kind == "adam":
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(torch.randn(5, 8)).sum().backward()
+        optimizer.step()
+    return model, optimizer
+
+
+@pytest.mark.parametrize("optimizer_kind", ["sgd-momentum", "adam"])
+def test_a_snapshot_gives_back_the_model_optimizer_and_fields_exactly(
+    tmp_path: Path, optimizer_kind: str
+) -> None:
+    model, optimizer = trained(optimizer_kind)
+    snapshots = StateSnapshots(tmp_path, rank=2)
+    snapshots.save(3, {"step": 3, "epoch": 0, "kept_step_seconds": 1.5}, model, optimizer)
+    found = newest_slot(tmp_path)
+    assert found is not None and found[0] == 3
+    state = load_slot(found[1])
+    assert state is not None
+    assert (state["step"], state["epoch"], state["kept_step_seconds"]) == (3, 0, 1.5)
+    expected_model, expected_optimizer = model.state_dict(), optimizer.state_dict()
+    assert list(state["model"]) == list(expected_model)
+    assert all(torch.equal(state["model"][k], v) for k, v in expected_model.items())
+    assert state["optimizer"]["param_groups"] == expected_optimizer["param_groups"]
+    for index, values in expected_optimizer["state"].items():
+        assert set(state["optimizer"]["state"][index]) == set(values)
+        assert all(torch.equal(state["optimizer"]["state"][index][k], v) for k, v in values.items())
+
+
+def test_the_newest_complete_slot_wins_and_an_incomplete_one_is_never_read(tmp_path: Path) -> None:
+    model, optimizer = trained("sgd-momentum")
+    older, newer = StateSnapshots(tmp_path, rank=0), StateSnapshots(tmp_path, rank=1)
+    older.save(7, {"step": 7}, model, optimizer)
+    newer.save(8, {"step": 8}, model, optimizer)
+    newer.save(9, {"step": 9}, model, optimizer)
+    found = newest_slot(tmp_path)
+    assert found is not None and found[0] == 9 and found[1].name.startswith("state-1.")
+    # A worker killed while it copies step 9 leaves that slot without its sequence number.
+    with open(found[1], "r+b") as slot:
+        slot.seek(16)
+        slot.write(struct.pack("<q", 0))
+    assert newest_slot(tmp_path) == (8, slot_path(tmp_path, 1, 1 - int(found[1].suffix[1:])))
+    assert load_slot(found[1]) is None
+
+
+class RunsCodeWhenUnpickled:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return os.makedirs, (str(self.marker),)
+
+
+def test_a_slot_that_holds_anything_but_plain_values_is_refused(tmp_path: Path) -> None:
+    model, optimizer = trained("sgd-momentum")
+    StateSnapshots(tmp_path, rank=0).save(1, {"step": 1}, model, optimizer)
+    found = newest_slot(tmp_path)
+    assert found is not None
+    path = found[1]
+    raw = bytearray(path.read_bytes())
+    evil = pickle.dumps(({"x": RunsCodeWhenUnpickled(tmp_path / "ran")}, {}))
+    header = struct.Struct("<8sqqqqq")
+    magic, version, sequence, step, _, data = header.unpack_from(raw)
+    path.write_bytes(header.pack(magic, version, sequence, step, len(evil), data) + evil + bytes(4096))
+    assert load_slot(path) is None
+    assert not (tmp_path / "ran").exists()

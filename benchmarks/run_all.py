@@ -19,6 +19,7 @@ BENCHMARKS = (
     "bench_restart_latency.py",
     "bench_gang_admission.py",
     "bench_inplace_restart.py",
+    "bench_state_snapshot.py",
 )
 
 

@@ -34,8 +34,9 @@ venv: system-deps $(STAMP)
 demo: venv
 	$(VENV)/bin/ddpjob run examples/digits-cpu.yaml
 
-## The README's test command: lint, types and every tier.
-test: lint typecheck test-unit test-trainer test-integration test-e2e
+## The README's test command: lint, types and every tier, the builds beside the early tiers (hack/test-all.sh).
+test:
+	@hack/test-all.sh
 
 lint: venv
 	$(VENV)/bin/ruff check .

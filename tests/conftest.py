@@ -1,9 +1,8 @@
 """Suite-wide rules.
 
-CI runs with DDP_CI_STRICT=1: there, every prerequisite is installed by `make test` itself, so a test
-that skips means something failed to install or start, and it counts as a failure instead of passing
-quietly. Only tests marked `ci_may_skip` (the kind suite: no kind node image without a registry) may
-skip in CI, and they still say why.
+CI runs with DDP_CI_STRICT=1 (`.ci/run` and the hosted kind workflow): there, every prerequisite is
+installed by `make test` itself, so a test that skips means something failed to install or start, and
+it counts as a failure instead of passing quietly.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ STRICT = os.environ.get("DDP_CI_STRICT") == "1"
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
-    if STRICT and report.skipped and item.get_closest_marker("ci_may_skip") is None:
+    if STRICT and report.skipped:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = (

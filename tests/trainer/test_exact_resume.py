@@ -1,9 +1,9 @@
 """A resumed run is the uninterrupted run, bit for bit (docs/restarts.md: what recovery keeps).
 
-Real 3-rank gloo groups on loopback. A run stopped after step N (its final checkpoint at N) and
-resumed to the end must end with the digest of one run that never stopped, wherever N falls: mid-epoch,
-at an epoch boundary, right after a periodic checkpoint, and with dropout drawing random numbers
-(the gcn workload). The in-memory copies that survivors carry (ddp_trainer.snapshot) give back exactly
+Real 3-rank gloo groups on loopback. A run stopped after step N and resumed from the newest
+checkpoint must end with the digest of one run that never stopped, wherever N falls: mid-epoch, at an
+epoch boundary, right after a periodic checkpoint (a step done but never saved), and with dropout
+drawing random numbers (the gcn workload). The in-memory copies that survivors carry (ddp_trainer.snapshot) give back exactly
 what was saved, and a slot that is incomplete or holds anything but plain values is never read.
 """
 
@@ -54,35 +54,41 @@ def with_max_steps(args: list[str], steps: int) -> list[str]:
     return [*args[: index + 1], str(steps), *args[index + 2 :]]
 
 
-@pytest.mark.parametrize(
-    ("workload", "world_size", "stop_at", "checkpoint_every", "resume_at"),
-    [
-        pytest.param(DIGITS, 3, 22, 0, 22, id="digits-mid-epoch"),
-        pytest.param(DIGITS, 3, 30, 0, 30, id="digits-at-an-epoch-boundary"),
-        # Lost after step 21: its final checkpoint never written, the periodic one of step 20 is there.
-        pytest.param(DIGITS, 3, 21, 10, 20, id="digits-right-after-a-checkpoint"),
-        pytest.param(GCN, 2, 5, 0, 5, id="gcn-with-dropout-mid-epoch"),
-    ],
-)
-def test_a_resumed_run_ends_with_the_uninterrupted_runs_parameters(
-    gangs: Gangs,
-    tmp_path: Path,
-    workload: list[str],
-    world_size: int,
-    stop_at: int,
-    checkpoint_every: int,
-    resume_at: int,
+def resume(gangs: Gangs, args: list[str], world_size: int, directory: Path, stop_at: int) -> int:
+    """Run from the newest checkpoint in ``directory`` to ``stop_at``; returns the step it resumed at."""
+    run = gangs.ranks(world_size, [*with_max_steps(args, stop_at), "--checkpoint-dir", str(directory)])
+    assert wait_all(run) == [0] * world_size, describe(run)
+    match = run[0].wait_for_stdout(r"^resumed step=(\d+) epoch=\d+ from=disk")
+    return int(match.group(1))
+
+
+def test_a_run_resumed_mid_epoch_at_an_epoch_boundary_and_after_a_lost_step_is_the_uninterrupted_run(
+    gangs: Gangs, tmp_path: Path
 ) -> None:
-    reference = uninterrupted(gangs, workload, world_size)
+    """One chain of runs of 15-step epochs: stopped mid-epoch (22); resumed there and lost right after
+    the periodic checkpoint of step 30, an epoch boundary, with step 31 done but never saved; resumed at
+    30 to the end."""
+    reference = uninterrupted(gangs, DIGITS, 3)
     directory = tmp_path / "ckpt"
-    checkpoints = ["--checkpoint-dir", str(directory), "--checkpoint-every", str(checkpoint_every)]
-    run_to_end(gangs, [*with_max_steps(workload, stop_at), *checkpoints], world_size, "first")
-    for path in directory.glob("ckpt-*.pt"):
-        if int(path.stem.split("-")[1]) > resume_at:
-            path.unlink()
-    resumed = gangs.ranks(world_size, [*workload, *checkpoints], tag="resumed")
-    assert wait_all(resumed) == [0] * world_size, describe(resumed)
-    assert resumed[0].wait_for_stdout(rf"^resumed step={resume_at} epoch=\d+ from=disk")
+    run_to_end(gangs, [*with_max_steps(DIGITS, 22), "--checkpoint-dir", str(directory)], 3, "first")
+    periodic = [*DIGITS, "--checkpoint-every", "10"]
+    assert resume(gangs, periodic, 3, directory, 31) == 22
+    (directory / "ckpt-0000000031.pt").unlink()
+    last = gangs.ranks(3, [*periodic, "--checkpoint-dir", str(directory)], tag="last")
+    assert wait_all(last) == [0, 0, 0], describe(last)
+    assert last[0].wait_for_stdout(r"^resumed step=30 epoch=\d+ from=disk")
+    assert {digest for rank in last for digest in rank.digests().values()} == {reference}
+
+
+def test_a_resumed_run_with_dropout_draws_what_the_uninterrupted_run_drew(
+    gangs: Gangs, tmp_path: Path
+) -> None:
+    reference = uninterrupted(gangs, GCN, 2)
+    directory = tmp_path / "ckpt"
+    run_to_end(gangs, [*with_max_steps(GCN, 5), "--checkpoint-dir", str(directory)], 2, "first")
+    resumed = gangs.ranks(2, [*GCN, "--checkpoint-dir", str(directory)], tag="resumed")
+    assert wait_all(resumed) == [0, 0], describe(resumed)
+    assert resumed[0].wait_for_stdout(r"^resumed step=5 epoch=\d+ from=disk")
     assert {digest for rank in resumed for digest in rank.digests().values()} == {reference}
 
 

@@ -244,11 +244,12 @@ class Trainer:
         with self._collective("the resume agreement"):
             dist.all_gather_object(offers, (max(local_step, disk_step), local_step))
         best = max(offer[0] for offer in offers)
-        inject(self.config.inject_fault, ctx.rank, "resume")
         if best < 0:
+            inject(self.config.inject_fault, ctx.rank, "resume")
             return None
         if all(offer[1] == best for offer in offers) and local is not None:
             state = load_slot(local[1])
+            inject(self.config.inject_fault, ctx.rank, "resume")
             if state is not None:
                 return state, "memory"
         source = min(rank for rank, offer in enumerate(offers) if offer[0] == best)
@@ -263,6 +264,7 @@ class Trainer:
                     holder[0] = loaded[0]
                     log(f"rank {ctx.rank} resumes from {loaded[1]}")
                     origin = "disk"
+        inject(self.config.inject_fault, ctx.rank, "resume")
         with self._collective("the state broadcast"):
             holder.append(origin)
             dist.broadcast_object_list(

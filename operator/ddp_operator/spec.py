@@ -473,6 +473,13 @@ def parse_job(obj: Mapping[str, Any]) -> JobSpec:
     )
     if metrics.enabled and metrics.port == rendezvous_port:
         raise SpecError("spec.metrics.port", f"must differ from spec.rendezvousPort ({rendezvous_port})")
+    if not metrics.enabled and run_policy.restart_mode == RESTART_MODE_IN_PLACE:
+        # The launchers' restarts in place reach status.restarts only through rank 0's endpoint.
+        raise SpecError(
+            "spec.metrics.enabled",
+            "the operator counts in-place restarts against backoffLimit from the ranks' metrics: keep it "
+            "true, or set spec.runPolicy.restartMode to Recreate (the operator then recovers every failure)",
+        )
 
     raw_network_policy = _mapping(spec.get("networkPolicy"), "spec.networkPolicy")
     network_policy = NetworkPolicySpec(

@@ -107,6 +107,11 @@ INVALID = [
     pytest.param(setting("spec.rendezvousPort", 0), "spec.rendezvousPort", id="rendezvous-port-zero"),
     pytest.param(setting("spec.metrics.port", 70000), "spec.metrics.port", id="metrics-port-too-big"),
     pytest.param(setting("spec.metrics.port", 29500), "spec.metrics.port", id="metrics-port-clashes"),
+    pytest.param(
+        setting("spec.metrics.enabled", False),
+        "spec.metrics.enabled",
+        id="metrics-off-with-in-place-restarts",
+    ),
     pytest.param(setting("metadata.name", "1digits"), "metadata.name", id="name-starts-with-digit"),
     pytest.param(setting("metadata.name", "d" * 59), "metadata.name", id="name-too-long-for-hostname"),
     pytest.param(dropping("spec.template"), "spec.template", id="template-missing"),

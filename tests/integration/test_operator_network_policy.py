@@ -97,6 +97,7 @@ def test_metrics_allow_from_and_the_metrics_port_shape_the_policy(
         custom["spec"]["metrics"] = {"port": 9555}
         dark = ddpjob("dark", replicas=1)
         dark["spec"]["metrics"] = {"enabled": False}
+        dark["spec"]["runPolicy"] = {"restartMode": "Recreate"}  # in-place restarts are counted from metrics
         kube.apply(custom, namespace)
         kube.apply(dark, namespace)
         custom_policy = wait_for("custom's NetworkPolicy", lambda: _policy(kube, namespace, "custom"))

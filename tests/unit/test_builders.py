@@ -14,6 +14,9 @@ pytestmark = pytest.mark.unit
 
 CHECKPOINT = {"volumeClaimTemplate": {"resources": {"requests": {"storage": "5Gi"}}}, "mountPath": "/ckpt"}
 
+# A job without metrics recovers by recreating its gang (the operator counts in-place restarts from them).
+RECREATE = {"runPolicy": {"restartMode": "Recreate"}}
+
 
 def env_of(pod: dict[str, Any]) -> dict[str, Any]:
     trainer = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
@@ -345,7 +348,7 @@ def test_checkpoint_pvc() -> None:
 
 
 def test_metrics_disabled_declares_no_metrics_port() -> None:
-    pod = builders.build_rank_pod(job_spec(metrics={"enabled": False}), 0, 0)
+    pod = builders.build_rank_pod(job_spec(metrics={"enabled": False}, **RECREATE), 0, 0)
     assert [p["name"] for p in trainer_of(pod)["ports"]] == ["rendezvous"]
     # 0 is "no endpoint" to the trainer, even where the disabled port equals the rendezvous port.
     assert env_of(pod)["DDP_METRICS_PORT"] == "0"
@@ -443,7 +446,7 @@ OWN_PODS = {
             id="metrics-port-follows-the-job",
         ),
         pytest.param(
-            {"metrics": {"enabled": False}},
+            {"metrics": {"enabled": False}, **RECREATE},
             PROMETHEUS,
             [{"from": [{"podSelector": {"matchLabels": OWN_PODS}}]}],
             id="metrics-disabled-nothing-but-the-job",

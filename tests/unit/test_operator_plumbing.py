@@ -292,3 +292,26 @@ def test_metrics_allow_from_flag_refuses_mistakes_at_start(
     with pytest.raises(SystemExit):
         parser.parse_args([f"--metrics-allow-from={value}"])
     assert named in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        pytest.param("0", "counts in-place restarts", id="zero"),
+        pytest.param("-5", "must be more than 0", id="negative"),
+        pytest.param("soon", "not a number of seconds", id="not-a-number"),
+    ],
+)
+def test_progress_interval_flag_must_be_positive(
+    value: str, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from ddp_operator.commands import operator as operator_command
+
+    parser = argparse.ArgumentParser()
+    operator_command.configure_parser(parser)
+    assert parser.parse_args(["--progress-interval", "2.5"]).progress_interval == 2.5
+    with pytest.raises(SystemExit):
+        parser.parse_args([f"--progress-interval={value}"])
+    assert named in capsys.readouterr().err

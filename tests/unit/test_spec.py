@@ -117,6 +117,9 @@ INVALID = [
     pytest.param({"rendezvousPort": 0}, "spec.rendezvousPort", id="rendezvous-port-zero"),
     pytest.param({"metrics": {"port": 70000}}, "spec.metrics.port", id="metrics-port-too-big"),
     pytest.param({"metrics": {"port": 29500}}, "spec.metrics.port", id="metrics-port-clashes"),
+    pytest.param(
+        {"metrics": {"enabled": False}}, "spec.metrics.enabled", id="metrics-off-with-in-place-restarts"
+    ),
     pytest.param({"networkPolicy": {"enabled": "no"}}, "spec.networkPolicy.enabled", id="netpol-not-bool"),
     pytest.param({"networkPolicy": []}, "spec.networkPolicy", id="netpol-not-object"),
     pytest.param({"scheduling": {"gang": "Always"}}, "spec.scheduling.gang", id="gang-unknown"),

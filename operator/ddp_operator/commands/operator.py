@@ -36,6 +36,19 @@ DEFAULT_METRICS_PORT = 9410
 DEFAULT_CONCURRENCY = 32
 
 
+def _positive_seconds(text: str) -> float:
+    """A flag's seconds, which must be more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(
+            f"must be more than 0, got {text}: the operator counts in-place restarts from this read"
+        )
+    return value
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
@@ -103,10 +116,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--progress-interval",
-        type=float,
+        type=_positive_seconds,
         default=DEFAULT_INTERVAL_SECONDS,
-        help="read each Running job's progress from its rank 0 metrics endpoint this often, in seconds; 0: "
-        f"never (no status.progress, no stall detection) (default {DEFAULT_INTERVAL_SECONDS:g})",
+        help="read each Running job's progress from its rank 0 metrics endpoint this often, in seconds (> 0: "
+        "the same read counts in-place restarts against backoffLimit and detects stalls) "
+        f"(default {DEFAULT_INTERVAL_SECONDS:g})",
     )
     parser.add_argument(
         "--progress-concurrency",
@@ -217,14 +231,12 @@ def build_controller(
 
     rules = TimingRules(args.decision_window, args.unconfirmed_deletion, args.straggler_window)
     allow_from = DEFAULT_METRICS_ALLOW_FROM if args.metrics_allow_from is None else args.metrics_allow_from
-    scraper = None
-    if args.progress_interval > 0:
-        scraper = functools.partial(
-            ProgressScraper,
-            interval=args.progress_interval,
-            concurrency=max(1, args.progress_concurrency),
-            straggler_threshold=args.straggler_threshold,
-        )
+    scraper = functools.partial(
+        ProgressScraper,
+        interval=args.progress_interval,
+        concurrency=max(1, args.progress_concurrency),
+        straggler_threshold=args.straggler_threshold,
+    )
     return Controller(
         api,
         namespaces=list(args.namespace) or None,

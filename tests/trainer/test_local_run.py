@@ -302,8 +302,9 @@ def test_a_stalled_gang_restarts_and_succeeds(tmp_path: Path, runs: list[DdpjobR
     manifest.write_text(
         manifest.read_text().replace("backoffLimit: 2", "backoffLimit: 1\n    stallTimeoutSeconds: 10")
     )
-    # The stopped rank cannot take its SIGTERM, nor its peer blocked in the allreduce: keep the grace short.
-    run = start(runs, manifest, tmp_path / "work", "--grace-period", "3")
+    # The stopped rank cannot take its SIGTERM: it is killed at once instead of after the grace period,
+    # which is longer than the run may take (its wait below would time out).
+    run = start(runs, manifest, tmp_path / "work", "--grace-period", "3600")
     checkpoints = tmp_path / "work" / "checkpoints"
     wait_for(lambda: checkpoint_steps(checkpoints) or run.process.poll() is not None, "a first checkpoint")
     victim = rank_pid(name, node_rank=1, attempt=0)

@@ -11,7 +11,7 @@ import pytest
 from ddp_operator import cli
 from ddp_operator.commands.run import load_manifest
 from ddp_operator.local.console import Console
-from ddp_operator.local.supervisor import members_outside_group, session_members
+from ddp_operator.local.supervisor import members_outside_group, session_members, stopped_members
 from ddp_operator.policies.failure import exit_code_from_returncode as exit_code_of
 
 pytestmark = pytest.mark.unit
@@ -141,6 +141,26 @@ def test_session_members_reads_proc(tmp_path: Path) -> None:
     assert sorted(session_members(100, proc_root=tmp_path)) == [100, 101, 102]
     # killpg(100) reaches 100 and 101; only 102, in a group of its own, needs a signal of its own.
     assert members_outside_group(100, proc_root=tmp_path) == [102]
+    assert stopped_members(100, proc_root=tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("states", "stopped"),
+    [
+        pytest.param("SSS", [], id="all-running-or-sleeping"),
+        pytest.param("TTT", [100, 101, 102], id="the-whole-pod-frozen"),
+        pytest.param("SRt", [102], id="one-worker-traced"),
+        pytest.param("SDZ", [], id="uninterruptible-and-zombie-are-not-stopped"),
+    ],
+)
+def test_stopped_members_are_the_ones_a_sigterm_cannot_reach(
+    tmp_path: Path, states: str, stopped: list[int]
+) -> None:
+    for offset, state in enumerate(states):
+        pid = 100 + offset
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (python) {state} 1 100 100 0")
+    assert sorted(stopped_members(100, proc_root=tmp_path)) == stopped
 
 
 def test_console_plain_prints_progress_at_most_every_interval() -> None:

@@ -30,9 +30,9 @@ class Exit:
     finished_at: float  # time.time(), like a container's finishedAt
 
 
-def _session_processes(session_id: int, proc_root: Path) -> list[tuple[int, int]]:
-    """(pid, process group) of every process whose session or process group is ``session_id``."""
-    members: list[tuple[int, int]] = []
+def _session_processes(session_id: int, proc_root: Path) -> list[tuple[int, int, str]]:
+    """(pid, process group, state) of every process whose session or process group is ``session_id``."""
+    members: list[tuple[int, int, str]] = []
     try:
         entries = list(proc_root.iterdir())
     except OSError:
@@ -47,18 +47,27 @@ def _session_processes(session_id: int, proc_root: Path) -> list[tuple[int, int]
         # Fields after the command name (which may hold spaces and parentheses): state ppid pgrp session.
         fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) >= 4 and session_id in (int(fields[2]), int(fields[3])):
-            members.append((int(entry.name), int(fields[2])))
+            members.append((int(entry.name), int(fields[2]), fields[0]))
     return members
 
 
 def session_members(session_id: int, proc_root: Path = Path("/proc")) -> list[int]:
     """PIDs whose session or process group is ``session_id`` (Linux /proc; empty elsewhere)."""
-    return [pid for pid, _ in _session_processes(session_id, proc_root)]
+    return [pid for pid, _, _ in _session_processes(session_id, proc_root)]
 
 
 def members_outside_group(session_id: int, proc_root: Path = Path("/proc")) -> list[int]:
     """Session members that moved to a process group of their own, which ``killpg`` does not reach."""
-    return [pid for pid, group in _session_processes(session_id, proc_root) if group != session_id]
+    return [pid for pid, group, _ in _session_processes(session_id, proc_root) if group != session_id]
+
+
+# /proc states of a process that takes no signal but SIGKILL until it is continued: stopped, traced.
+_STOPPED_STATES = frozenset({"T", "t"})
+
+
+def stopped_members(session_id: int, proc_root: Path = Path("/proc")) -> list[int]:
+    """Session members that are stopped (SIGSTOP, a debugger): a SIGTERM waits with them forever."""
+    return [pid for pid, _, state in _session_processes(session_id, proc_root) if state in _STOPPED_STATES]
 
 
 def _signal_session(session_id: int, signum: int) -> None:
@@ -162,10 +171,17 @@ class Gang:
                 _signal_session(process.session_id, signum)
 
     def stop(self, grace_seconds: float, *, should_hurry: Callable[[], bool] = lambda: False) -> None:
-        """SIGTERM every live rank, wait up to the grace period, then SIGKILL what is left; reap all."""
+        """SIGTERM every live rank, wait up to the grace period, then SIGKILL what is left; reap all.
+
+        A rank with a stopped process (a frozen pod) cannot take the SIGTERM: it is killed at once, so
+        the others' stop does not wait out the grace period for it.
+        """
         self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + grace_seconds
         while self.running and time.monotonic() < deadline and not should_hurry():
+            for process in self.running:
+                if stopped_members(process.session_id):
+                    _signal_session(process.session_id, signal.SIGKILL)
             time.sleep(0.05)
         self.kill()
 

@@ -675,12 +675,24 @@ class _LiveAttempt:
         return persistence_left(sighting, self.rules.straggler_window_seconds, self.now)
 
     @property
+    def stall_limit(self) -> int | None:
+        """stallTimeoutSeconds, or the limit the attempt's observed pace gives (policies.stall.limit)."""
+        pace = self.progress.step_seconds if self.progress is not None else None
+        return stall.limit(self.job.run_policy.stall_timeout_seconds, pace)
+
+    @property
     def stall_left(self) -> float | None:
-        """Seconds until no new synchronized step for stallTimeoutSeconds is a stall; None: not watched."""
-        if self.progress is None:
+        """Seconds until no new synchronized step for the stall limit is a stall; None: not watched."""
+        progress = self.progress
+        # A pod of the attempt not running (a replacement still starting, a group below its size) is
+        # the startup deadline's to judge, and a finished group cannot stall.
+        if progress is None or progress.finished or not all(p.running for p in self.current):
             return None
-        limit = self.job.run_policy.stall_timeout_seconds
-        return stall.seconds_left(limit, self.progress.step, self.progress.step_changed_at, self.now)
+        started = [p.started_at or p.created_at for p in self.current]
+        since = stall.clock_start(
+            progress.step_changed_at, progress.group_changed_at, *(t for t in started if t is not None)
+        )
+        return stall.seconds_left(self.stall_limit, progress.step, since, self.now)
 
     @property
     def decision_window_left(self) -> float | None:
@@ -921,11 +933,12 @@ def _rule_startup_deadline(live: _LiveAttempt) -> Decision | None:
 
 
 def _rule_stalled(live: _LiveAttempt) -> Decision | None:
-    """No synchronized step for stallTimeoutSeconds: the gang is hung; retried like a lost peer."""
+    """No synchronized step for the stall limit (stallTimeoutSeconds, or the job's own pace): the gang
+    is hung; retried like a lost peer."""
     left = live.stall_left
     if left is None or left > 0 or live.progress is None:
         return None
-    limit = live.job.run_policy.stall_timeout_seconds or 0
+    limit = live.stall_limit or 0
     # Keyed by each pod's first global rank, as the scraper reads every pod's endpoint.
     nodes = {p.rank * live.job.nproc_per_node: p.node for p in live.current if p.rank is not None}
     stalled, detail = stall.stalled(limit, live.progress.step, live.progress.rank_steps, nodes, live.now)

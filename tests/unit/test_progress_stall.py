@@ -4,11 +4,15 @@ ranks, tests/trainer/test_local_run.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from tests.unit.kube_factories import RUNNING_STATUS, at, job_spec, observe, pod, with_run_policy
 
 from ddp_operator.policies import stall
-from ddp_operator.progress.tracker import ProgressObservation
+from ddp_operator.policies.recovery import GroupRestartReport
+from ddp_operator.progress.exposition import PodScrape
+from ddp_operator.progress.tracker import ProgressObservation, ProgressTracker
 from ddp_operator.reconcile import decide
 
 pytestmark = pytest.mark.unit
@@ -89,3 +93,85 @@ def test_decide_restarts_a_stalled_gang(backoff_limit: int, now: float, phase: s
             "mnist-0-0",
             "mnist-1-0",
         }
+
+
+@pytest.mark.parametrize(
+    ("configured", "step_seconds", "expected"),
+    [
+        pytest.param(45, 0.2, 45, id="stallTimeoutSeconds-is-an-override"),
+        pytest.param(45, None, 45, id="stallTimeoutSeconds-before-any-step"),
+        pytest.param(None, 0.2, 30, id="fast-steps-the-floor"),
+        pytest.param(None, 12.5, 125, id="slow-steps-ten-of-them"),
+        pytest.param(None, None, None, id="no-pace-observed-not-watched"),
+    ],
+)
+def test_the_stall_limit_follows_the_jobs_pace_without_configuration(
+    configured: int | None, step_seconds: float | None, expected: int | None
+) -> None:
+    assert stall.limit(configured, step_seconds) == expected
+
+
+def test_the_pace_is_the_steps_the_reads_saw_made_and_a_hang_does_not_change_it() -> None:
+    tracker = ProgressTracker(pods=2, world_size=2)
+    assert tracker.step_seconds is None
+    for now, step in [(0, 0), (10, 5), (20, 15)]:
+        tracker.record(at(now), {0: PodScrape(steps=step)})
+    assert tracker.step_seconds == pytest.approx(1.0)
+    tracker.record(at(90), {0: PodScrape(steps=15)})  # no new step for 70 s: hung
+    assert tracker.step_seconds == pytest.approx(1.0)
+    tracker.reset()
+    assert tracker.step_seconds is None
+
+
+@pytest.mark.parametrize(
+    ("now", "phase"),
+    [
+        pytest.param(129, "Running", id="inside-ten-steps-of-the-pace"),
+        pytest.param(131, "Restarting", id="a-hang-found-without-stallTimeoutSeconds"),
+    ],
+)
+def test_decide_finds_a_hang_without_a_stall_timeout(now: float, phase: str) -> None:
+    job = job_spec(**with_run_policy(backoffLimit=3))
+    assert job.run_policy.stall_timeout_seconds is None
+    progress = ProgressObservation(
+        attempt=0, step=120, step_changed_at=at(100), rank_steps={0: 120}, step_seconds=3.0
+    )
+    decision = decide(job, RUNNING_STATUS, observe(pod(0), pod(1)), at(now), observed=progress)
+    assert decision.report.status["phase"] == phase
+    if phase == "Restarting":
+        (condition,) = [c for c in decision.report.status["conditions"] if c["type"] == phase]
+        assert condition["reason"] == "Stalled"
+        assert "no synchronized step for 30s after step 120" in condition["message"]
+
+
+def test_the_stall_clock_starts_again_when_the_group_restarts_and_stops_when_training_is_over() -> None:
+    tracker = ProgressTracker(pods=2, world_size=2)
+    tracker.record(at(0), {0: PodScrape(steps=5, target_steps=40, restart=GroupRestartReport(restarts=0))})
+    tracker.record(at(10), {0: PodScrape(steps=15, target_steps=40, restart=GroupRestartReport(restarts=0))})
+    assert tracker.group_changed_at is None and not tracker.finished
+    tracker.record(at(50), {0: PodScrape(steps=15, target_steps=40, restart=GroupRestartReport(restarts=1))})
+    assert tracker.group_changed_at == at(50)
+    assert stall.clock_start(tracker.step_changed_at, tracker.group_changed_at) == at(50)
+    tracker.record(at(60), {0: PodScrape(steps=40, target_steps=40, restart=GroupRestartReport(restarts=1))})
+    assert tracker.finished
+
+
+@pytest.mark.parametrize(
+    ("pods", "progress", "watched"),
+    [
+        pytest.param((pod(0), pod(1)), {}, True, id="every-pod-running"),
+        pytest.param((pod(0), pod(1, phase="Pending")), {}, False, id="a-pod-still-starting"),
+        pytest.param((pod(0), pod(1, created=125)), {}, False, id="a-replacement-started-lately"),
+        pytest.param((pod(0), pod(1)), {"group_changed_at": at(120)}, False, id="the-group-re-formed-lately"),
+        pytest.param((pod(0), pod(1)), {"finished": True}, False, id="training-over"),
+    ],
+)
+def test_no_hang_is_declared_while_the_group_is_changing_or_done(
+    pods: tuple[dict[str, Any], ...], progress: dict[str, Any], watched: bool
+) -> None:
+    job = job_spec(**with_run_policy(backoffLimit=3))
+    observation = ProgressObservation(
+        attempt=0, step=120, step_changed_at=at(100), rank_steps={0: 120}, step_seconds=3.0, **progress
+    )
+    decision = decide(job, RUNNING_STATUS, observe(*pods), at(140), observed=observation)
+    assert (decision.report.status["phase"] == "Restarting") is watched

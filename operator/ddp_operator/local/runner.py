@@ -337,13 +337,20 @@ class LocalJobRunner:
         return verdict if stalled is None else replace(verdict, message=f"{stalled[1]}; {verdict.message}")
 
     def _stalled(self) -> tuple[failure.RankFailure, str] | None:
-        """The attempt's stall, once no new step was read for runPolicy.stallTimeoutSeconds."""
-        limit = self.job.run_policy.stall_timeout_seconds
+        """The attempt's stall, once no new step was read for the stall limit (policies.stall.limit)."""
+        clock = self.scraper.stall_clock()
+        limit = (
+            None
+            if clock.finished
+            else stall.limit(self.job.run_policy.stall_timeout_seconds, clock.step_seconds)
+        )
         if limit is None:
             return None
-        step, changed_at, rank_steps = self.scraper.stall_clock()
         now = datetime.now(UTC)
-        left = stall.seconds_left(limit, step, changed_at, now)
+        step, rank_steps = clock.step, clock.rank_steps
+        left = stall.seconds_left(
+            limit, step, stall.clock_start(clock.step_changed_at, clock.group_changed_at), now
+        )
         if left is None or left > 0:
             return None
         nodes = {rank * self.job.nproc_per_node: self.host.node_name for rank in range(self.job.replicas)}

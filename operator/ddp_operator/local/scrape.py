@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 from ddp_operator.progress.exposition import PodScrape, reduce_text
-from ddp_operator.progress.tracker import ProgressTracker
+from ddp_operator.progress.tracker import ProgressObservation, ProgressTracker
 
 
 def fetch_metrics(port: int, timeout: float = 1.0) -> PodScrape | None:
@@ -89,10 +89,20 @@ class Scraper:
         with self._lock:
             return dict(self.tracker.latest)
 
-    def stall_clock(self) -> tuple[int, datetime | None, dict[int, int]]:
-        """The furthest step of this attempt, when a read first showed it, and every rank's last step."""
+    def stall_clock(self) -> ProgressObservation:
+        """What the stall policy reads of this attempt: the furthest step and when a read first showed
+        it, every rank's last step, the pace, the group's last change, whether training is over."""
         with self._lock:
-            return self.tracker.step, self.tracker.step_changed_at, self.tracker.rank_steps()
+            tracker = self.tracker
+            return ProgressObservation(
+                attempt=0,
+                step=tracker.step,
+                step_changed_at=tracker.step_changed_at or datetime.now(UTC),
+                rank_steps=tracker.rank_steps(),
+                step_seconds=tracker.step_seconds,
+                group_changed_at=tracker.group_changed_at,
+                finished=tracker.finished,
+            )
 
     def _loop(self) -> None:
         while not self._stop.wait(self._interval):

@@ -1,4 +1,9 @@
-"""A stalled gang: no new synchronized step for ``runPolicy.stallTimeoutSeconds`` once training started.
+"""A stalled gang: no new synchronized step for the stall limit once training started.
+
+The limit is ``runPolicy.stallTimeoutSeconds`` when the job sets it; otherwise it follows the job's own
+pace (:func:`limit`): max(30 s, 10x the seconds per step observed in the attempt), so a hung rank (a
+frozen process, a dead link, a stuck collective: nothing exits and no socket closes) is found without
+configuration, and a slow job is not taken for a hung one.
 
 Shared by the operator (``reconcile._rule_stalled``) and `ddpjob run` (its attempt loop): the same
 clock, the same ranks named, and the same failure handed to the failure policy, where a stall is
@@ -8,6 +13,7 @@ read first showed it come from the progress tracker (``ddp_operator.progress.tra
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import datetime
 
@@ -15,6 +21,27 @@ from ddp_operator.policies.failure import REASON_STALLED, RankFailure
 
 # The ranks named in the message: enough to point at the culprit without listing a whole job.
 NAMED_RANKS = 3
+# Without stallTimeoutSeconds: no new step for this many observed step times, and never less than the
+# floor (a process restart, a checkpoint write or a slow scrape is not a hang).
+HANG_STEPS = 10
+HANG_FLOOR_SECONDS = 30
+
+
+def limit(configured: int | None, step_seconds: float | None) -> int | None:
+    """The stall limit in seconds: the job's stallTimeoutSeconds, else max(30, 10 x the observed step
+    time); None while neither is known (no step observed yet)."""
+    if configured is not None:
+        return configured
+    if step_seconds is None or step_seconds <= 0:
+        return None
+    return max(HANG_FLOOR_SECONDS, math.ceil(HANG_STEPS * step_seconds))
+
+
+def clock_start(*changes: datetime | None) -> datetime | None:
+    """When the stall clock started: the newest of the last new step and the group's last change (a
+    re-formed group, a pod of the attempt started); None before any."""
+    known = [change for change in changes if change is not None]
+    return max(known) if known else None
 
 
 def seconds_left(

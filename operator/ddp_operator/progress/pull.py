@@ -145,7 +145,9 @@ class ProgressScraper:
         tracker = tracked.tracker
         tracker.record(now, {0: rank_zero})
         rank_steps: dict[int, int] = {}
-        if stall.suspected(target.stall_timeout, tracker.step, tracker.step_changed_at, now):
+        stall_limit = None if tracker.finished else stall.limit(target.stall_timeout, tracker.step_seconds)
+        since = stall.clock_start(tracker.step_changed_at, tracker.group_changed_at)
+        if stall.suspected(stall_limit, tracker.step, since, now):
             answers = await asyncio.gather(*(self._get(url) for url in target.rank_urls.values()))
             rank_steps = {
                 r: s for answer in answers if answer is not None for r, s in answer.rank_steps.items()
@@ -158,6 +160,9 @@ class ProgressScraper:
             status=render.status_progress(tracker.view()),
             straggler=tracker.straggler,
             rank_steps=rank_steps,
+            step_seconds=tracker.step_seconds,
+            group_changed_at=tracker.group_changed_at,
+            finished=tracker.finished,
             restart=rank_zero.restart,
         )
         tracked.observation = observation

@@ -104,6 +104,14 @@ class ProgressObservation:
     rank_steps: Mapping[int, int] = field(default_factory=dict)
     # What rank 0's pod says of its group's restarts, and the kept step time (goodput).
     restart: GroupRestartReport | None = None
+    # The attempt's seconds per step as the reads saw it made (ProgressTracker.step_seconds): the pace
+    # the stall limit follows without stallTimeoutSeconds (policies.stall.limit).
+    step_seconds: float | None = None
+    # When the reads last saw the group change (an in-place restart or a resize counted by rank 0's
+    # pod): a re-formed group's first steps are not late, so the stall clock starts again there.
+    group_changed_at: datetime | None = None
+    # Training is over (the step reached the target the ranks export): nothing can stall any more.
+    finished: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,6 +195,21 @@ class ProgressTracker:
         self.step = 0
         self.step_changed_at: datetime | None = None
         self.straggler: StragglerSighting | None = None
+        # The first read that showed a step, for the attempt's pace (step_seconds).
+        self._first_step: tuple[int, datetime] | None = None
+        # The group's restarts as rank 0's pod last reported them, and when a read saw them change.
+        self._group_restarts: int | None = None
+        self.group_changed_at: datetime | None = None
+        self.target_steps = 0
+
+    @property
+    def step_seconds(self) -> float | None:
+        """Seconds per step over the steps this attempt's reads saw made (from the first read that
+        showed a step to the read that showed the newest one): a hang does not change it."""
+        if self._first_step is None or self.step_changed_at is None or self.step <= self._first_step[0]:
+            return None
+        first_step, first_at = self._first_step
+        return (self.step_changed_at - first_at).total_seconds() / (self.step - first_step)
 
     def record(self, now: datetime, answers: Mapping[int, PodScrape]) -> None:
         """One round of reads, by pod (pods that did not answer are absent); an empty round is no read."""
@@ -197,6 +220,14 @@ class ProgressTracker:
         step = int(read.step or 0)
         if self.step_changed_at is None or step > self.step:
             self.step, self.step_changed_at = max(step, self.step), now
+        if self._first_step is None and step > 0:
+            self._first_step = (step, now)
+        self.target_steps = max(self.target_steps, int(_max(p.target_steps for p in answers.values()) or 0))
+        report = answers[0].restart if 0 in answers else None
+        if report is not None:
+            if self._group_restarts is not None and report.restarts != self._group_restarts:
+                self.group_changed_at = now
+            self._group_restarts = report.restarts
         if 0 in answers:
             self.straggler = follow_straggler(self.straggler, answers[0], now, self.threshold)
         self._rounds.append(read)
@@ -206,6 +237,11 @@ class ProgressTracker:
     def keep(self, pod: int, scrape: PodScrape) -> None:
         """A pod's last answer outside a round (read as its training ended): for the summary only."""
         self.latest[pod] = scrape
+
+    @property
+    def finished(self) -> bool:
+        """The furthest step reached the target steps the ranks export: training is over."""
+        return self.target_steps > 0 and self.step >= self.target_steps
 
     def rank_steps(self) -> dict[int, int]:
         """Every rank's step, as the newest round's pods report them."""
@@ -218,6 +254,8 @@ class ProgressTracker:
         self._rounds.clear()
         self.latest.clear()
         self.step, self.step_changed_at, self.straggler = 0, None, None
+        self._first_step = None
+        self._group_restarts, self.group_changed_at, self.target_steps = None, None, 0
 
     def view(self) -> ProgressView:
         if not self._rounds:

@@ -392,6 +392,8 @@ class Controller:
         old_status: Mapping[str, Any] = state.body.get("status") or {}
         # Their node stopped reporting: no kubelet will honour a grace period (docs/restarts.md).
         await self._force_delete(key, job, decision.delete.lost_pods, "NodeLost")
+        # Stopped or wedged processes take no SIGTERM: a grace period would only delay the restart.
+        await self._force_delete(key, job, decision.delete.hung_pods, "Hung")
         if decision.delete.pods:
             deleted = await self.api.delete_children(job.namespace, "Pod", list(decision.delete.pods))
             for _, remains in deleted:

@@ -150,6 +150,8 @@ class Deletes:
     pods: tuple[str, ...] = ()
     # Deleted at once (grace 0): their node stopped reporting, no kubelet is left to honour a grace period.
     lost_pods: tuple[str, ...] = ()
+    # Pods of a hung gang whose processes stopped answering: they take no SIGTERM, so no grace period.
+    hung_pods: tuple[str, ...] = ()
     job: bool = False  # the DDPJob itself: its TTL after finishing expired
 
 
@@ -838,12 +840,18 @@ def _finish(live: _LiveAttempt, phase: str, reason: str, message: str) -> Decisi
 
 
 def _restart(
-    live: _LiveAttempt, reason: str, message: str, counted: bool = True, failure: RankFailure | None = None
+    live: _LiveAttempt,
+    reason: str,
+    message: str,
+    counted: bool = True,
+    failure: RankFailure | None = None,
+    hung: tuple[str, ...] = (),
 ) -> Decision:
     """Tear the gang down; the next attempt is created once none of its pods is alive.
 
     ``counted``: the retry spends backoffLimit (status.restarts); a preemption does not
-    (status.preemptions). ``failure``: the one that decided, for status.lastRestart.
+    (status.preemptions). ``failure``: the one that decided, for status.lastRestart. ``hung``: pods
+    whose processes stopped answering, deleted without a grace period they cannot use.
     """
     preemptions = _int(live.old.get("preemptions"), 0)
     in_place = live.job.run_policy.restart_mode == recovery.MODE_IN_PLACE
@@ -875,7 +883,7 @@ def _restart(
         change,
         live.now,
         gang_restart=True,
-        delete=Deletes(pods=_deletable(live.pods)),
+        delete=Deletes(pods=_deletable([p for p in live.pods if p.name not in hung]), hung_pods=hung),
         requeue_after=0.0 if all(p.terminal for p in live.pods) else RESTART_POLL_SECONDS,
     )
 
@@ -940,14 +948,16 @@ def _rule_stalled(live: _LiveAttempt) -> Decision | None:
         return None
     limit = live.stall_limit or 0
     # Keyed by each pod's first global rank, as the scraper reads every pod's endpoint.
-    nodes = {p.rank * live.job.nproc_per_node: p.node for p in live.current if p.rank is not None}
+    by_rank = {p.rank * live.job.nproc_per_node: p for p in live.current if p.rank is not None}
+    nodes = {rank: p.node for rank, p in by_rank.items()}
     stalled, detail = stall.stalled(limit, live.progress.step, live.progress.rank_steps, nodes, live.now)
+    hung = tuple(by_rank[r].name for r in stall.silent_ranks(live.progress.rank_steps, nodes))
     verdict = judge_failures(
         live.job.restart_policy, live.job.run_policy.backoff_limit, live.restarts, [stalled], live.attempt
     )
     message = f"{detail}; {verdict.message}"
     if verdict.retry:
-        return _restart(live, REASON_STALLED, message, failure=stalled)
+        return _restart(live, REASON_STALLED, message, failure=stalled, hung=hung)
     return _finish(live, names.PHASE_FAILED, verdict.reason, message)
 
 

@@ -175,3 +175,14 @@ def test_no_hang_is_declared_while_the_group_is_changing_or_done(
     )
     decision = decide(job, RUNNING_STATUS, observe(*pods), at(140), observed=observation)
     assert (decision.report.status["phase"] == "Restarting") is watched
+
+
+def test_a_hung_pod_that_stopped_answering_is_deleted_without_a_grace_period() -> None:
+    job = job_spec(**with_run_policy(stallTimeoutSeconds=60, backoffLimit=3))
+    decision = decide(
+        job, RUNNING_STATUS, observe(pod(0), pod(1)), at(161), observed=observed(120, 100, {0: 120})
+    )
+    assert decision.report.status["phase"] == "Restarting"
+    # Rank 1's endpoint did not answer (SIGSTOPped, wedged): it takes no SIGTERM, so no grace period.
+    assert decision.delete.hung_pods == ("mnist-1-0",)
+    assert set(decision.delete.pods) == {"mnist-0-0"}

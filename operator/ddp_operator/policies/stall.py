@@ -59,6 +59,12 @@ def suspected(limit: int | None, step: int, step_changed_at: datetime | None, no
     return left is not None and limit is not None and left <= limit / 2
 
 
+def silent_ranks(rank_steps: Mapping[int, int], nodes: Mapping[int, str | None]) -> list[int]:
+    """The pods (by first global rank) whose endpoint did not answer while others did: stopped or
+    wedged processes, which take no SIGTERM (their pods are deleted without a grace period)."""
+    return sorted(r for r in nodes if r not in rank_steps) if rank_steps else []
+
+
 def stalled(
     limit: int, step: int, rank_steps: Mapping[int, int], nodes: Mapping[int, str | None], now: datetime
 ) -> tuple[RankFailure, str]:
@@ -68,7 +74,7 @@ def stalled(
     global rank and its node. A pod whose endpoint did not answer while the others did (a SIGSTOPped
     or wedged process) is the likeliest culprit: it comes first, then the ranks furthest behind.
     """
-    silent = sorted(r for r in nodes if r not in rank_steps) if rank_steps else []
+    silent = silent_ranks(rank_steps, nodes)
     behind = (silent + sorted(rank_steps, key=lambda rank: (rank_steps[rank], rank)))[:NAMED_RANKS]
     where = ", ".join(
         f"rank {r} ({f'step {rank_steps[r]}' if r in rank_steps else 'its metrics did not answer'}) "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import shutil
 import subprocess
@@ -251,6 +252,15 @@ def test_network_policy_patch(existing: dict[str, Any], wanted: dict[str, Any], 
         assert patch == {"spec": {"ingress": wanted["spec"]["ingress"]}}
 
 
+def operator_parser() -> argparse.ArgumentParser:
+    """`ddpjob operator`'s flags, as its command line parses them."""
+    from ddp_operator.commands import operator as operator_command
+
+    parser = argparse.ArgumentParser()
+    operator_command.configure_parser(parser)
+    return parser
+
+
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
@@ -264,54 +274,31 @@ def test_network_policy_patch(existing: dict[str, Any], wanted: dict[str, Any], 
     ],
 )
 def test_metrics_allow_from_flag(argv: list[str], expected: Any) -> None:
-    import argparse
-
-    from ddp_operator.commands import operator as operator_command
-
-    parser = argparse.ArgumentParser()
-    operator_command.configure_parser(parser)
+    parser = operator_parser()
     assert parser.parse_args(argv).metrics_allow_from == expected
 
 
 @pytest.mark.parametrize(
-    ("value", "named"),
+    ("flag", "named"),
     [
-        pytest.param("{not json", "not JSON", id="not-json"),
-        pytest.param('[{"podSelektor": {}}]', "--metrics-allow-from[0].podSelektor", id="typo"),
+        pytest.param("--metrics-allow-from={not json", "not JSON", id="allow-from-not-json"),
+        pytest.param(
+            '--metrics-allow-from=[{"podSelektor": {}}]',
+            "--metrics-allow-from[0].podSelektor",
+            id="allow-from-typo",
+        ),
+        pytest.param("--progress-interval=0", "counts in-place restarts", id="progress-interval-zero"),
+        pytest.param("--progress-interval=-5", "must be more than 0", id="progress-interval-negative"),
+        pytest.param(
+            "--progress-interval=soon", "not a number of seconds", id="progress-interval-not-a-number"
+        ),
     ],
 )
-def test_metrics_allow_from_flag_refuses_mistakes_at_start(
-    value: str, named: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import argparse
-
-    from ddp_operator.commands import operator as operator_command
-
-    parser = argparse.ArgumentParser()
-    operator_command.configure_parser(parser)
+def test_flags_refuse_mistakes_at_start(flag: str, named: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        parser.parse_args([f"--metrics-allow-from={value}"])
+        operator_parser().parse_args([flag])
     assert named in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    ("value", "named"),
-    [
-        pytest.param("0", "counts in-place restarts", id="zero"),
-        pytest.param("-5", "must be more than 0", id="negative"),
-        pytest.param("soon", "not a number of seconds", id="not-a-number"),
-    ],
-)
-def test_progress_interval_flag_must_be_positive(
-    value: str, named: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import argparse
-
-    from ddp_operator.commands import operator as operator_command
-
-    parser = argparse.ArgumentParser()
-    operator_command.configure_parser(parser)
-    assert parser.parse_args(["--progress-interval", "2.5"]).progress_interval == 2.5
-    with pytest.raises(SystemExit):
-        parser.parse_args([f"--progress-interval={value}"])
-    assert named in capsys.readouterr().err
+def test_progress_interval_flag_takes_fractions_of_a_second() -> None:
+    assert operator_parser().parse_args(["--progress-interval", "2.5"]).progress_interval == 2.5

@@ -309,14 +309,14 @@ class Trainer:
             stop_requested = self._loop(run)
             run.metrics.flush()
             if stop_requested:
-                path = self._checkpoint(ddp, optimizer, place.step, place.epoch, place.batch)
+                path = self._checkpoint(ddp, optimizer, place)
                 if self.is_rank0:
                     print(
                         format_status_line("stopped", {"step": place.step, "checkpoint": path or "none"}),
                         flush=True,
                     )
                 return EXIT_STOPPED
-            self._checkpoint(ddp, optimizer, place.step, place.epoch, place.batch, final=True)
+            self._checkpoint(ddp, optimizer, place, final=True)
             self._report(ddp, workload, run.loss_value, place.step, run.metrics)
         # An error goes up to run_worker, which tells a lost peer from this rank's own error.
         finally:
@@ -417,7 +417,7 @@ class Trainer:
         place.batch = batch_index + 1
         self._book_step(place.step)
         if self.snapshots is not None:
-            fields = self._fields(place.step, place.epoch, place.batch)
+            fields = self._fields(place)
             self.snapshots.save(place.step, fields, run.ddp.module, run.optimizer)
         run.window_steps += 1
         last = place.step >= run.total_steps
@@ -428,7 +428,7 @@ class Trainer:
         if logged:
             self._print_progress(run)
         if config.checkpoint_every and place.step % config.checkpoint_every == 0 and not last:
-            self._checkpoint(run.ddp, run.optimizer, place.step, place.epoch, place.batch)
+            self._checkpoint(run.ddp, run.optimizer, place)
         if place.step % config.stop_check_every == 0 and not last and self._agree_to_stop(run.metrics):
             return True
         if config.throttle_ms:
@@ -464,27 +464,18 @@ class Trainer:
         return flag > 0
 
     def _state(
-        self,
-        ddp: DistributedDataParallel,
-        optimizer: torch.optim.Optimizer,
-        step: int,
-        epoch: int,
-        position: int,
+        self, ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, place: _Place
     ) -> dict[str, Any]:
-        """The training state after ``step`` steps, as a checkpoint holds it."""
-        return {
-            **self._fields(step, epoch, position),
-            "model": ddp.module.state_dict(),
-            "optimizer": optimizer.state_dict(),
-        }
+        """The training state at ``place``, as a checkpoint holds it."""
+        return {**self._fields(place), "model": ddp.module.state_dict(), "optimizer": optimizer.state_dict()}
 
-    def _fields(self, step: int, epoch: int, position: int) -> dict[str, Any]:
+    def _fields(self, place: _Place) -> dict[str, Any]:
         """The plain values of the training state: where training is, and what it was started with
         (a checkpoint's and an in-memory copy's alike)."""
         return {
-            "step": step,
-            "epoch": epoch,
-            "batch_in_epoch": position,
+            "step": place.step,
+            "epoch": place.epoch,
+            "batch_in_epoch": place.batch,
             "world_size": self.ctx.world_size,
             "seed": self.config.seed,
             "workload": self.config.workload,
@@ -495,9 +486,7 @@ class Trainer:
         self,
         ddp: DistributedDataParallel,
         optimizer: torch.optim.Optimizer,
-        step: int,
-        epoch: int,
-        position: int,
+        place: _Place,
         final: bool = False,
     ) -> str | None:
         """Rank 0 writes; every rank waits at a barrier until it has, so a stop never races the write.
@@ -509,8 +498,8 @@ class Trainer:
             return None
         path: str | None = None
         if self.is_rank0 and self.checkpoint_dir is not None:
-            state = self._state(ddp, optimizer, step, epoch, position)
-            path = str(save_checkpoint(self.checkpoint_dir, step, state, self.config.keep_checkpoints))
+            state = self._state(ddp, optimizer, place)
+            path = str(save_checkpoint(self.checkpoint_dir, place.step, state, self.config.keep_checkpoints))
         if final:
             inject(self.config.inject_fault, self.ctx.rank, "final-barrier")
         with self._collective("the final barrier" if final else "the checkpoint barrier"):

@@ -158,10 +158,13 @@ def test_a_slot_that_holds_anything_but_plain_values_is_refused(tmp_path: Path) 
     found = newest_slot(tmp_path)
     assert found is not None
     path = found[1]
-    raw = bytearray(path.read_bytes())
+    raw = path.read_bytes()
     evil = pickle.dumps(({"x": RunsCodeWhenUnpickled(tmp_path / "ran")}, {}))
     header = struct.Struct("<8sqqqqq")
     magic, version, sequence, step, _, data = header.unpack_from(raw)
-    path.write_bytes(header.pack(magic, version, sequence, step, len(evil), data) + evil + bytes(4096))
+    # The same tensor bytes, and a skeleton that would run code if it were unpickled as it is.
+    path.write_bytes(
+        header.pack(magic, version, sequence, step, len(evil), data) + raw[header.size : 64 + data] + evil
+    )
     assert load_slot(path) is None
     assert not (tmp_path / "ran").exists()

@@ -8,15 +8,14 @@ on the newest step any member holds and resume there: nothing completed is done 
 without a copy (a replacement pod) receives it over the group's collective (``ddp_trainer.trainer``).
 
 Each rank writes two slots in turn, so a worker killed in the middle of a copy leaves the slot before
-it whole. A slot is ``[header][skeleton][tensor bytes]``: the skeleton is the state with every tensor
+it whole. A slot is ``[header][tensor bytes][skeleton]``: the skeleton is the state with every tensor
 replaced by its place in the bytes (pickled; a few hundred bytes), and the header's sequence number
-is written last, so a slot with a sequence number is complete. Torch-free apart from the tensors
-themselves; the write costs one memory copy of the state per step (docs/restarts.md gives the cost).
+is written last, so a slot with a sequence number is complete. The write costs one memory copy of
+the state per step, in one call into torch (docs/restarts.md gives the cost).
 """
 
 from __future__ import annotations
 
-import ctypes
 import io
 import mmap
 import os
@@ -36,6 +35,9 @@ _HEADER: Final = struct.Struct("<8sqqqqq")
 _MAGIC: Final = b"ddpsnap1"
 _SEQUENCE_OFFSET: Final = 16
 _ALIGN: Final = 64
+_FORMAT: Final = 2
+# Where a slot's tensor bytes start: right after the header, aligned.
+_DATA_START: Final = _ALIGN
 
 
 @dataclass(frozen=True)
@@ -121,12 +123,12 @@ class _Slot:
         self.path = path
         self._map: mmap.mmap | None = None
         self._view: torch.Tensor | None = None
-        self.address = 0
+        self._targets: tuple[_Plan, list[torch.Tensor]] | None = None
 
     def ensure(self, size: int) -> mmap.mmap:
         if self._map is None or len(self._map) < size:
             if self._map is not None:
-                self._view = None
+                self._view, self._targets = None, None
                 self._map.close()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
@@ -135,13 +137,20 @@ class _Slot:
             finally:
                 os.close(fd)
             self._view = torch.frombuffer(self._map, dtype=torch.uint8)
-            self.address = self._view.data_ptr()
+            self._targets = None
         return self._map
 
-    @property
-    def view(self) -> torch.Tensor:
-        assert self._view is not None
-        return self._view
+    def targets(self, plan: _Plan) -> list[torch.Tensor]:
+        """Views of this slot's bytes shaped as the plan's tensors (made once per plan and mapping)."""
+        if self._targets is None or self._targets[0] is not plan:
+            assert self._view is not None
+            views = []
+            for tensor, offset in zip(plan.tensors, plan.offsets, strict=True):
+                nbytes = tensor.numel() * tensor.element_size()
+                raw = self._view[_DATA_START + offset : _DATA_START + offset + nbytes]
+                views.append(raw.view(tensor.dtype).view(tensor.shape))
+            self._targets = (plan, views)
+        return self._targets[1]
 
 
 class StateSnapshots:
@@ -166,24 +175,29 @@ class StateSnapshots:
             for group in optimizer.param_groups
         ]
         plain = pickle.dumps((fields, groups), protocol=pickle.HIGHEST_PROTOCOL)
+        # [header][tensor bytes][skeleton]: the tensors' places stay put from step to step.
         skeleton_size = len(plan.layout) + len(plain)
-        data_start = _aligned(_HEADER.size + skeleton_size)
         slot = self._slots[(self._sequence + 1) % 2]
-        memory = slot.ensure(data_start + plan.size)
+        memory = slot.ensure(_DATA_START + plan.size + skeleton_size)
         # Incomplete until the sequence number is written, last.
         struct.pack_into("<q", memory, _SEQUENCE_OFFSET, 0)
-        memory[_HEADER.size : _HEADER.size + skeleton_size] = plan.layout + plain
-        base = slot.address + data_start
-        for tensor, offset in zip(plan.tensors, plan.offsets, strict=True):
-            nbytes = tensor.numel() * tensor.element_size()
-            if tensor.device.type == "cpu" and tensor.is_contiguous():
-                ctypes.memmove(base + offset, tensor.data_ptr(), nbytes)
-            elif nbytes:
-                target = slot.view[data_start + offset : data_start + offset + nbytes]
-                target.copy_(tensor.contiguous().reshape(-1).view(torch.uint8))
+        _copy_all(slot.targets(plan), plan.tensors)
+        skeleton_at = _DATA_START + plan.size
+        memory[skeleton_at : skeleton_at + skeleton_size] = plan.layout + plain
         self._sequence += 1
-        _HEADER.pack_into(memory, 0, _MAGIC, 1, 0, step, skeleton_size, plan.size)
+        _HEADER.pack_into(memory, 0, _MAGIC, _FORMAT, 0, step, skeleton_size, plan.size)
         struct.pack_into("<q", memory, _SEQUENCE_OFFSET, self._sequence)
+
+
+def _copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """Every source into its target: one call into torch for all of them where torch has it (the
+    per-tensor Python overhead is most of a small model's copy), else one copy_ each."""
+    foreach_copy = getattr(torch, "_foreach_copy_", None)
+    if foreach_copy is not None:
+        foreach_copy(targets, sources)
+        return
+    for target, source in zip(targets, sources, strict=True):
+        target.copy_(source)
 
 
 class _SkeletonUnpickler(pickle.Unpickler):
@@ -233,17 +247,17 @@ def load_slot(path: Path) -> dict[str, Any] | None:
         return None
     if len(raw) < _HEADER.size:
         return None
-    magic, _, sequence, _, skeleton_size, data_size = _HEADER.unpack_from(raw)
-    if magic != _MAGIC or sequence <= 0:
+    magic, version, sequence, _, skeleton_size, data_size = _HEADER.unpack_from(raw)
+    skeleton_at = _DATA_START + data_size
+    if magic != _MAGIC or version != _FORMAT or sequence <= 0 or len(raw) < skeleton_at + skeleton_size:
         return None
     try:
-        stream = io.BytesIO(raw[_HEADER.size : _HEADER.size + skeleton_size])
+        stream = io.BytesIO(raw[skeleton_at : skeleton_at + skeleton_size])
         model_refs, optimizer_refs = _SkeletonUnpickler(stream).load()
         fields, groups = _SkeletonUnpickler(stream).load()
     except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError):
         return None
-    data_start = _aligned(_HEADER.size + skeleton_size)
-    data = memoryview(raw)[data_start : data_start + data_size]
+    data = memoryview(raw)[_DATA_START:skeleton_at]
     first = 0
     param_groups = []
     for group in groups:

@@ -109,9 +109,12 @@ def test_a_killed_worker_restarts_every_pod_in_place_and_resumes_from_the_checkp
     assert float(failed["time"]) >= killed
     last_stop = assert_one_restart_in_order(pods, float(failed["time"]))
     # The survivors' copies in memory, not the step-30 checkpoint: no completed step is done again.
+    # Every rank loads its own copy when all hold the newest step; the killed worker may have died
+    # between its step's allreduce and its copy, one step behind the others: then the newest step
+    # comes from a peer. Either way the group resumes at the newest step any member completed.
     match = pods[0].wait_for_stdout(r"^resumed step=(\d+) epoch=\d+ from=(\w+)")
     resumed, origin = int(match.group(1)), match.group(2)
-    assert resumed >= 35 and origin == "memory", describe(pods)
+    assert resumed >= 35 and origin in {"memory", "peer"}, describe(pods)
 
     # Pod k holds global rank k, and every rank ends with the parameters of an uninterrupted run.
     expected = reference[0].digests()[0]

@@ -10,7 +10,7 @@ interleaved run by run so both see the same machine load:
              (docs/metrics.md): t0 -> the failed worker's agent saw it (failure) -> every pod's
              workers stopped (stopped) -> the new round complete (reformed) -> rank 0's first step
              after the resume (resumed).
-  recreate   DDP_RESTART_MODE=Recreate (one process per pod, as today): every rank exits (137, 170),
+  recreate   DDP_RESTART_MODE=Recreate (one process per pod): every rank exits (137, 170),
              then new processes start at once, as a recreated pod's container would (the operator's
              part - deleting and creating pods, scheduling, the container start - comes on top and is
              not measured here: see docs/benchmarks.md for it on kind). Phases: t0 -> every old process

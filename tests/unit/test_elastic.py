@@ -314,7 +314,7 @@ def test_below_min_the_startup_deadline_counts_from_the_loss(now: float, phase: 
         assert decision.requeue_after is not None and decision.requeue_after <= 5
 
 
-def test_a_fixed_size_job_below_its_size_keeps_todays_behaviour() -> None:
+def test_a_fixed_size_job_waiting_for_a_replacement_has_no_elastic_startup_clock() -> None:
     job = parse_job(job_object(replicas=3, runPolicy={"startupDeadlineSeconds": 20}))
     status = live_status(restarts=1)
     pending = {"phase": "Pending", "scheduled": False, "unschedulable": "0/4 nodes are available"}

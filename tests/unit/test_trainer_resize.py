@@ -32,7 +32,7 @@ def consumed(batch: int, samples: int, world_size: int) -> set[int]:
     }
 
 
-def today(per_epoch: int, epochs: int, max_steps: int) -> int:
+def uninterrupted(per_epoch: int, epochs: int, max_steps: int) -> int:
     """The loop's total steps before elastic jobs: every epoch's batches, capped by --max-steps."""
     total = per_epoch * epochs
     return min(total, max_steps) if max_steps else total
@@ -75,9 +75,11 @@ def test_a_remapped_place_redoes_less_than_one_new_batch_of_samples() -> None:
 @pytest.mark.parametrize("world", [1, 2, 3, 4], ids=lambda w: f"world-{w}")
 @pytest.mark.parametrize("epochs", [1, 10], ids=lambda e: f"{e}-epochs")
 @pytest.mark.parametrize("max_steps", [0, 40, 120, 10_000], ids=lambda m: f"max-steps-{m}")
-def test_without_a_resize_the_total_steps_are_todays(world: int, epochs: int, max_steps: int) -> None:
+def test_without_a_resize_the_total_steps_are_an_uninterrupted_runs(
+    world: int, epochs: int, max_steps: int
+) -> None:
     per_epoch = batches_per_epoch(SAMPLES, world, BATCH)
-    expected = today(per_epoch, epochs, max_steps)
+    expected = uninterrupted(per_epoch, epochs, max_steps)
     # Every place an uninterrupted run (or a resume at its world size) can be at.
     for step in range(0, min(expected, per_epoch * epochs) + 1, 7):
         epoch, batch = divmod(step, per_epoch)

@@ -1,6 +1,6 @@
 """The pod's launcher: starts the pod's workers and exits with the code of the one that failed first.
 
-It runs when NPROC_PER_NODE > 1 (as in Recreate mode, today's behaviour: torch's elastic launcher on a
+It runs when NPROC_PER_NODE > 1 (in Recreate mode: torch's elastic launcher on a
 static rendezvous, no local restarts, the operator recreates the gang) and on every pod in InPlace
 mode (DDP_RESTART_MODE=InPlace, ``ddp_trainer.elastic``: restarts in place on a c10d rendezvous).
 

@@ -10,7 +10,7 @@ Three recovery modes (docs/restarts.md):
 - **one pod replaced**: a pod was lost (deleted, evicted, its node gone) but not rank 0's, which hosts
   the rendezvous: the operator creates a new pod for that rank only, and the survivors restart in place
   and wait for it on the next round.
-- **whole gang**: today's recreate. Rank 0's pod was lost, a launcher gave up (its budget spent, or the
+- **whole gang**: every pod deleted and the next attempt created. Rank 0's pod was lost, a launcher gave up (its budget spent, or the
   rendezvous host gone), Kueue evicted the group, a stall, or ``runPolicy.restartMode: Recreate``.
 
 Each restart is recorded in ``status.lastRestart``: cause, mode, the seconds from the failure to the

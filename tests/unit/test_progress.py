@@ -3,11 +3,13 @@ decide() does with it: status.progress, status.straggler. Stalls: tests/unit/tes
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from tests.unit.kube_factories import RUNNING_STATUS, at, job_spec, observe, pod
 
+from ddp_operator.policies.recovery import GroupRestartReport
 from ddp_operator.progress import render, tracker
 from ddp_operator.progress.exposition import PodScrape, reduce_text
 from ddp_operator.reconcile import decide
@@ -222,3 +224,22 @@ def test_the_straggler_sighting_follows_one_rank(case: str) -> None:
         sighting = followed.straggler
         seen.append(None if sighting is None else (sighting.rank, sighting.since))
     assert seen == [None if e is None else (e[0], at(e[1])) for e in expected]
+
+
+@pytest.mark.parametrize(
+    ("group_nodes", "samples_per_second"),
+    [
+        pytest.param(None, "1280", id="no-group-reported-every-pod"),
+        pytest.param(4, "1280", id="the-whole-group"),
+        pytest.param(2, "640", id="an-elastic-group-shrunk-to-two-of-four-pods"),
+    ],
+)
+def test_samples_per_second_counts_the_pods_training_now(
+    group_nodes: int | None, samples_per_second: str
+) -> None:
+    followed = tracker.ProgressTracker(4, 4)
+    for seconds, scrape in [(10, rank_zero(10, 200, 6400)), (20, rank_zero(20, 300, 9600))]:
+        report = None if group_nodes is None else GroupRestartReport(restarts=1, group_nodes=group_nodes)
+        followed.record(at(seconds), {0: replace(scrape, restart=report)})
+    status = render.status_progress(followed.view())
+    assert status is not None and status["samplesPerSecond"] == samples_per_second

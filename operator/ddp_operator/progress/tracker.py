@@ -201,6 +201,9 @@ class ProgressTracker:
         self._group_restarts: int | None = None
         self.group_changed_at: datetime | None = None
         self.target_steps = 0
+        # Pods in the group now, as rank 0's pod reports them (an elastic group may train on fewer than
+        # ``pods``); None until reported.
+        self.members: int | None = None
 
     @property
     def step_seconds(self) -> float | None:
@@ -224,6 +227,8 @@ class ProgressTracker:
             self._first_step = (step, now)
         self.target_steps = max(self.target_steps, int(_max(p.target_steps for p in answers.values()) or 0))
         report = answers[0].restart if 0 in answers else None
+        if report is not None and report.group_nodes:
+            self.members = report.group_nodes
         if report is not None:
             if self._group_restarts is not None and report.restarts != self._group_restarts:
                 self.group_changed_at = now
@@ -256,6 +261,7 @@ class ProgressTracker:
         self.step, self.step_changed_at, self.straggler = 0, None, None
         self._first_step = None
         self._group_restarts, self.group_changed_at, self.target_steps = None, None, 0
+        self.members = None
 
     def view(self) -> ProgressView:
         if not self._rounds:
@@ -288,7 +294,10 @@ class ProgressTracker:
             target_steps=None if target is None else int(target),
             percent_complete=percent,
             seconds_remaining=remaining,
-            samples_per_second=None if samples is None else samples[0] / seconds * self.pods / samples[1],
+            # The pods read are a sample of the group: their rate per pod times the pods training now.
+            samples_per_second=None
+            if samples is None
+            else samples[0] / seconds * (self.members or self.pods) / samples[1],
             loss=_mean(p.loss for p in pods),
             overlap=_mean(p.overlap for p in pods),
             allreduce_p50=histogram.quantile(0.5, recent),

@@ -62,7 +62,14 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handl
 from ddp_trainer.addresses import loopback_listener
 from ddp_trainer.config import DistEnv, TrainConfig
 from ddp_trainer.control import read_exit_records
-from ddp_trainer.exitcodes import EXIT_OK, EXIT_PEER_LOST, first_failure, first_failure_code, is_retryable
+from ddp_trainer.exitcodes import (
+    EXIT_BAD_CONFIG,
+    EXIT_OK,
+    EXIT_PEER_LOST,
+    first_failure,
+    first_failure_code,
+    is_retryable,
+)
 from ddp_trainer.progress import format_status_line
 from ddp_trainer.restarts import (
     Decision,
@@ -78,6 +85,52 @@ from ddp_trainer.restarts import (
 from ddp_trainer.resume import read_step_marker, step_marker_path, write_restarts
 from ddp_trainer.worker import forked_worker
 from ddp_trainer.workloads import LAZY_IMPORTS
+
+# torch's private surface that InPlaceAgent overrides, calls or reads (LocalElasticAgent, tested with
+# torch 2.15): each method and the parameters it must take, and the attributes its __init__ must set.
+# check_torch_agent() compares them with the installed torch when the launcher starts, so a torch that
+# changed them ends the pod at once with a clear message instead of a TypeError in a restart.
+PRIVATE_METHODS: Final = {
+    "_rendezvous": ("self", "worker_group"),
+    "_start_workers": ("self", "worker_group"),
+    "_monitor_workers": ("self", "worker_group"),
+    "_restart_workers": ("self", "worker_group"),
+    "_stop_workers": ("self", "worker_group"),
+    "_initialize_workers": ("self", "worker_group"),
+    "_shutdown": ("self", "death_sig", "timeout"),
+    "_exit_barrier": ("self",),
+}
+PRIVATE_ATTRIBUTES: Final = ("_remaining_restarts", "_pcontext")
+
+
+class TorchAgentMismatchError(RuntimeError):
+    """The installed torch's elastic agent is not what InPlaceAgent was written against."""
+
+
+def check_torch_agent(agent_class: type = LocalElasticAgent, agent: object | None = None) -> None:
+    """Raise TorchAgentMismatchError naming what differs from PRIVATE_METHODS / PRIVATE_ATTRIBUTES."""
+    import inspect
+
+    import torch
+
+    problems = []
+    for name, parameters in PRIVATE_METHODS.items():
+        method = getattr(agent_class, name, None)
+        if not callable(method):
+            problems.append(f"{name}() is gone")
+            continue
+        found = tuple(inspect.signature(method).parameters)
+        if found != parameters:
+            problems.append(f"{name}{found} takes other parameters than {name}{parameters}")
+    if agent is not None:
+        problems += [f"the agent has no {name}" for name in PRIVATE_ATTRIBUTES if not hasattr(agent, name)]
+    if problems:
+        raise TorchAgentMismatchError(
+            f"torch {torch.__version__}'s LocalElasticAgent is not the one in-place restarts were built on "
+            f"(torch 2.15): {'; '.join(problems)}. Use a torch in pyproject.toml's range, or "
+            "runPolicy.restartMode: Recreate (docs/trainer.md)"
+        )
+
 
 # Keys in each round's store (a PrefixStore of the round, so a key is per round).
 RESTARTS_KEY = "ddp/group_restarts"
@@ -428,6 +481,11 @@ def run_in_place(
     """Run this pod's agent until the job ends; returns the pod's exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    try:
+        check_torch_agent()
+    except TorchAgentMismatchError as mismatch:
+        log(str(mismatch))
+        return EXIT_BAD_CONFIG
     # Rank 0 publishes the workers' store address in every round (see the module's docstring).
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     start_forkserver(config.workload)
@@ -452,6 +510,12 @@ def run_in_place(
         progress_dir=progress_dir,
         ledger=ledger,
     )
+    try:
+        check_torch_agent(agent=agent)
+    except TorchAgentMismatchError as mismatch:
+        log(str(mismatch))
+        _close(handler)
+        return EXIT_BAD_CONFIG
     close_rendezvous = True
     try:
         result = agent.run()

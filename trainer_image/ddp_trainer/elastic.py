@@ -481,11 +481,6 @@ def run_in_place(
     """Run this pod's agent until the job ends; returns the pod's exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    try:
-        check_torch_agent()
-    except TorchAgentMismatchError as mismatch:
-        log(str(mismatch))
-        return EXIT_BAD_CONFIG
     # Rank 0 publishes the workers' store address in every round (see the module's docstring).
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     start_forkserver(config.workload)
@@ -511,11 +506,9 @@ def run_in_place(
         ledger=ledger,
     )
     try:
-        check_torch_agent(agent=agent)
+        check_torch_agent(agent=agent)  # before the first round: nothing has started yet
     except TorchAgentMismatchError as mismatch:
-        log(str(mismatch))
-        _close(handler)
-        return EXIT_BAD_CONFIG
+        return _refuse(handler, str(mismatch))
     close_rendezvous = True
     try:
         result = agent.run()
@@ -560,6 +553,13 @@ def run_in_place(
 
 # What a pod that comes to join a group that has ended meets: a closed rendezvous, or no host at all.
 _GROUP_GONE: Final = (RendezvousClosedError, RendezvousConnectionError)
+
+
+def _refuse(handler: RendezvousHandler, why: str) -> int:
+    """End this pod before it joins: say why, let the other pods stop waiting, exit permanently."""
+    log(why)
+    _close(handler)
+    return EXIT_BAD_CONFIG
 
 
 def _close(handler: RendezvousHandler) -> None:

@@ -9,7 +9,6 @@ what was saved, and a slot that is incomplete or holds anything but plain values
 
 from __future__ import annotations
 
-import os
 import pickle
 import struct
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from trainer_gang import Gangs, describe, wait_all
+from trainer_gang import Gangs, RunsCodeWhenUnpickled, describe, wait_all
 
 from ddp_trainer.snapshot import StateSnapshots, load_slot, newest_slot, slot_path
 
@@ -142,14 +141,6 @@ def test_the_newest_complete_slot_wins_and_an_incomplete_one_is_never_read(tmp_p
         slot.write(struct.pack("<q", 0))
     assert newest_slot(tmp_path) == (8, slot_path(tmp_path, 1, 1 - int(found[1].suffix[1:])))
     assert load_slot(found[1]) is None
-
-
-class RunsCodeWhenUnpickled:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return os.makedirs, (str(self.marker),)
 
 
 def test_a_slot_that_holds_anything_but_plain_values_is_refused(tmp_path: Path) -> None:

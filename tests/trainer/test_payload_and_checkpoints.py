@@ -3,13 +3,12 @@ values (torch.load(weights_only=True))."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import pytest
 import torch
-from trainer_gang import run_torchrun
+from trainer_gang import RunsCodeWhenUnpickled, run_torchrun
 
 from ddp_trainer.checkpoint import checkpoint_path, load_newest_checkpoint, save_checkpoint
 
@@ -47,16 +46,6 @@ def test_compressing_fp64_gradients_sends_two_bytes_per_element(
     assert gradient == elements * 8 * steps
     # A quarter of the fp64 gradient bytes, not the half that "compression halves" would claim.
     assert payload == elements * 2 * steps
-
-
-class RunsCodeWhenUnpickled:
-    """What an attacker with write access to the volume could leave: unpickling it creates a directory."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return os.makedirs, (str(self.marker),)
 
 
 def test_a_checkpoint_that_needs_more_than_tensors_is_refused_unexecuted(tmp_path: Path) -> None:

@@ -29,6 +29,17 @@ RUN_TIMEOUT = 240.0
 LINGERING = r"^ddp_trainer: serving /metrics for "
 
 
+class RunsCodeWhenUnpickled:
+    """What an attacker with write access to a checkpoint volume or a state slot could leave:
+    unpickling it creates a directory (tests assert it never appears)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return os.makedirs, (str(self.marker),)
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -168,8 +168,8 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ddp_operator.decision import DEFAULT_TIMING
     from ddp_operator.kube_api import KubeApi
-    from ddp_operator.reconcile import DEFAULT_TIMING
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from ddp_operator import names
 from ddp_operator.observe import format_time
+from ddp_operator.policies import recovery
 from ddp_operator.spec import RESTART_MODE_IN_PLACE, JobSpec
 
 # Long enough for rank 0 to finish a step and write a checkpoint after SIGTERM.
@@ -208,13 +209,6 @@ def _torchrun_nnodes(job: JobSpec) -> str:
     return f"{job.elastic.min_replicas}:{job.elastic.max_replicas}"
 
 
-def remaining_restart_budget(job: JobSpec, restarts: int) -> int:
-    """Gang restarts the job may still spend (backoffLimit minus status.restarts; none under Never)."""
-    if job.restart_policy == "Never":
-        return 0
-    return max(0, job.run_policy.backoff_limit - restarts)
-
-
 def contract_env(job: JobSpec, rank: int, attempt: int, restart_budget: int = 0) -> list[dict[str, Any]]:
     """The env contract (docs/api.md, "The env contract") for one rank, in a stable order."""
     master = names.master_addr(job.name, job.namespace)
@@ -352,7 +346,7 @@ def build_rank_pod(
 ) -> dict[str, Any]:
     """One rank pod of one attempt. ``pod_spec_patch`` (gang.py's, when the gang is scheduled through
     the in-tree Workload API) is merged into the pod spec last: its fields are the operator's."""
-    budget = remaining_restart_budget(job, 0) if restart_budget is None else restart_budget
+    budget = recovery.launcher_budget(job, 0) if restart_budget is None else restart_budget
     template = copy.deepcopy(dict(job.template))
     template_meta: dict[str, Any] = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template.get("spec") or {}

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from ddp_operator import builders, gang, kueue, names, ownership
+from ddp_operator.decision import DEFAULT_TIMING, REASON_INVALID_SPEC, CreateRefusal, Decision, TimingRules
 from ddp_operator.kube_api import (
     ApiError,
     ChildInvalid,
@@ -39,15 +40,7 @@ from ddp_operator.metrics import OperatorMetrics
 from ddp_operator.observe import PodObservation, parse_time
 from ddp_operator.podcache import JobKey, PodCache
 from ddp_operator.progress.pull import ProgressScraper, Target
-from ddp_operator.reconcile import (
-    DEFAULT_TIMING,
-    REASON_INVALID_SPEC,
-    CreateRefusal,
-    Decision,
-    TimingRules,
-    decide,
-    decide_invalid_spec,
-)
+from ddp_operator.reconcile import decide, decide_invalid_spec
 from ddp_operator.spec import JobSpec, SpecError, parse_job
 from ddp_operator.status_writes import COUNTER_KEYS, CounterWrites, HeldCounters
 from ddp_operator.versions import Freshness
@@ -388,7 +381,7 @@ class Controller:
         self.scraper.track(key, target)
 
     async def execute(self, key: JobKey, state: JobState, job: JobSpec, decision: Decision) -> None:
-        """Carry out a Decision in the order reconcile.py fixes (its module docstring)."""
+        """Carry out a Decision in the order decision.py fixes (its module docstring)."""
         old_status: Mapping[str, Any] = state.body.get("status") or {}
         # Their node stopped reporting: no kubelet will honour a grace period (docs/restarts.md).
         await self._force_delete(key, job, decision.delete.lost_pods, "NodeLost")
@@ -430,7 +423,7 @@ class Controller:
         await self.api.delete_children(job.namespace, "Pod", list(pods), grace_seconds=0)
 
     async def _release_from_kueue(self, key: JobKey, job: JobSpec, decision: Decision) -> None:
-        """Old pods Kueue would still count, and a failed group Kueue would keep (reconcile.py)."""
+        """Old pods Kueue would still count, and a failed group Kueue would keep (policies/kueue.py)."""
         await self._force_delete(key, job, decision.kueue.force_delete_pods, "DeletionUnconfirmed")
         if decision.kueue.release_group:
             group = names.kueue_pod_group_name(job.name, job.uid)

@@ -16,7 +16,7 @@ from ddp_operator import names
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-    from ddp_operator.reconcile import Report
+    from ddp_operator.decision import Report
 
 PHASES: tuple[str, ...] = names.PHASES
 

@@ -7,7 +7,7 @@ almost no status yet.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -62,6 +62,11 @@ def format_time(value: datetime) -> str:
     if value.tzinfo is not None:
         value = value.astimezone(UTC)
     return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def int_field(value: Any, default: int) -> int:
+    """An integer field as an object holds it (a bool is not one), else ``default``."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 @dataclass(frozen=True)
@@ -184,6 +189,16 @@ def seen(observation: PodObservation, previous: PodObservation | None, now: date
         return observation
     first = previous.failure_seen_at if previous is not None else None
     return replace(observation, failure_seen_at=first or now)
+
+
+def superseded(pods: Sequence[PodObservation]) -> list[PodObservation]:
+    """Pods a newer pod of the same rank and attempt replaced (docs/restarts.md): a rank's pod is its
+    one with the highest replacement number, whether that one is being deleted or not."""
+    newest: dict[tuple[int | None, int | None], int] = {}
+    for p in pods:
+        key = (p.attempt, p.rank)
+        newest[key] = max(newest.get(key, 0), p.replacement)
+    return [p for p in pods if p.replacement < newest[(p.attempt, p.rank)]]
 
 
 def _int_label(labels: Mapping[str, Any], key: str) -> int | None:

@@ -1,19 +1,9 @@
 """The DDPJob state machine: from the job, its last status and its own pods to what to do next.
 
-``decide`` is pure and cheap (no API calls, linear in the job's own pods). A handler executes a
-``Decision``, treating "not found" on delete and "already exists" (of our own object) on create as
-success:
-
-- patch ``report.status`` when ``report.changed`` (before or after the creates: both orders are safe,
-  see below), and post ``report.event`` when there is one (one per phase change, nothing else) and
-  each of ``report.notices``;
-- delete ``delete.pods``, and carry out ``kueue`` (policies/kueue.py);
-- create the Service if ``create.service``, the NetworkPolicy if ``create.network_policy`` and the
-  checkpoint PVC if ``create.pvc``, then the pods of ``create.ranks`` (attempt ``create.attempt``)
-  concurrently; a child the apiserver refuses for good (403 on a pod, 400/422 on any child) is not
-  retried: the executor hands it to the next ``decide`` as a ``CreateRefusal``, which fails the job;
-- delete the DDPJob when ``delete.job`` (TTL);
-- call ``decide`` again after ``requeue_after`` seconds when it is set (deadlines, TTL, restarts).
+``decide`` is pure and cheap (no API calls, linear in the job's own pods) and answers a ``Decision``
+(decision.py, which also says how the executor carries one out). This module holds the phases and the
+order of the rules; what each rule asks is a policy (policies/), and the status a decision writes is
+built in status.py.
 
 The state lives in status. While the phase is Pending, Starting or Running, ``attempt`` is the
 attempt whose pods should exist; during Restarting it is the attempt being torn down, and during
@@ -21,20 +11,45 @@ Suspended the last attempt that ran (absent when none did). The next attempt is 
 no pod of another attempt is alive, so a rank never has two live pods and pod names never repeat.
 Until every rank's pod has been observed once (``status.replicas`` reached the job's replicas), a
 missing pod is (re)created, which is idempotent: that is how an operator killed mid-create finishes
-the attempt. After that, a missing pod was deleted under the job and fails its rank.
+the attempt, and why the status write may come before or after the creates. After that, a missing
+pod was deleted under the job and fails its rank.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any, Final, Literal
 
 from ddp_operator import builders, kueue, names
+from ddp_operator.decision import (
+    DEFAULT_TIMING,
+    REASON_CREATED,
+    REASON_INVALID_SPEC,
+    REASON_POD_CREATE_FORBIDDEN,
+    REASON_POD_REPLACED,
+    REASON_QUEUED,
+    REASON_RECOVERED,
+    REASON_RESIZED,
+    REASON_RESTARTED_IN_PLACE,
+    REASON_RESUMED,
+    REASON_RUNNING,
+    REASON_SCHEDULED,
+    REASON_STRAGGLER,
+    REASON_SUSPENDED,
+    CreateRefusal,
+    Creates,
+    Decision,
+    Deletes,
+    PhaseEvent,
+    Report,
+    TimingRules,
+)
 from ddp_operator.kueue import QueueObservation, queued_message
-from ddp_operator.observe import PodObservation, format_time, parse_time
-from ddp_operator.policies import deadline, recovery, stall, success, ttl
+from ddp_operator.observe import PodObservation, format_time, int_field, parse_time, superseded
+from ddp_operator.policies import deadline, elastic, recovery, stall, success, ttl
 from ddp_operator.policies import kueue as kueue_policy
 from ddp_operator.policies.attempt import judge_attempt
 from ddp_operator.policies.failure import (
@@ -45,25 +60,23 @@ from ddp_operator.policies.failure import (
     judge_failures,
 )
 from ddp_operator.policies.kueue import KueueActions
-from ddp_operator.progress.render import describe_slow_rank, straggler_status
-from ddp_operator.progress.tracker import STRAGGLER_WINDOW_SECONDS, ProgressObservation, persistence_left
+from ddp_operator.progress.render import shown_straggler
+from ddp_operator.progress.tracker import ProgressObservation, persistence_left
 from ddp_operator.spec import JobSpec
+from ddp_operator.status import (
+    Counts,
+    Transition,
+    build_status,
+    condition_ended_at,
+    condition_message,
+    condition_reason,
+    condition_time,
+    conditions,
+    count_pods,
+    failed_status,
+    status_changed,
+)
 
-REASON_CREATED: Final = "Created"
-REASON_RESUMED: Final = "Resumed"
-REASON_SCHEDULED: Final = "Scheduled"
-REASON_RUNNING: Final = "Running"
-REASON_SUSPENDED: Final = "Suspended"
-REASON_POD_CREATE_FORBIDDEN: Final = "PodCreateForbidden"
-REASON_INVALID_SPEC: Final = "InvalidSpec"
-REASON_STRAGGLER: Final = "Straggler"
-REASON_QUEUED: Final = "Queued"
-# Events of a restart that kept the pods (docs/restarts.md), and of any restart once its cost is known.
-REASON_RESTARTED_IN_PLACE: Final = "RestartedInPlace"
-# An elastic job's group changed size in place (docs/elastic.md).
-REASON_RESIZED: Final = "Resized"
-REASON_POD_REPLACED: Final = "PodReplaced"
-REASON_RECOVERED: Final = "Recovered"
 # Reasons that fail a job which must stop consuming resources whatever cleanPodPolicy says.
 _STOP_REASONS: Final = frozenset(
     {
@@ -78,257 +91,22 @@ _STOP_REASONS: Final = frozenset(
 # While waiting for the old attempt's pods to go, look again this often even without pod events.
 RESTART_POLL_SECONDS: Final = 5.0
 
-
-@dataclass(frozen=True)
-class TimingRules:
-    """How long the operator waits for reports that a real cluster delivers late or never.
-
-    ``decision_window_seconds``: after the first failure of an attempt is seen, the attempt is judged
-    once every rank has reported its end or this long has passed, whichever comes first, so a crash
-    reported after its peers' collateral failures still decides (docs/restarts.md). The default covers
-    kubelet status reports delayed by a busy node or apiserver; a gang whose ranks all exit at once
-    (the usual case: the trainer turns a lost peer into exit 170 within seconds) never waits for it.
-
-    ``unconfirmed_deletion_seconds``: a pod of an old attempt still Terminating this long after its
-    grace period ended is on a node that cannot confirm (unreachable, dead); the next attempt starts
-    without it (its name, DNS and Service membership are the old attempt's, never the new one's).
-    """
-
-    decision_window_seconds: float = 10.0
-    unconfirmed_deletion_seconds: float = 30.0
-    # A rank named slowest for this long (above the scraper's threshold) is reported as the straggler.
-    straggler_window_seconds: float = STRAGGLER_WINDOW_SECONDS
-
-
-DEFAULT_TIMING: Final = TimingRules()
-
 _LIVE_PHASES: Final = frozenset(
     {names.PHASE_QUEUED, names.PHASE_PENDING, names.PHASE_STARTING, names.PHASE_RUNNING}
 )
 _WARNING_PHASES: Final = frozenset({names.PHASE_RESTARTING, names.PHASE_FAILED})
-
-
-@dataclass(frozen=True)
-class PhaseEvent:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Report:
-    """What the job shows: its new status, and the Events that go with it."""
-
-    status: dict[str, Any]
-    changed: bool  # whether ``status`` differs from the old status (a write is due)
-    event: PhaseEvent | None = None  # the phase change, when there is one
-    # Events that are not phase changes (a straggler appeared), posted once each.
-    notices: tuple[PhaseEvent, ...] = ()
-    # This status starts a gang restart (for the operator's restart counter).
-    gang_restart: bool = False
-    # A restart whose cost is now known: (recovery mode, seconds from the failure to training again).
-    restart_measured: tuple[str, float] | None = None
-
-
-@dataclass(frozen=True)
-class Creates:
-    """The rank pods ``ranks`` of attempt ``attempt``, and the job-level children they need."""
-
-    attempt: int = 0
-    ranks: tuple[int, ...] = ()
-    # Pods that replace lost ones of their rank alone: (rank, n) for the rank's n-th replacement.
-    replacements: tuple[tuple[int, int], ...] = ()
-    # Gang restarts the new pods' launchers may still make in place (DDP_RESTART_BUDGET).
-    restart_budget: int = 0
-    service: bool = False
-    pvc: bool = False
-    network_policy: bool = False
-
-
-@dataclass(frozen=True)
-class Deletes:
-    pods: tuple[str, ...] = ()
-    # Deleted at once (grace 0): their node stopped reporting, no kubelet is left to honour a grace period.
-    lost_pods: tuple[str, ...] = ()
-    # Pods of a hung gang whose processes stopped answering: they take no SIGTERM, so no grace period.
-    hung_pods: tuple[str, ...] = ()
-    job: bool = False  # the DDPJob itself: its TTL after finishing expired
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What to do next for one job, grouped by what the executor touches."""
-
-    report: Report
-    create: Creates = Creates()
-    delete: Deletes = Deletes()
-    kueue: KueueActions = kueue_policy.NONE
-    requeue_after: float | None = None
-
-    @property
-    def phase(self) -> str:
-        return str(self.report.status.get("phase", ""))
-
-
-@dataclass(frozen=True)
-class _Counts:
-    replicas: int = 0
-    ready: int = 0
-    succeeded: int = 0
-    failed: int = 0
-
-
-@dataclass(frozen=True)
-class _Transition:
-    phase: str
-    reason: str
-    message: str
-    counts: _Counts = field(default_factory=_Counts)
-    attempt: int | None = None
-    restarts: int = 0
-    # Retries that did not spend backoffLimit (preemptions); None: as the old status says.
-    preemptions: int | None = None
-    start_time: str | None = None
-    completion_time: str | None = None
-    # What the operator read of the training (status.progress, status.straggler), when shown.
-    progress: Mapping[str, Any] | None = None
-    straggler: Mapping[str, Any] | None = None
-    # status.lastRestart, status.goodput, status.podReplacements; None: as the old status says.
-    last_restart: Mapping[str, Any] | None = None
-    goodput: float | None = None
-    pod_replacements: int | None = None
-    # An elastic job's pods in the group as rank 0 last said, and the resizes so far; None: as the old
-    # status says.
-    group_replicas: int | None = None
-    resizes: int | None = None
-
-
-def _int(value: Any, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def _counts(pods: Sequence[PodObservation]) -> _Counts:
-    return _Counts(
-        replicas=len(pods),
-        ready=sum(1 for p in pods if p.ready and not p.deleting and not p.terminal),
-        succeeded=sum(1 for p in pods if p.trainer_succeeded),
-        failed=sum(1 for p in pods if p.trainer_failed),
-    )
-
-
-def _conditions(
-    old: Sequence[Mapping[str, Any]], phase: str, reason: str, message: str, now: str
-) -> list[Any]:
-    """Each condition type is True exactly while the phase has its name; times change only on a flip."""
-    result: list[dict[str, Any]] = []
-    seen = False
-    for condition in old:
-        updated = dict(condition)
-        kind = condition.get("type")
-        was_true = condition.get("status") == "True"
-        if kind == phase:
-            seen = True
-            updated.update(status="True", reason=reason, message=message)
-            if not was_true:
-                updated["lastTransitionTime"] = now
-        elif was_true:
-            updated.update(status="False", reason=reason, message=message, lastTransitionTime=now)
-        result.append(updated)
-    if not seen and phase in names.CONDITION_TYPES:
-        result.append(
-            {"type": phase, "status": "True", "reason": reason, "message": message, "lastTransitionTime": now}
-        )
-    return result
-
-
-def _status(job: JobSpec, old: Mapping[str, Any], change: _Transition, now: datetime) -> dict[str, Any]:
-    status: dict[str, Any] = {
-        "phase": change.phase,
-        "conditions": _conditions(
-            old.get("conditions") or [], change.phase, change.reason, change.message, format_time(now)
-        ),
-        "observedGeneration": job.generation,
-        "replicas": change.counts.replicas,
-        "readyReplicas": change.counts.ready,
-        # For the Ready printer column, which can only show one field: "<ready ranks>/<ranks>".
-        "ready": f"{change.counts.ready}/{job.replicas}",
-        "succeededReplicas": change.counts.succeeded,
-        "failedReplicas": change.counts.failed,
-        "restarts": change.restarts,
-        "worldSize": job.world_size,
-    }
-    if change.attempt is not None:
-        status["attempt"] = change.attempt
-    preemptions = change.preemptions if change.preemptions is not None else _int(old.get("preemptions"), 0)
-    if preemptions:
-        status["preemptions"] = preemptions
-    if change.start_time is not None:
-        status["startTime"] = change.start_time
-    if change.completion_time is not None:
-        status["completionTime"] = change.completion_time
-    if change.progress:
-        status["progress"] = dict(change.progress)
-    if change.straggler:
-        status["straggler"] = dict(change.straggler)
-    last_restart = change.last_restart if change.last_restart is not None else old.get("lastRestart")
-    if isinstance(last_restart, Mapping):
-        status["lastRestart"] = dict(last_restart)
-    if change.goodput is not None:
-        status["goodput"] = f"{change.goodput:.3f}"
-    elif old.get("goodput") is not None:
-        status["goodput"] = old["goodput"]
-    replaced = change.pod_replacements if change.pod_replacements is not None else old.get("podReplacements")
-    if isinstance(replaced, int) and replaced:
-        status["podReplacements"] = replaced
-    if job.elastic is not None:
-        status["elastic"] = _elastic_status(job, old, change)
-        status["worldSize"] = status["elastic"]["replicas"] * job.nproc_per_node
-    return status
-
-
-def _elastic_status(job: JobSpec, old: Mapping[str, Any], change: _Transition) -> dict[str, int]:
-    """status.elastic: the group's pods now (what the job asks for until rank 0 says), bounds, resizes."""
-    assert job.elastic is not None
-    shown = old.get("elastic")
-    previous: Mapping[str, Any] = shown if isinstance(shown, Mapping) else {}
-    group = change.group_replicas or _int(previous.get("replicas"), job.replicas)
-    resizes = change.resizes if change.resizes is not None else _int(previous.get("resizes"), 0)
-    return {
-        "replicas": group,
-        "minReplicas": job.elastic.min_replicas,
-        "maxReplicas": job.elastic.max_replicas,
-        "resizes": resizes,
-    }
-
-
-_STATUS_KEYS: Final = (
-    "phase",
-    "conditions",
-    "observedGeneration",
-    "replicas",
-    "readyReplicas",
-    "ready",
-    "succeededReplicas",
-    "failedReplicas",
-    "restarts",
-    "preemptions",
-    "attempt",
-    "worldSize",
-    "startTime",
-    "completionTime",
-    "progress",
-    "straggler",
-    "lastRestart",
-    "goodput",
-    "podReplacements",
-    "elastic",
-)
+# The Event of each notice policies.recovery.restart_notice gives.
+_RESTART_NOTICE_REASONS: Final = {
+    "resized": REASON_RESIZED,
+    "in-place": REASON_RESTARTED_IN_PLACE,
+    "recovered": REASON_RECOVERED,
+}
 
 
 def _decision(
     job: JobSpec,
     old: Mapping[str, Any],
-    change: _Transition,
+    change: Transition,
     now: datetime,
     *,
     notices: tuple[PhaseEvent, ...] = (),
@@ -337,13 +115,12 @@ def _decision(
     **actions: Any,
 ) -> Decision:
     """The Decision that moves status by ``change``; ``actions``: the other fields of the Decision."""
-    status = _status(job, old, change, now)
-    changed = any(status.get(key) != old.get(key) for key in _STATUS_KEYS)
+    status = build_status(job, old, change, now)
     event = None
     if change.phase != old.get("phase"):
         kind: Literal["Normal", "Warning"] = "Warning" if change.phase in _WARNING_PHASES else "Normal"
         event = PhaseEvent(type=kind, reason=change.reason, message=change.message)
-    report = Report(status, changed, event, notices, gang_restart, restart_measured)
+    report = Report(status, status_changed(old, status), event, notices, gang_restart, restart_measured)
     return Decision(report=report, **actions)
 
 
@@ -352,7 +129,7 @@ def _creates(job: JobSpec, attempt: int, ranks: tuple[int, ...], restarts: int) 
     return Creates(
         attempt=attempt,
         ranks=ranks,
-        restart_budget=builders.remaining_restart_budget(job, restarts),
+        restart_budget=recovery.launcher_budget(job, restarts),
         service=bool(ranks),
         pvc=bool(ranks) and job.checkpoint is not None,
         network_policy=bool(ranks) and job.network_policy.enabled,
@@ -380,15 +157,6 @@ def _deletable(pods: Sequence[PodObservation]) -> tuple[str, ...]:
 def _lost(pods: Sequence[PodObservation]) -> tuple[str, ...]:
     """Pods the taint manager deleted off a node that stopped being Ready: gone at once (grace 0)."""
     return tuple(sorted(p.name for p in pods if p.node_lost and p.deleting and not p.terminal))
-
-
-def _superseded(pods: Sequence[PodObservation]) -> list[PodObservation]:
-    """Pods a newer pod of the same rank and attempt replaced (docs/restarts.md)."""
-    newest: dict[tuple[int | None, int | None], int] = {}
-    for p in pods:
-        key = (p.attempt, p.rank)
-        newest[key] = max(newest.get(key, 0), p.replacement)
-    return [p for p in pods if p.replacement < newest[(p.attempt, p.rank)]]
 
 
 def _cleanup(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime) -> Decision:
@@ -431,14 +199,14 @@ def _suspend(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation
     alive = [p for p in pods if not p.terminal]
     message = f"suspended: {len(alive)} live rank pod(s) deleted" if alive else "suspended"
     if old.get("phase") == names.PHASE_SUSPENDED:
-        message = _condition_message(old, names.PHASE_SUSPENDED) or message
-    change = _Transition(
+        message = condition_message(old, names.PHASE_SUSPENDED) or message
+    change = Transition(
         phase=names.PHASE_SUSPENDED,
         reason=REASON_SUSPENDED,
         message=message,
-        counts=_counts(pods),
+        counts=count_pods(pods),
         attempt=attempt if isinstance(attempt, int) else None,
-        restarts=_int(old.get("restarts"), 0),
+        restarts=int_field(old.get("restarts"), 0),
     )
     return _decision(
         job,
@@ -448,13 +216,6 @@ def _suspend(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation
         delete=Deletes(pods=_deletable(pods)),
         kueue=kueue_policy.suspend(job.kueue is not None, pods),
     )
-
-
-def _condition_message(old: Mapping[str, Any], kind: str) -> str | None:
-    for condition in old.get("conditions") or []:
-        if condition.get("type") == kind and condition.get("status") == "True":
-            return str(condition.get("message", ""))
-    return None
 
 
 def _start_attempt(
@@ -500,13 +261,13 @@ def _start_attempt(
     restarting = old.get("phase") == names.PHASE_RESTARTING
     start_time = old.get("startTime") if restarting and old.get("startTime") else format_time(now)
     verb = "resumed: created" if resumed else "created"
-    change = _Transition(
+    change = Transition(
         phase=names.PHASE_PENDING,
         reason=REASON_RESUMED if resumed else REASON_CREATED,
         message=f"{verb} {job.replicas} rank pod(s) of attempt {target} (world size {job.world_size})",
-        counts=_counts(current),
+        counts=count_pods(current),
         attempt=target,
-        restarts=_int(old.get("restarts"), 0),
+        restarts=int_field(old.get("restarts"), 0),
         start_time=start_time,
     )
     return _decision(
@@ -565,7 +326,7 @@ def _missing_ranks(
     missing = tuple(r for r in range(job.replicas) if r not in present)
     if not missing:
         return (), []
-    if _int(old.get("replicas"), 0) < job.replicas and not _replaced_in(old, current):
+    if int_field(old.get("replicas"), 0) < job.replicas and not _replaced_in(old, current):
         return missing, []
     return (), [
         RankFailure(rank=r, finish_key=now.timestamp(), disruption=REASON_POD_DELETED) for r in missing
@@ -590,7 +351,8 @@ def _replaced_in(old: Mapping[str, Any], current: Sequence[PodObservation]) -> b
 
 @dataclass(frozen=True)
 class _LiveAttempt:
-    """What the rules of a live attempt (Pending, Starting, Running) read, gathered once."""
+    """What the rules of a live attempt (Pending, Starting, Running) read, gathered once: each derived
+    fact is a cached_property, computed the first time a rule asks."""
 
     job: JobSpec
     old: Mapping[str, Any]
@@ -610,59 +372,53 @@ class _LiveAttempt:
     accounting: recovery.RestartAccounting = recovery.NOTHING_NEW
     goodput: float | None = None
 
-    @property
-    def counts(self) -> _Counts:
-        return _counts(self.current)
+    @cached_property
+    def counts(self) -> Counts:
+        return count_pods(self.current)
 
-    @property
+    @cached_property
     def kueue_gated(self) -> int:
         """Rank pods of this attempt Kueue still gates: the group is not admitted (yet, or again)."""
         return sum(1 for p in self.current if p.kueue_gated and not p.deleting)
 
-    @property
+    @cached_property
     def all_running(self) -> bool:
         return len(self.current) == self.job.replicas and all(
             p.running or p.trainer_succeeded for p in self.current
         )
 
-    @property
+    @cached_property
     def running(self) -> list[PodObservation]:
         return [p for p in self.current if (p.running or p.trainer_succeeded) and not p.deleting]
 
-    @property
+    @cached_property
     def can_train(self) -> bool:
-        """Every rank's pod runs; an elastic job's group trains once minReplicas pods run, rank 0's
-        (the rendezvous' host) among them."""
+        """Every rank's pod runs; an elastic job's group once enough run (policies.elastic)."""
         if self.job.elastic is None:
             return self.all_running
-        running = self.running
-        return len(running) >= self.job.min_replicas and any(p.rank == 0 for p in running)
+        return elastic.can_train(self.job.elastic, self.running)
 
-    @property
+    @cached_property
     def group_replicas(self) -> int | None:
         """An elastic job's pods in the training group, as rank 0's launcher last said."""
-        report = self.progress.restart if self.progress is not None else None
-        return report.group_nodes if report is not None and self.job.elastic is not None else None
+        if self.job.elastic is None or self.progress is None:
+            return None
+        return elastic.group_replicas(self.progress.restart)
 
-    @property
+    @cached_property
     def resizes(self) -> int | None:
         """status.elastic.resizes after this read: one more when it brings a restart that resized."""
-        record = self.accounting.record
-        if self.job.elastic is None or record is None or recovery.resize(record) is None:
+        if self.job.elastic is None:
             return None
-        last = self.old.get("lastRestart")
-        if isinstance(last, Mapping) and recovery.resize(last) is not None and _same_round(last, record):
-            return None  # the same resize, its seconds filled in
-        previous = self.old.get("elastic")
-        return _int(previous.get("resizes") if isinstance(previous, Mapping) else None, 0) + 1
+        return elastic.resizes(self.accounting.record, self.old.get("lastRestart"), self.old.get("elastic"))
 
-    @property
+    @cached_property
     def active_left(self) -> float | None:
         return deadline.seconds_left(
             parse_time(self.old.get("startTime")), self.job.run_policy.active_deadline_seconds, self.now
         )
 
-    @property
+    @cached_property
     def shown_progress(self) -> Mapping[str, Any] | None:
         """status.progress: the newest read of this attempt, else what status already shows of it."""
         if self.progress is not None and self.progress.status:
@@ -670,19 +426,19 @@ class _LiveAttempt:
         old = self.old.get("progress")
         return old if isinstance(old, Mapping) and self.old.get("attempt") == self.attempt else None
 
-    @property
+    @cached_property
     def straggler_left(self) -> float | None:
         """Seconds until the slowest rank has been slow for the straggler window; 0: it has."""
         sighting = self.progress.straggler if self.progress is not None else None
         return persistence_left(sighting, self.rules.straggler_window_seconds, self.now)
 
-    @property
+    @cached_property
     def stall_limit(self) -> int | None:
         """stallTimeoutSeconds, or the limit the attempt's observed pace gives (policies.stall.limit)."""
         pace = self.progress.step_seconds if self.progress is not None else None
         return stall.limit(self.job.run_policy.stall_timeout_seconds, pace)
 
-    @property
+    @cached_property
     def stall_left(self) -> float | None:
         """Seconds until no new synchronized step for the stall limit is a stall; None: not watched."""
         progress = self.progress
@@ -696,7 +452,7 @@ class _LiveAttempt:
         )
         return stall.seconds_left(self.stall_limit, progress.step, since, self.now)
 
-    @property
+    @cached_property
     def decision_window_left(self) -> float | None:
         """Seconds until a failed attempt is judged; 0: now; None: nothing failed.
 
@@ -715,7 +471,7 @@ class _LiveAttempt:
         left = self.rules.decision_window_seconds - (self.now - first_seen).total_seconds()
         return max(left, 0.0)
 
-    @property
+    @cached_property
     def startup_left(self) -> float | None:
         """Seconds left to start every rank; None once the attempt ran or without a startup deadline.
 
@@ -733,22 +489,20 @@ class _LiveAttempt:
         since = min(created) if created else None
         # Leaving the queue now (the status still says Queued), or when the Queued condition turned False.
         queued_now = self.old.get("phase") == names.PHASE_QUEUED
-        admitted = self.now if queued_now else _condition_ended_at(self.old, names.PHASE_QUEUED)
+        admitted = self.now if queued_now else condition_ended_at(self.old, names.PHASE_QUEUED)
         if since is not None and admitted is not None and admitted > since:
             since = admitted
         return deadline.seconds_left(since, self.job.run_policy.startup_deadline_seconds, self.now)
 
-    @property
+    @cached_property
     def below_min_left(self) -> float | None:
         """An elastic job below minReplicas: seconds left of startupDeadlineSeconds, counted from the
         loss that took it there (docs/elastic.md); None while it can train, or for a fixed-size job."""
         if self.job.elastic is None or self.can_train:
             return None
-        last = self.old.get("lastRestart")
-        since = None
-        if isinstance(last, Mapping) and last.get("attempt") == self.attempt:
-            since = parse_time(last.get("failureTime"))
-        since = since or _condition_time(self.old, names.PHASE_RUNNING)
+        since = elastic.below_min_since(
+            self.old.get("lastRestart"), self.attempt, condition_time(self.old, names.PHASE_RUNNING)
+        )
         return deadline.seconds_left(since, self.job.run_policy.startup_deadline_seconds, self.now)
 
 
@@ -761,14 +515,20 @@ def _live_attempt(
     observed: ProgressObservation | None = None,
     queue: QueueObservation | None = None,
 ) -> _LiveAttempt:
-    attempt = _int(old.get("attempt"), 0)
-    superseded = _superseded(pods)
-    stale = [p for p in pods if p.attempt != attempt or (p.rank or 0) >= job.replicas or p in superseded]
+    attempt = int_field(old.get("attempt"), 0)
+    replaced = superseded(pods)
+    stale = [p for p in pods if p.attempt != attempt or (p.rank or 0) >= job.replicas or p in replaced]
     current = [p for p in pods if p not in stale]
     to_create, missing = _missing_ranks(job, old, current, now)
     failures = [f for f in (_failure_of(p, now) for p in current) if f is not None]
     progress = observed if observed is not None and observed.attempt == attempt else None
-    accounting = _restart_accounting(old, attempt, progress)
+    accounting = (
+        recovery.account_read(
+            old.get("lastRestart"), attempt, progress.restart, progress.step, progress.step_changed_at
+        )
+        if progress is not None
+        else recovery.NOTHING_NEW
+    )
     report = progress.restart if progress is not None else None
     return _LiveAttempt(
         job=job,
@@ -778,7 +538,7 @@ def _live_attempt(
         current=current,
         stale=stale,
         attempt=attempt,
-        restarts=_int(old.get("restarts"), 0) + accounting.added,
+        restarts=int_field(old.get("restarts"), 0) + accounting.added,
         to_create=to_create,
         failures=[*failures, *missing],
         rules=rules,
@@ -791,27 +551,9 @@ def _live_attempt(
     )
 
 
-def _restart_accounting(
-    old: Mapping[str, Any], attempt: int, progress: ProgressObservation | None
-) -> recovery.RestartAccounting:
-    """What rank 0's latest read says of restarts: in-place ones to count, or a restart's cost to record."""
-    last = old.get("lastRestart")
-    last = last if isinstance(last, Mapping) else None
-    if progress is None:
-        return recovery.RestartAccounting()
-    accounting = recovery.account(last, attempt, progress.restart)
-    if accounting.record is None and progress.step > 0:
-        # A whole gang's first step after its resume: rank 0's time of it, else when the operator
-        # first saw this attempt's steps move.
-        resumed = progress.restart.any_resumed_at if progress.restart is not None else None
-        first = datetime.fromtimestamp(resumed, UTC) if resumed is not None else progress.step_changed_at
-        accounting = recovery.fill_whole_gang(last, attempt, first)
-    return accounting
-
-
 def _finish(live: _LiveAttempt, phase: str, reason: str, message: str) -> Decision:
     """The attempt ends the job: Succeeded or Failed, with the cleanup that comes with it."""
-    change = _Transition(
+    change = Transition(
         phase=phase,
         reason=reason,
         message=message,
@@ -826,7 +568,7 @@ def _finish(live: _LiveAttempt, phase: str, reason: str, message: str) -> Decisi
         last_restart=live.accounting.record,
         goodput=live.goodput,
     )
-    cleanup = _cleanup(live.job, _status(live.job, live.old, change, live.now), live.pods, live.now)
+    cleanup = _cleanup(live.job, build_status(live.job, live.old, change, live.now), live.pods, live.now)
     return _decision(
         live.job,
         live.old,
@@ -853,7 +595,7 @@ def _restart(
     (status.preemptions). ``failure``: the one that decided, for status.lastRestart. ``hung``: pods
     whose processes stopped answering, deleted without a grace period they cannot use.
     """
-    preemptions = _int(live.old.get("preemptions"), 0)
+    preemptions = int_field(live.old.get("preemptions"), 0)
     in_place = live.job.run_policy.restart_mode == recovery.MODE_IN_PLACE
     note = recovery.fallback_note(live.failures) if in_place else ""
     record = recovery.new_record(
@@ -865,7 +607,7 @@ def _restart(
         exit_code=failure.exit_code if failure else None,
         note=note,
     )
-    change = _Transition(
+    change = Transition(
         phase=names.PHASE_RESTARTING,
         reason=reason,
         message=message,
@@ -961,30 +703,6 @@ def _rule_stalled(live: _LiveAttempt) -> Decision | None:
     return _finish(live, names.PHASE_FAILED, verdict.reason, message)
 
 
-def _shown_straggler(live: _LiveAttempt) -> tuple[dict[str, Any] | None, tuple[PhaseEvent, ...]]:
-    """status.straggler once a rank has been slow for the window, and an Event when it is new."""
-    sighting = live.progress.straggler if live.progress is not None else None
-    if sighting is None or live.straggler_left:
-        return None, ()
-    # The rank is global: its pod is the one of its node rank (docs/api.md's env contract).
-    pod_rank = sighting.rank // max(live.job.nproc_per_node, 1)
-    pod = next((p for p in live.current if p.rank == pod_rank), None)
-    shown = straggler_status(sighting, pod.name if pod else "", pod.node if pod else "")
-    previous = live.old.get("straggler")
-    if isinstance(previous, Mapping) and previous.get("rank") == sighting.rank:
-        return shown, ()
-    notice = PhaseEvent(
-        type="Warning",
-        reason=REASON_STRAGGLER,
-        message=(
-            f"{describe_slow_rank(sighting.rank, sighting.slowdown, sighting.phase)} "
-            f"({shown['pod']} on node {shown['node'] or 'unknown'}), for "
-            f"{live.rules.straggler_window_seconds:.0f}s: the other ranks wait for it in every step"
-        ),
-    )
-    return shown, (notice,)
-
-
 def _rule_root_image_refused(live: _LiveAttempt) -> Decision | None:
     """A rank the kubelet will never start (runAsNonRoot, a root image): fail now, naming the fix."""
     refused = next((p for p in sorted(live.current, key=lambda p: p.rank or 0) if p.refuses_root_image), None)
@@ -996,6 +714,21 @@ def _rule_root_image_refused(live: _LiveAttempt) -> Decision | None:
         "non-root id, or set spec.template.spec.securityContext.runAsUser"
     )
     return _finish(live, names.PHASE_FAILED, REASON_INVALID_SPEC, message)
+
+
+def _straggler(live: _LiveAttempt) -> tuple[Mapping[str, Any] | None, tuple[PhaseEvent, ...]]:
+    """status.straggler (progress.render.shown_straggler), and its Warning when the rank is new."""
+    shown, notice = shown_straggler(
+        live.progress.straggler if live.progress is not None else None,
+        live.straggler_left,
+        live.current,
+        live.job.nproc_per_node,
+        live.old.get("straggler"),
+        live.rules.straggler_window_seconds,
+    )
+    if notice is None:
+        return shown, ()
+    return shown, (PhaseEvent(type="Warning", reason=REASON_STRAGGLER, message=notice),)
 
 
 def _rule_progress(live: _LiveAttempt) -> Decision:
@@ -1017,9 +750,9 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
     if phase == live.old.get("phase") and phase != names.PHASE_QUEUED:
         # Same phase: keep the message of the transition, so conditions do not churn per pod event.
         # (Queued follows what Kueue says, which the executor reads at most every few seconds.)
-        message = _condition_message(live.old, phase) or message
-    straggler, notices = _shown_straggler(live)
-    change = _Transition(
+        message = condition_message(live.old, phase) or message
+    straggler, notices = _straggler(live)
+    change = Transition(
         phase=phase,
         reason=reason,
         message=message,
@@ -1060,33 +793,18 @@ def _running_message(live: _LiveAttempt) -> str:
     job, attempt = live.job, live.attempt
     if job.elastic is None:
         return f"all {job.replicas} rank(s) of attempt {attempt} are running (world size {job.world_size})"
-    return (
-        f"{len(live.running)} of {job.replicas} rank pod(s) of attempt {attempt} are running (elastic: "
-        f"trains on {job.elastic.min_replicas} to {job.elastic.max_replicas} pods)"
-    )
-
-
-def _same_round(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return a.get("attempt") == b.get("attempt") and a.get("groupRestarts") == b.get("groupRestarts")
+    return elastic.running_message(job.elastic, len(live.running), job.replicas, attempt)
 
 
 def _restart_notices(live: _LiveAttempt) -> tuple[PhaseEvent, ...]:
-    """An in-place restart the launchers made (Warning), an elastic group's resize (Warning when it
-    shrank, Normal when it grew), and any restart's cost once known (Normal)."""
-    record = live.accounting.record
-    if record is None:
+    """The Event of what this read says of restarts (policies.recovery.restart_notice), if any."""
+    notice = recovery.restart_notice(
+        live.accounting, live.restarts, live.job.run_policy.backoff_limit, resized=live.resizes is not None
+    )
+    if notice is None:
         return ()
-    text = recovery.describe(record, live.restarts, live.job.run_policy.backoff_limit)
-    notices: list[PhaseEvent] = []
-    sizes = recovery.resize(record)
-    if live.resizes is not None and sizes is not None:
-        kind: Literal["Normal", "Warning"] = "Normal" if sizes[1] > sizes[0] else "Warning"
-        notices.append(PhaseEvent(type=kind, reason=REASON_RESIZED, message=text))
-    elif live.accounting.added:
-        notices.append(PhaseEvent(type="Warning", reason=REASON_RESTARTED_IN_PLACE, message=text))
-    elif live.accounting.measured is not None:
-        notices.append(PhaseEvent(type="Normal", reason=REASON_RECOVERED, message=text))
-    return tuple(notices)
+    kind: Literal["Normal", "Warning"] = "Warning" if notice.warning else "Normal"
+    return (PhaseEvent(type=kind, reason=_RESTART_NOTICE_REASONS[notice.kind], message=notice.text),)
 
 
 def _rule_replace_lost(live: _LiveAttempt) -> Decision | None:
@@ -1110,44 +828,35 @@ def _rule_replace_lost(live: _LiveAttempt) -> Decision | None:
             kueue=kueue_policy.release_stale(counted, live.now, live.rules.unconfirmed_deletion_seconds),
             requeue_after=RESTART_POLL_SECONDS,
         )
-    used = max([_int(live.old.get("podReplacements"), 0), *(p.replacement for p in live.pods)])
-    replacements = tuple((rank, used + 1 + i) for i, rank in enumerate(ranks))
-    last = live.old.get("lastRestart")
-    accounted = (
-        _int(last.get("groupRestarts"), 0)
-        if isinstance(last, Mapping) and last.get("attempt") == live.attempt
-        else 0
+    plan = recovery.replace_pods(
+        live.job,
+        ranks,
+        verdict.failure,
+        verdict.reason,
+        live.attempt,
+        live.restarts,
+        live.old.get("lastRestart"),
+        live.accounting.record,
+        live.old.get("podReplacements"),
+        (p.replacement for p in live.pods),
     )
-    failure = verdict.failure
-    record = recovery.new_record(
-        cause=verdict.reason,
-        mode=recovery.MODE_POD_REPLACED,
-        attempt=live.attempt,
-        failure_time=datetime.fromtimestamp(failure.finish_key, UTC),
-        rank=failure.rank,
-        group_restarts=max(
-            accounted, live.accounting.record.get("groupRestarts", 0) if live.accounting.record else 0
-        )
-        + 1,
-    )
-    restarts = live.restarts + 1
     message = (
-        f"{failure.describe()} in attempt {live.attempt}: replaced by "
-        + ", ".join(names.pod_name(live.job.name, rank, live.attempt, n) for rank, n in replacements)
-        + f"; the other ranks restart in place (restart {restarts} of {live.job.run_policy.backoff_limit})"
+        f"{verdict.failure.describe()} in attempt {live.attempt}: replaced by "
+        + ", ".join(names.pod_name(live.job.name, rank, live.attempt, n) for rank, n in plan.replacements)
+        + f"; the other ranks restart in place (restart {plan.restarts} of {live.job.run_policy.backoff_limit})"
     )
-    change = _Transition(
+    change = Transition(
         phase=str(live.old.get("phase") or names.PHASE_RUNNING),
-        reason=str(_condition_reason(live.old) or REASON_RUNNING),
-        message=_condition_message(live.old, str(live.old.get("phase"))) or message,
+        reason=str(condition_reason(live.old) or REASON_RUNNING),
+        message=condition_message(live.old, str(live.old.get("phase"))) or message,
         counts=live.counts,
         attempt=live.attempt,
-        restarts=restarts,
+        restarts=plan.restarts,
         start_time=live.old.get("startTime") or format_time(live.now),
         progress=live.shown_progress,
-        last_restart=record,
+        last_restart=plan.record,
         goodput=live.goodput,
-        pod_replacements=used + len(replacements),
+        pod_replacements=plan.pod_replacements,
     )
     return _decision(
         live.job,
@@ -1155,9 +864,7 @@ def _rule_replace_lost(live: _LiveAttempt) -> Decision | None:
         change,
         live.now,
         create=Creates(
-            attempt=live.attempt,
-            replacements=replacements,
-            restart_budget=builders.remaining_restart_budget(live.job, restarts - accounted - 1),
+            attempt=live.attempt, replacements=plan.replacements, restart_budget=plan.restart_budget
         ),
         delete=Deletes(pods=_deletable([p for p in lost if p.terminal]), lost_pods=_lost(lost)),
         kueue=_release_replaced(live, lost),
@@ -1186,18 +893,10 @@ def _rule_in_place_budget(live: _LiveAttempt) -> Decision | None:
     return _finish(live, names.PHASE_FAILED, REASON_BACKOFF, message)
 
 
-def _condition_reason(old: Mapping[str, Any]) -> str | None:
-    phase = old.get("phase")
-    for condition in old.get("conditions") or []:
-        if condition.get("type") == phase and condition.get("status") == "True":
-            return str(condition.get("reason", ""))
-    return None
-
-
 def _rule_restart_stuck(live: _LiveAttempt) -> Decision | None:
     """Restarting longer than startupDeadlineSeconds: the next attempt could not even be created."""
     limit = live.job.run_policy.startup_deadline_seconds
-    since = _condition_time(live.old, names.PHASE_RESTARTING)
+    since = condition_time(live.old, names.PHASE_RESTARTING)
     left = deadline.seconds_left(since, limit, live.now)
     if limit is None or left is None or left > 0:
         return None
@@ -1219,25 +918,10 @@ def _restarting(
         if decision is not None:
             return decision
     started = _start_attempt(job, old, pods, now, live.attempt + 1, rules)
-    since = _condition_time(old, names.PHASE_RESTARTING)
+    since = condition_time(old, names.PHASE_RESTARTING)
     stuck_left = deadline.seconds_left(since, job.run_policy.startup_deadline_seconds, now)
     requeue = _min_wait(started.requeue_after, live.active_left, stuck_left)
     return replace(started, requeue_after=requeue)
-
-
-def _condition_ended_at(old: Mapping[str, Any], kind: str) -> datetime | None:
-    """When the condition ``kind`` last turned False (the job left that phase), None if it is not False."""
-    for condition in old.get("conditions") or []:
-        if condition.get("type") == kind and condition.get("status") == "False":
-            return parse_time(condition.get("lastTransitionTime"))
-    return None
-
-
-def _condition_time(old: Mapping[str, Any], kind: str) -> datetime | None:
-    for condition in old.get("conditions") or []:
-        if condition.get("type") == kind and condition.get("status") == "True":
-            return parse_time(condition.get("lastTransitionTime"))
-    return None
 
 
 # In order: the first rule that ends the attempt wins; the last always answers.
@@ -1308,38 +992,6 @@ def decide(
     return _start_attempt(job, old, ours, now, newest, rules)
 
 
-def failed_status(status: Mapping[str, Any], reason: str, message: str, now: datetime) -> dict[str, Any]:
-    """``status`` moved to Failed for a reason found outside ``decide`` (a refused create, an invalid spec)."""
-    old: Mapping[str, Any] = status or {}
-    result = dict(old)
-    timestamp = format_time(now)
-    result.update(
-        phase=names.PHASE_FAILED,
-        conditions=_conditions(old.get("conditions") or [], names.PHASE_FAILED, reason, message, timestamp),
-        restarts=_int(old.get("restarts"), 0),
-        startTime=old.get("startTime") or timestamp,
-        completionTime=timestamp,
-    )
-    return result
-
-
-@dataclass(frozen=True)
-class CreateRefusal:
-    """The apiserver refused a child for good: a fact the executor saw, decided on by the next ``decide``.
-
-    Retrying cannot help: the same spec builds the same object. ``forbidden``: a 403 on a rank pod (Pod
-    Security admission, a ResourceQuota); otherwise a 400/422 whose message names the invalid field.
-    """
-
-    forbidden: bool
-    child: str  # which child, e.g. "rank 0's pod", "the Service"
-    attempt: int
-    message: str
-    # A refusal the operator itself found (the cluster lacks what the spec asks for): this reason, and
-    # ``message`` as it is.
-    reason: str | None = None
-
-
 def _refused(job: JobSpec, old: Mapping[str, Any], refusal: CreateRefusal, now: datetime) -> Decision:
     """Failed with the apiserver's message; the attempt's pods that were created go at the next ``decide``."""
     if refusal.reason is not None:
@@ -1369,7 +1021,7 @@ def decide_invalid_spec(status: Mapping[str, Any], generation: int, message: str
         return Decision(report=Report(dict(old), changed=False))
     failed = {
         **failed_status({}, REASON_INVALID_SPEC, message, now),
-        "conditions": _conditions(
+        "conditions": conditions(
             old.get("conditions") or [], names.PHASE_FAILED, REASON_INVALID_SPEC, message, format_time(now)
         ),
         "observedGeneration": generation,

@@ -10,10 +10,11 @@ from tests.unit.kube_factories import at, job_object, observe, pod
 from tests.unit.test_reconcile import live_status
 
 from ddp_operator import builders, gang
+from ddp_operator.decision import Decision
 from ddp_operator.policies import recovery
 from ddp_operator.policies.recovery import GroupRestartReport
 from ddp_operator.progress.tracker import ProgressObservation
-from ddp_operator.reconcile import Decision, decide
+from ddp_operator.reconcile import decide
 from ddp_operator.spec import DEFAULT_REPLACEMENT_WAIT_SECONDS, JobSpec, SpecError, parse_job
 
 pytestmark = pytest.mark.unit

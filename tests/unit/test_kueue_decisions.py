@@ -10,8 +10,9 @@ import pytest
 from tests.unit.kube_factories import at, job_spec, kueue_job, kueue_managed, observe, pod, with_run_policy
 
 from ddp_operator import kueue, names
+from ddp_operator.decision import Decision
 from ddp_operator.observe import format_time, observe_pod
-from ddp_operator.reconcile import Decision, decide
+from ddp_operator.reconcile import decide
 from ddp_operator.spec import JobSpec
 
 pytestmark = pytest.mark.unit

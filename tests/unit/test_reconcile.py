@@ -8,11 +8,13 @@ import pytest
 from tests.unit.kube_factories import at, job_spec, observe, pod, with_run_policy
 
 from ddp_operator import builders, names
+from ddp_operator.decision import CreateRefusal, Decision
 from ddp_operator.observe import format_time
 from ddp_operator.policies.attempt import judge_attempt
 from ddp_operator.policies.failure import RankFailure, exit_code_from_returncode
-from ddp_operator.reconcile import CreateRefusal, Decision, decide, decide_invalid_spec, failed_status
+from ddp_operator.reconcile import decide, decide_invalid_spec
 from ddp_operator.spec import JobSpec
+from ddp_operator.status import failed_status
 
 pytestmark = pytest.mark.unit
 

@@ -10,9 +10,10 @@ import pytest
 from tests.unit.kube_factories import at, job_spec, kueue_job, kueue_managed, observe, pod, with_run_policy
 from tests.unit.test_reconcile import live_status
 
+from ddp_operator.decision import Decision
 from ddp_operator.policies.recovery import GroupRestartReport
 from ddp_operator.progress.tracker import ProgressObservation
-from ddp_operator.reconcile import Decision, decide
+from ddp_operator.reconcile import decide
 from ddp_operator.spec import JobSpec
 
 pytestmark = pytest.mark.unit

@@ -23,10 +23,10 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ddp_operator.builders import DEFAULT_METRICS_ALLOW_FROM
+from ddp_operator.decision import DEFAULT_TIMING, TimingRules
 from ddp_operator.progress.pull import DEFAULT_CONCURRENCY as DEFAULT_SCRAPE_CONCURRENCY
 from ddp_operator.progress.pull import DEFAULT_INTERVAL_SECONDS, ProgressScraper
 from ddp_operator.progress.tracker import STRAGGLER_THRESHOLD
-from ddp_operator.reconcile import DEFAULT_TIMING, TimingRules
 
 if TYPE_CHECKING:
     from ddp_operator.controller import Controller

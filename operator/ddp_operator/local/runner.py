@@ -175,9 +175,12 @@ class LocalJobRunner:
             return
         self._last_restart = accounting.record
         self.restarts += accounting.added
-        if accounting.added or accounting.measured is not None:
-            text = recovery.describe(accounting.record, self.restarts, self.job.run_policy.backoff_limit)
-            self.console.note(f"{'restarted in place' if accounting.added else 'recovered'}: {text}")
+        limit = self.job.run_policy.backoff_limit
+        notice = recovery.restart_notice(accounting, self.restarts, limit, resized=False)
+        if notice is not None:
+            self.console.note(
+                f"{'restarted in place' if notice.kind == 'in-place' else 'recovered'}: {notice.text}"
+            )
 
     def _on_line(self, rank: int, text: str) -> None:
         self.console.rank_line(rank, text)
@@ -196,7 +199,7 @@ class LocalJobRunner:
         master_port, *metrics_ports = free_ports(1 + self.job.replicas)
         specs = []
         for rank in range(self.job.replicas):
-            budget = builders.remaining_restart_budget(self.job, self.restarts)
+            budget = recovery.launcher_budget(self.job, self.restarts)
             pod = builders.build_rank_pod(self.job, rank, attempt, restart_budget=budget)
             addresses = LocalAddresses(master_port, metrics_ports[rank], str(checkpoint_dir))
             specs.append(

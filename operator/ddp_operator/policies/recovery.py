@@ -20,12 +20,14 @@ steps done again. The job's goodput is the share of its wall time spent in steps
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
+from ddp_operator.observe import int_field
 from ddp_operator.policies.failure import REASON_EVICTED, REASON_POD_DELETED, REASON_PREEMPTED, RankFailure
+from ddp_operator.spec import JobSpec
 
 MODE_IN_PLACE: Final = "InPlace"
 MODE_POD_REPLACED: Final = "PodReplaced"
@@ -104,6 +106,22 @@ class RestartAccounting:
 
 
 NOTHING_NEW: Final = RestartAccounting()
+
+
+def launcher_budget(job: JobSpec, restarts: int, group_rounds: int = 0) -> int:
+    """``DDP_RESTART_BUDGET``: the gang restarts a new pod's launcher may still make in place.
+
+    The launchers hold it against their group's own count of rounds in the attempt (kept in the
+    rendezvous store, the same on every pod), so it is backoffLimit less the restarts spent outside
+    those rounds: ``restarts`` (``status.restarts`` once the pod is created) less ``group_rounds``
+    (the rounds of this attempt's group that ``restarts`` includes and the group's count holds too).
+    A new attempt's pods start a group that has counted nothing (0); a pod that replaces a lost one
+    joins a group that has made the rounds on record plus the one its joining brings. 0 under
+    ``restartPolicy: Never``; never below 0.
+    """
+    if job.restart_policy == "Never":
+        return 0
+    return max(0, job.run_policy.backoff_limit - (restarts - group_rounds))
 
 
 def format_micro_time(value: datetime) -> str:
@@ -220,6 +238,29 @@ def account(
     return RestartAccounting()
 
 
+def account_read(
+    last: object, attempt: int, report: GroupRestartReport | None, step: int, steps_moved_at: datetime
+) -> RestartAccounting:
+    """What one read of rank 0's pod says of restarts: in-place ones to count (``account``), or a
+    whole-gang restart's cost to record (``fill_whole_gang``) once the attempt's steps move.
+
+    ``last``: ``status.lastRestart``; ``step``: the attempt's step as read; ``steps_moved_at``: when
+    the operator first saw that step, the whole gang's first step when rank 0 does not say its own.
+    """
+    previous = last if isinstance(last, Mapping) else None
+    accounting = account(previous, attempt, report)
+    if accounting.record is None and step > 0:
+        resumed = report.any_resumed_at if report is not None else None
+        first = datetime.fromtimestamp(resumed, UTC) if resumed is not None else steps_moved_at
+        accounting = fill_whole_gang(previous, attempt, first)
+    return accounting
+
+
+def same_round(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Two records of one restart: the same attempt and the same round of its group."""
+    return a.get("attempt") == b.get("attempt") and a.get("groupRestarts") == b.get("groupRestarts")
+
+
 def fill_whole_gang(
     last: Mapping[str, Any] | None, attempt: int, first_sync: datetime | None
 ) -> RestartAccounting:
@@ -298,3 +339,87 @@ def describe(record: Mapping[str, Any], restarts: int, backoff_limit: int) -> st
     if record.get("note"):
         parts.append(str(record["note"]))
     return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class PodReplacement:
+    """The bookkeeping of replacing lost pods alone (``replace_pods``)."""
+
+    # (rank, n): each rank's new pod, its n-th replacement (the ``r<n>`` of its name).
+    replacements: tuple[tuple[int, int], ...]
+    record: dict[str, Any]  # the new status.lastRestart (mode PodReplaced)
+    restarts: int  # status.restarts with this restart
+    pod_replacements: int  # status.podReplacements with these pods
+    restart_budget: int  # the new pods' DDP_RESTART_BUDGET
+
+
+def replace_pods(
+    job: JobSpec,
+    ranks: Sequence[int],
+    failure: RankFailure,
+    cause: str,
+    attempt: int,
+    restarts: int,
+    last: object,
+    read: Mapping[str, Any] | None,
+    replaced: object,
+    numbers: Iterable[int],
+) -> PodReplacement:
+    """Replace the lost pods of ``ranks`` alone: one restart against backoffLimit, after which the
+    survivors re-form once more.
+
+    ``failure`` and ``cause``: what decided it; ``restarts``: status.restarts before it; ``last``:
+    status.lastRestart; ``read``: the record this read of rank 0 brings (None: none); ``replaced``:
+    status.podReplacements; ``numbers``: every pod's replacement number (with ``replaced``, a new pod
+    never takes a name used before). The record accounts for the round the replacement brings (``groupRestarts`` one past the
+    rounds known), so rank 0's report of that round is not counted again.
+    """
+    used = max([int_field(replaced, 0), *numbers])
+    replacements = tuple((rank, used + 1 + i) for i, rank in enumerate(ranks))
+    same_attempt = isinstance(last, Mapping) and last.get("attempt") == attempt
+    accounted = int_field(last.get("groupRestarts"), 0) if isinstance(last, Mapping) and same_attempt else 0
+    known = max(accounted, read.get("groupRestarts", 0) if read else 0)
+    record = new_record(
+        cause=cause,
+        mode=MODE_POD_REPLACED,
+        attempt=attempt,
+        failure_time=datetime.fromtimestamp(failure.finish_key, UTC),
+        rank=failure.rank,
+        group_restarts=known + 1,
+    )
+    after = restarts + 1
+    return PodReplacement(
+        replacements=replacements,
+        record=record,
+        restarts=after,
+        pod_replacements=used + len(replacements),
+        restart_budget=launcher_budget(job, after, accounted + 1),
+    )
+
+
+@dataclass(frozen=True)
+class RestartNotice:
+    """What a read's restart record tells: a resize, an in-place restart or a recovery, and its text."""
+
+    kind: Literal["resized", "in-place", "recovered"]
+    warning: bool
+    text: str
+
+
+def restart_notice(
+    accounting: RestartAccounting, restarts: int, backoff_limit: int, *, resized: bool
+) -> RestartNotice | None:
+    """An elastic group's resize (``resized``: status counts it; a warning when the group shrank), else
+    an in-place restart the launchers made (a warning), else a restart whose cost is now known."""
+    record = accounting.record
+    if record is None:
+        return None
+    text = describe(record, restarts, backoff_limit)
+    sizes = resize(record)
+    if resized and sizes is not None:
+        return RestartNotice("resized", warning=sizes[1] <= sizes[0], text=text)
+    if accounting.added:
+        return RestartNotice("in-place", warning=True, text=text)
+    if accounting.measured is not None:
+        return RestartNotice("recovered", warning=False, text=text)
+    return None

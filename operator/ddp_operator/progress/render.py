@@ -4,10 +4,10 @@ live line and end-of-run summary. Pure: each takes what the tracker saw."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ddp_operator.observe import format_time
+from ddp_operator.observe import PodObservation, format_time
 from ddp_operator.progress.exposition import PodScrape
 from ddp_operator.progress.tracker import ProgressView, StragglerSighting, persistence_left, slow_rank
 
@@ -57,6 +57,33 @@ def describe_slow_rank(rank: int, slowdown: float, phase: str | None) -> str:
     """A straggler in words, one for the Event, `ddpjob run`'s summary and docs alike."""
     lost = f", losing its time in {phase}" if phase else ""
     return f"rank {rank} makes the job's step {slowdown:.2f}x as long as it would be without it{lost}"
+
+
+def shown_straggler(
+    sighting: StragglerSighting | None,
+    left: float | None,
+    pods: Sequence[PodObservation],
+    nproc_per_node: int,
+    shown_before: object,
+    window_seconds: float,
+) -> tuple[dict[str, object] | None, str | None]:
+    """``status.straggler`` once a rank has been slow for the straggler window (``left``: the seconds
+    still to go; 0 or None: it has), and the text of the Warning that names it when the old
+    ``status.straggler`` (``shown_before``) did not show that rank (None otherwise). ``pods``: the
+    attempt's pods, to name the rank's pod and node."""
+    if sighting is None or left:
+        return None, None
+    # The rank is global: its pod is the one of its node rank (docs/api.md's env contract).
+    pod_rank = sighting.rank // max(nproc_per_node, 1)
+    pod = next((p for p in pods if p.rank == pod_rank), None)
+    shown = straggler_status(sighting, pod.name if pod else "", pod.node if pod else "")
+    if isinstance(shown_before, Mapping) and shown_before.get("rank") == sighting.rank:
+        return shown, None
+    return shown, (
+        f"{describe_slow_rank(sighting.rank, sighting.slowdown, sighting.phase)} "
+        f"({shown['pod']} on node {shown['node'] or 'unknown'}), for "
+        f"{window_seconds:.0f}s: the other ranks wait for it in every step"
+    )
 
 
 def format_duration(seconds: int | None) -> str:

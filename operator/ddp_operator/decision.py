@@ -1,0 +1,149 @@
+"""What ``reconcile.decide()`` answers, and the order in which the executor carries it out.
+
+A handler executes a ``Decision``, treating "not found" on delete and "already exists" (of our own
+object) on create as success:
+
+- patch ``report.status`` when ``report.changed`` (before or after the creates: both orders are safe,
+  reconcile.py says why), and post ``report.event`` when there is one (one per phase change, nothing
+  else) and each of ``report.notices``;
+- delete ``delete.pods``, and carry out ``kueue`` (policies/kueue.py);
+- create the Service if ``create.service``, the NetworkPolicy if ``create.network_policy`` and the
+  checkpoint PVC if ``create.pvc``, then the pods of ``create.ranks`` (attempt ``create.attempt``)
+  concurrently; a child the apiserver refuses for good (403 on a pod, 400/422 on any child) is not
+  retried: the executor hands it to the next ``decide`` as a ``CreateRefusal``, which fails the job;
+- delete the DDPJob when ``delete.job`` (TTL);
+- call ``decide`` again after ``requeue_after`` seconds when it is set (deadlines, TTL, restarts).
+
+The reasons below are the operator's own Event and condition reasons; a policy's reasons live with
+the policy (policies/failure.py, policies/deadline.py). docs/api.md lists them all
+(tests/unit/test_events_documented.py ties the two).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from ddp_operator.policies import kueue as kueue_policy
+from ddp_operator.policies.kueue import KueueActions
+from ddp_operator.progress.tracker import STRAGGLER_WINDOW_SECONDS
+
+REASON_CREATED: Final = "Created"
+REASON_RESUMED: Final = "Resumed"
+REASON_SCHEDULED: Final = "Scheduled"
+REASON_RUNNING: Final = "Running"
+REASON_SUSPENDED: Final = "Suspended"
+REASON_POD_CREATE_FORBIDDEN: Final = "PodCreateForbidden"
+REASON_INVALID_SPEC: Final = "InvalidSpec"
+REASON_STRAGGLER: Final = "Straggler"
+REASON_QUEUED: Final = "Queued"
+# Events of a restart that kept the pods (docs/restarts.md), and of any restart once its cost is known.
+REASON_RESTARTED_IN_PLACE: Final = "RestartedInPlace"
+# An elastic job's group changed size in place (docs/elastic.md).
+REASON_RESIZED: Final = "Resized"
+REASON_POD_REPLACED: Final = "PodReplaced"
+REASON_RECOVERED: Final = "Recovered"
+
+
+@dataclass(frozen=True)
+class TimingRules:
+    """How long the operator waits for reports that a real cluster delivers late or never.
+
+    ``decision_window_seconds``: after the first failure of an attempt is seen, the attempt is judged
+    once every rank has reported its end or this long has passed, whichever comes first, so a crash
+    reported after its peers' collateral failures still decides (docs/restarts.md). The default covers
+    kubelet status reports delayed by a busy node or apiserver; a gang whose ranks all exit at once
+    (the usual case: the trainer turns a lost peer into exit 170 within seconds) never waits for it.
+
+    ``unconfirmed_deletion_seconds``: a pod of an old attempt still Terminating this long after its
+    grace period ended is on a node that cannot confirm (unreachable, dead); the next attempt starts
+    without it (its name, DNS and Service membership are the old attempt's, never the new one's).
+    """
+
+    decision_window_seconds: float = 10.0
+    unconfirmed_deletion_seconds: float = 30.0
+    # A rank named slowest for this long (above the scraper's threshold) is reported as the straggler.
+    straggler_window_seconds: float = STRAGGLER_WINDOW_SECONDS
+
+
+DEFAULT_TIMING: Final = TimingRules()
+
+
+@dataclass(frozen=True)
+class PhaseEvent:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Report:
+    """What the job shows: its new status, and the Events that go with it."""
+
+    status: dict[str, Any]
+    changed: bool  # whether ``status`` differs from the old status (a write is due)
+    event: PhaseEvent | None = None  # the phase change, when there is one
+    # Events that are not phase changes (a straggler appeared), posted once each.
+    notices: tuple[PhaseEvent, ...] = ()
+    # This status starts a gang restart (for the operator's restart counter).
+    gang_restart: bool = False
+    # A restart whose cost is now known: (recovery mode, seconds from the failure to training again).
+    restart_measured: tuple[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class Creates:
+    """The rank pods ``ranks`` of attempt ``attempt``, and the job-level children they need."""
+
+    attempt: int = 0
+    ranks: tuple[int, ...] = ()
+    # Pods that replace lost ones of their rank alone: (rank, n) for the rank's n-th replacement.
+    replacements: tuple[tuple[int, int], ...] = ()
+    # Gang restarts the new pods' launchers may still make in place (DDP_RESTART_BUDGET,
+    # policies.recovery.launcher_budget).
+    restart_budget: int = 0
+    service: bool = False
+    pvc: bool = False
+    network_policy: bool = False
+
+
+@dataclass(frozen=True)
+class Deletes:
+    pods: tuple[str, ...] = ()
+    # Deleted at once (grace 0): their node stopped reporting, no kubelet is left to honour a grace period.
+    lost_pods: tuple[str, ...] = ()
+    # Pods of a hung gang whose processes stopped answering: they take no SIGTERM, so no grace period.
+    hung_pods: tuple[str, ...] = ()
+    job: bool = False  # the DDPJob itself: its TTL after finishing expired
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do next for one job, grouped by what the executor touches."""
+
+    report: Report
+    create: Creates = Creates()
+    delete: Deletes = Deletes()
+    kueue: KueueActions = kueue_policy.NONE
+    requeue_after: float | None = None
+
+    @property
+    def phase(self) -> str:
+        return str(self.report.status.get("phase", ""))
+
+
+@dataclass(frozen=True)
+class CreateRefusal:
+    """The apiserver refused a child for good: a fact the executor saw, decided on by the next ``decide``.
+
+    Retrying cannot help: the same spec builds the same object. ``forbidden``: a 403 on a rank pod (Pod
+    Security admission, a ResourceQuota); otherwise a 400/422 whose message names the invalid field.
+    """
+
+    forbidden: bool
+    child: str  # which child, e.g. "rank 0's pod", "the Service"
+    attempt: int
+    message: str
+    # A refusal the operator itself found (the cluster lacks what the spec asks for): this reason, and
+    # ``message`` as it is.
+    reason: str | None = None

@@ -1,0 +1,53 @@
+"""The status build (status.py): every field it can write is one it compares for a write."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.unit.kube_factories import at
+from tests.unit.test_elastic import elastic_job
+
+from ddp_operator import status
+
+pytestmark = pytest.mark.unit
+
+
+def with_every_field() -> dict[str, Any]:
+    """A status with every optional field the build writes set."""
+    change = status.Transition(
+        phase="Running",
+        reason="Running",
+        message="running",
+        counts=status.Counts(replicas=3, ready=2, succeeded=1, failed=1),
+        attempt=2,
+        restarts=1,
+        preemptions=1,
+        start_time="2024-01-01T00:00:00Z",
+        completion_time="2024-01-01T01:00:00Z",
+        progress={"step": 10},
+        straggler={"rank": 1},
+        last_restart={"mode": "InPlace", "attempt": 2},
+        goodput=0.5,
+        pod_replacements=1,
+        group_replicas=2,
+        resizes=1,
+    )
+    return status.build_status(elastic_job(1, 3), {}, change, at(5))
+
+
+def test_the_build_with_every_field_set_writes_every_compared_key() -> None:
+    assert set(with_every_field()) == set(status.STATUS_KEYS)
+
+
+@pytest.mark.parametrize("key", sorted(with_every_field()))
+def test_a_change_of_any_key_the_build_writes_alone_is_a_change(key: str) -> None:
+    new = with_every_field()
+    assert not status.status_changed(new, new)
+    assert status.status_changed({**new, key: "something else"}, new)
+    assert status.status_changed({k: v for k, v in new.items() if k != key}, new)
+
+
+def test_a_field_the_build_does_not_write_is_left_out_of_the_comparison() -> None:
+    new = with_every_field()
+    assert not status.status_changed({**new, "someoneElses": 1}, new)

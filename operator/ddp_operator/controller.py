@@ -37,7 +37,7 @@ from ddp_operator.kube_api import (
     merge_patch_for,
 )
 from ddp_operator.metrics import OperatorMetrics
-from ddp_operator.observe import PodObservation, parse_time
+from ddp_operator.observe import PodObservation, newest_per_rank, parse_time
 from ddp_operator.podcache import JobKey, PodCache
 from ddp_operator.progress.pull import ProgressScraper, Target
 from ddp_operator.reconcile import decide, decide_invalid_spec
@@ -357,15 +357,16 @@ class Controller:
         if self.scraper is None:
             return
         attempt = decision.report.status.get("attempt")
-        # A rank's newest pod (a replacement supersedes the pod it replaced).
-        ordered = sorted(pods, key=lambda p: p.replacement)
-        current = {p.rank: p for p in ordered if p.attempt == attempt and p.pod_ip and not p.deleting}
+        # Each rank's pod as decide() sees it; one being deleted or without an address is not read.
+        current = {
+            rank: p for rank, p in newest_per_rank(pods, attempt).items() if p.pod_ip and not p.deleting
+        }
         rank0 = current.get(0)
         if decision.phase != names.PHASE_RUNNING or not job.metrics.enabled or rank0 is None:
             self.scraper.untrack(key)
             return
         port = job.metrics.port
-        first_ranks = {rank: rank * job.nproc_per_node for rank in current if rank is not None}
+        first_ranks = {rank: rank * job.nproc_per_node for rank in current}
         target = Target(
             attempt=int(attempt or 0),
             rank0_url=f"http://{_host(rank0.pod_ip)}:{port}/metrics",
@@ -375,7 +376,6 @@ class Controller:
             rank_urls={
                 first_ranks[rank]: f"http://{_host(pod.pod_ip)}:{port}/metrics"
                 for rank, pod in current.items()
-                if rank is not None
             },
         )
         self.scraper.track(key, target)

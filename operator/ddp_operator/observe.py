@@ -201,6 +201,12 @@ def superseded(pods: Sequence[PodObservation]) -> list[PodObservation]:
     return [p for p in pods if p.replacement < newest[(p.attempt, p.rank)]]
 
 
+def newest_per_rank(pods: Sequence[PodObservation], attempt: int | None) -> dict[int, PodObservation]:
+    """Each rank's pod of ``attempt``: the one no other pod supersedes (``superseded``)."""
+    old = superseded(pods)
+    return {p.rank: p for p in pods if p.attempt == attempt and p.rank is not None and p not in old}
+
+
 def _int_label(labels: Mapping[str, Any], key: str) -> int | None:
     value = labels.get(key)
     try:

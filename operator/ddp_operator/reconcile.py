@@ -9,7 +9,7 @@ The state lives in status. While the phase is Pending, Starting or Running, ``at
 attempt whose pods should exist; during Restarting it is the attempt being torn down, and during
 Suspended the last attempt that ran (absent when none did). The next attempt is created only once
 no pod of another attempt is alive, so a rank never has two live pods and pod names never repeat.
-Until every rank's pod has been observed once (``status.replicas`` reached the job's replicas), a
+Until every rank's pod of the attempt has been observed once (``status.ranksCreated`` records it), a
 missing pod is (re)created, which is idempotent: that is how an operator killed mid-create finishes
 the attempt, and why the status write may come before or after the creates. After that, a missing
 pod was deleted under the job and fails its rank.
@@ -269,6 +269,8 @@ def _start_attempt(
         attempt=target,
         restarts=int_field(old.get("restarts"), 0),
         start_time=start_time,
+        # Every rank's pod observed already (an operator stopped before this status was written).
+        ranks_created=None if create else target,
     )
     return _decision(
         job,
@@ -312,31 +314,26 @@ def _ended_before_deleted(pod: PodObservation) -> bool:
     return pod.finished_at < pod.deleted_at
 
 
-def _missing_ranks(
-    job: JobSpec, old: Mapping[str, Any], current: Sequence[PodObservation], now: datetime
-) -> tuple[tuple[int, ...], list[RankFailure]]:
-    """Ranks of the current attempt without a pod: still to create, or deleted under the job.
-
-    Until every rank's pod has been observed once (status.replicas reached the job's replicas), a
-    missing pod may never have been created (an operator stopped mid-create) or not yet be in the
-    watch cache; creating it again is idempotent. After that, a missing pod was deleted (node loss,
-    a user) and fails its rank like any other disruption.
-    """
-    present = {p.rank for p in current}
-    missing = tuple(r for r in range(job.replicas) if r not in present)
-    if not missing:
-        return (), []
-    if int_field(old.get("replicas"), 0) < job.replicas and not _replaced_in(old, current):
-        return missing, []
-    return (), [
-        RankFailure(rank=r, finish_key=now.timestamp(), disruption=REASON_POD_DELETED) for r in missing
-    ]
+def _ranks_created(
+    job: JobSpec, old: Mapping[str, Any], attempt: int, current: Sequence[PodObservation]
+) -> bool:
+    """Every rank's pod of ``attempt`` has existed: all are observed now, or status.ranksCreated
+    recorded it the first time they were."""
+    if {p.rank for p in current} >= set(range(job.replicas)):
+        return True
+    recorded = old.get("ranksCreated")
+    if recorded is None:
+        # A status written before status.ranksCreated existed: inferred as it was then, from
+        # status.replicas (a counter that lags) and a replacement (which needs every pod to have
+        # existed). The first decision that finds every rank's pod created records the field, and
+        # from then on the record answers.
+        return int_field(old.get("replicas"), 0) >= job.replicas or _replaced_in(old, current)
+    return int_field(recorded, -1) >= attempt
 
 
 def _replaced_in(old: Mapping[str, Any], current: Sequence[PodObservation]) -> bool:
-    """A pod of this attempt was replaced: every rank's pod existed once (a replacement needs that), so
-    a missing pod now was lost, never one still to create (status.replicas may lag behind: it counts the
-    pods that exist, and a lost pod can go before its replacement is seen)."""
+    """A pod of this attempt was replaced, which only happens once every rank's pod existed (the last
+    restart's record says so until a later restart overwrites it; a replacement pod, while it is seen)."""
     last = old.get("lastRestart")
     replaced_here = (
         isinstance(last, Mapping)
@@ -344,6 +341,27 @@ def _replaced_in(old: Mapping[str, Any], current: Sequence[PodObservation]) -> b
         and last.get("attempt") == old.get("attempt")
     )
     return replaced_here or any(p.replacement for p in current)
+
+
+def _missing_ranks(
+    job: JobSpec, current: Sequence[PodObservation], created: bool, now: datetime
+) -> tuple[tuple[int, ...], list[RankFailure]]:
+    """Ranks of the current attempt without a pod: still to create, or deleted under the job.
+
+    Until every rank's pod has been observed once (``created``), a missing pod may never have been
+    created (an operator stopped mid-create) or not yet be in the watch cache; creating it again is
+    idempotent. After that, a missing pod was deleted (node loss, a user) and fails its rank like any
+    other disruption.
+    """
+    present = {p.rank for p in current}
+    missing = tuple(r for r in range(job.replicas) if r not in present)
+    if not missing:
+        return (), []
+    if not created:
+        return missing, []
+    return (), [
+        RankFailure(rank=r, finish_key=now.timestamp(), disruption=REASON_POD_DELETED) for r in missing
+    ]
 
 
 # --- a live attempt: an ordered list of rules, like the policy table in docs/restarts.md -------------
@@ -371,6 +389,8 @@ class _LiveAttempt:
     # new status.lastRestart they make; the job's goodput from the same read.
     accounting: recovery.RestartAccounting = recovery.NOTHING_NEW
     goodput: float | None = None
+    # status.ranksCreated after this decision: this attempt once every rank's pod has been observed.
+    ranks_created: int | None = None
 
     @cached_property
     def counts(self) -> Counts:
@@ -519,7 +539,8 @@ def _live_attempt(
     replaced = superseded(pods)
     stale = [p for p in pods if p.attempt != attempt or (p.rank or 0) >= job.replicas or p in replaced]
     current = [p for p in pods if p not in stale]
-    to_create, missing = _missing_ranks(job, old, current, now)
+    created = _ranks_created(job, old, attempt, current)
+    to_create, missing = _missing_ranks(job, current, created, now)
     failures = [f for f in (_failure_of(p, now) for p in current) if f is not None]
     progress = observed if observed is not None and observed.attempt == attempt else None
     accounting = (
@@ -548,6 +569,7 @@ def _live_attempt(
         goodput=recovery.goodput(
             report.kept_step_seconds if report is not None else None, parse_time(old.get("startTime")), now
         ),
+        ranks_created=attempt if created else None,
     )
 
 
@@ -567,6 +589,7 @@ def _finish(live: _LiveAttempt, phase: str, reason: str, message: str) -> Decisi
         progress=live.shown_progress,
         last_restart=live.accounting.record,
         goodput=live.goodput,
+        ranks_created=live.ranks_created,
     )
     cleanup = _cleanup(live.job, build_status(live.job, live.old, change, live.now), live.pods, live.now)
     return _decision(
@@ -618,6 +641,7 @@ def _restart(
         start_time=live.old.get("startTime"),
         last_restart=record,
         goodput=live.goodput,
+        ranks_created=live.ranks_created,
     )
     return _decision(
         live.job,
@@ -766,6 +790,7 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
         goodput=live.goodput,
         group_replicas=live.group_replicas,
         resizes=live.resizes,
+        ranks_created=live.ranks_created,
     )
     return _decision(
         job,
@@ -857,6 +882,7 @@ def _rule_replace_lost(live: _LiveAttempt) -> Decision | None:
         last_restart=plan.record,
         goodput=live.goodput,
         pod_replacements=plan.pod_replacements,
+        ranks_created=live.ranks_created,
     )
     return _decision(
         live.job,

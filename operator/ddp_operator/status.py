@@ -61,6 +61,9 @@ class Transition:
     # status says.
     group_replicas: int | None = None
     resizes: int | None = None
+    # status.ranksCreated: the attempt whose every rank's pod has been observed; None: as the old
+    # status says.
+    ranks_created: int | None = None
 
 
 def conditions(
@@ -103,6 +106,7 @@ class _Written:
     restarts: int
     world_size: int
     attempt: int | None = None
+    ranks_created: int | None = None
     preemptions: int | None = None
     start_time: str | None = None
     completion_time: str | None = None
@@ -128,6 +132,10 @@ _FIELD_KEYS: Final = tuple((f.name, _json_key(f.name)) for f in fields(_Written)
 STATUS_KEYS: Final = tuple(key for _, key in _FIELD_KEYS)
 
 
+def _optional_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def build_status(job: JobSpec, old: Mapping[str, Any], change: Transition, now: datetime) -> dict[str, Any]:
     """The status ``change`` makes of ``old``."""
     preemptions = (
@@ -135,6 +143,7 @@ def build_status(job: JobSpec, old: Mapping[str, Any], change: Transition, now: 
     )
     last_restart = change.last_restart if change.last_restart is not None else old.get("lastRestart")
     replaced = change.pod_replacements if change.pod_replacements is not None else old.get("podReplacements")
+    created = change.ranks_created if change.ranks_created is not None else old.get("ranksCreated")
     shown_elastic = None
     world_size = job.world_size
     if job.elastic is not None:
@@ -157,6 +166,7 @@ def build_status(job: JobSpec, old: Mapping[str, Any], change: Transition, now: 
         restarts=change.restarts,
         world_size=world_size,
         attempt=change.attempt,
+        ranks_created=_optional_int(created),
         preemptions=preemptions or None,
         start_time=change.start_time,
         completion_time=change.completion_time,

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.unit.kube_factories import at
+from tests.unit.test_crd_schema import root_schema
 from tests.unit.test_elastic import elastic_job
 
 from ddp_operator import status
 
 pytestmark = pytest.mark.unit
+
+API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 
 
 def with_every_field() -> dict[str, Any]:
@@ -32,6 +37,7 @@ def with_every_field() -> dict[str, Any]:
         pod_replacements=1,
         group_replicas=2,
         resizes=1,
+        ranks_created=2,
     )
     return status.build_status(elastic_job(1, 3), {}, change, at(5))
 
@@ -51,3 +57,17 @@ def test_a_change_of_any_key_the_build_writes_alone_is_a_change(key: str) -> Non
 def test_a_field_the_build_does_not_write_is_left_out_of_the_comparison() -> None:
     new = with_every_field()
     assert not status.status_changed({**new, "someoneElses": 1}, new)
+
+
+def test_every_key_the_build_writes_is_in_the_crds_status_schema() -> None:
+    # The apiserver prunes a field its structural schema does not name: it would never be stored.
+    documented = root_schema()["properties"]["status"]["properties"]
+    assert set(status.STATUS_KEYS) <= set(documented)
+
+
+def test_every_key_the_build_writes_is_in_the_status_table() -> None:
+    text = API_DOC.read_text()
+    table = text[text.index("## Status") :].split("\n\n", 2)[1]
+    cells = re.findall(r"^\| ([^|]+) \|", table, re.MULTILINE)
+    documented = {name for cell in cells for name in re.findall(r"`(\w+)`", cell)}
+    assert set(status.STATUS_KEYS) <= documented

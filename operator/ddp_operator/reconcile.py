@@ -57,6 +57,7 @@ from ddp_operator.policies.failure import (
     REASON_POD_DELETED,
     REASON_STALLED,
     RankFailure,
+    failure_of,
     judge_failures,
 )
 from ddp_operator.policies.kueue import KueueActions
@@ -280,38 +281,6 @@ def _start_attempt(
         create=_creates(job, target, create, change.restarts),
         delete=Deletes(pods=_deletable(stale), lost_pods=_lost(stale)),
     )
-
-
-def _failure_of(pod: PodObservation, now: datetime) -> RankFailure | None:
-    assert pod.rank is not None
-    if pod.trainer_succeeded:
-        return None
-    disruption = pod.disruption
-    if disruption is None and pod.deleting and not _ended_before_deleted(pod):
-        # Deleted under the job: the exit code that follows (143 after the kubelet's SIGTERM) is the
-        # deletion's doing, not the process's.
-        disruption = REASON_POD_DELETED
-    if disruption is None and not pod.trainer_failed:
-        return None
-    when = pod.finished_at or pod.deleted_at or now
-    return RankFailure(
-        rank=pod.rank,
-        finish_key=when.timestamp(),
-        exit_code=pod.exit_code,
-        container_reason=pod.reason,
-        disruption=disruption,
-        disruption_message=pod.disruption_message,
-        by_queue=pod.evicted_by_queue,
-    )
-
-
-def _ended_before_deleted(pod: PodObservation) -> bool:
-    """The trainer had ended before the pod's deletion was asked for (a finished pod cleaned up)."""
-    if not pod.terminal:
-        return False
-    if pod.finished_at is None or pod.deleted_at is None:
-        return True
-    return pod.finished_at < pod.deleted_at
 
 
 def _ranks_created(
@@ -541,7 +510,7 @@ def _live_attempt(
     current = [p for p in pods if p not in stale]
     created = _ranks_created(job, old, attempt, current)
     to_create, missing = _missing_ranks(job, current, created, now)
-    failures = [f for f in (_failure_of(p, now) for p in current) if f is not None]
+    failures = [f for f in (failure_of(p, now) for p in current) if f is not None]
     progress = observed if observed is not None and observed.attempt == attempt else None
     accounting = (
         recovery.account_read(

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from tests.unit.kube_factories import at, observe, pod
 
 from ddp_operator.policies.failure import (
     RankFailure,
     exit_code_from_returncode,
+    failure_of,
     first_failure,
     is_retryable,
     judge_failures,
@@ -209,3 +213,33 @@ def test_judge_failures(
 )
 def test_local_return_codes_map_like_containers(returncode: int, exit_code: int) -> None:
     assert exit_code_from_returncode(returncode) == exit_code
+
+
+@pytest.mark.parametrize(
+    ("observed", "expected"),
+    [
+        pytest.param(pod(1), None, id="running"),
+        pytest.param(pod(1, exit_code=0), None, id="succeeded"),
+        pytest.param(pod(1, exit_code=1, finished=12), (1, None, 12.0), id="exited"),
+        pytest.param(pod(1, deleting_at=20), (None, "PodDeleted", 20.0), id="deleted-under-the-job"),
+        pytest.param(
+            pod(1, exit_code=143, finished=21, deleting_at=20),
+            (143, "PodDeleted", 21.0),
+            id="the-deletions-sigterm-is-not-the-process",
+        ),
+        pytest.param(
+            pod(1, exit_code=1, finished=12, deleting_at=20),
+            (1, None, 12.0),
+            id="ended-before-it-was-deleted",
+        ),
+        pytest.param(pod(1, phase="Failed", pod_reason="Evicted"), (None, "Evicted", 99.0), id="evicted"),
+    ],
+)
+def test_the_failure_a_pod_shows(observed: dict[str, Any], expected: tuple[Any, ...] | None) -> None:
+    (observation,) = observe(observed)
+    result = failure_of(observation, at(99))
+    if expected is None:
+        assert result is None
+        return
+    assert result is not None and result.rank == 1
+    assert (result.exit_code, result.disruption, result.finish_key - at(0).timestamp()) == expected

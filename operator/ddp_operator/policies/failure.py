@@ -22,7 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Final
+
+from ddp_operator.observe import PodObservation
 
 REASON_EXIT_CODE: Final = "ExitCode"
 REASON_OOM: Final = "OOMKilled"
@@ -168,3 +171,38 @@ def judge_failures(
         f"{what}; restarting the gang as attempt {attempt + 1} (restart {restarts + 1} of {backoff_limit})"
     )
     return Verdict(retry=True, reason=failure.reason, message=message, failure=failure)
+
+
+def failure_of(pod: PodObservation, now: datetime) -> RankFailure | None:
+    """The failure a rank's pod shows, if any: its trainer's exit, or a disruption of the pod (one
+    deleted under the job counts as ``PodDeleted`` whatever its trainer then exits with); ``now``
+    orders a failure whose pod says no time."""
+    assert pod.rank is not None
+    if pod.trainer_succeeded:
+        return None
+    disruption = pod.disruption
+    if disruption is None and pod.deleting and not _ended_before_deleted(pod):
+        # Deleted under the job: the exit code that follows (143 after the kubelet's SIGTERM) is the
+        # deletion's doing, not the process's.
+        disruption = REASON_POD_DELETED
+    if disruption is None and not pod.trainer_failed:
+        return None
+    when = pod.finished_at or pod.deleted_at or now
+    return RankFailure(
+        rank=pod.rank,
+        finish_key=when.timestamp(),
+        exit_code=pod.exit_code,
+        container_reason=pod.reason,
+        disruption=disruption,
+        disruption_message=pod.disruption_message,
+        by_queue=pod.evicted_by_queue,
+    )
+
+
+def _ended_before_deleted(pod: PodObservation) -> bool:
+    """The trainer had ended before the pod's deletion was asked for (a finished pod cleaned up)."""
+    if not pod.terminal:
+        return False
+    if pod.finished_at is None or pod.deleted_at is None:
+        return True
+    return pod.finished_at < pod.deleted_at

@@ -99,10 +99,13 @@ def test_no_policy_talks_to_the_api() -> None:
         assert not third, f"{name} imports {sorted(third)}"
 
 
-# reconcile.py keeps the phase machine and the rule order; its policies, status building and types
-# belong in modules of their own (issue 27 moves them out). The limit is its size when this test was
-# written, so it can only shrink: lower it as concerns move out, never raise it.
-RECONCILE_MAX_LINES = 1400
+# reconcile.py holds the phase machine alone: decide() and the phases it dispatches to (starting an
+# attempt, a live one, restarting, suspend, cleanup, refusals), the facts a live attempt's rules read
+# (_LiveAttempt), the rules in their order, and the Decisions they assemble: 1,030 lines. The limit
+# leaves ~10% for a rule or a phase more. What a rule asks belongs in policies/ (pure, table-tested),
+# the status it writes in status.py, the Decision types in decision.py: lower the limit when a concern
+# moves out, never raise it.
+RECONCILE_MAX_LINES = 1130
 
 
 def test_reconcile_does_not_grow() -> None:

@@ -164,6 +164,9 @@ class Decision:
     delete: Deletes = Deletes()
     kueue: KueueActions = kueue_policy.NONE
     requeue_after: float | None = None
+    # Seconds until the failures seen in the live attempt are judged (TimingRules' decision window;
+    # 0: judged now); None: no failure waits. Only the operator's debug line shows it.
+    judged_in: float | None = None
 
     @property
     def phase(self) -> str:
@@ -1265,8 +1268,10 @@ def _live(
     for rule in _LIVE_RULES:
         decision = rule(live)
         if decision is not None:
-            return decision
-    return _rule_progress(live)
+            break
+    else:
+        decision = _rule_progress(live)
+    return replace(decision, judged_in=live.decision_window_left)
 
 
 def decide(

@@ -317,6 +317,7 @@ class Controller:
         observed = self.scraper.observation(key) if self.scraper is not None else None
         queue = await self._queue_view(state, job, pods)
         decision = decide(job, status, pods, self.clock(), state.refusal, self.rules, observed, queue)
+        _log_decision(key, decision)
         await self.execute(key, state, job, decision)
         self._follow_progress(key, job, decision, pods)
         # Pods of an earlier job of this name still in its Kueue group (the job was re-created).
@@ -647,6 +648,32 @@ class Controller:
         logger.info("job=%s/%s waiting: %s", job.namespace, job.name, error.message)
         state.waiting_for_foreign = True
         self.kick_later(key, FOREIGN_RETRY_SECONDS)
+
+
+def _log_decision(key: JobKey, decision: Decision) -> None:
+    """One DEBUG line per decision, changed or not: why a job waits (a failure held for the decision
+    window until every rank reported, a timer) when the INFO lines say nothing happened."""
+    if not logger.isEnabledFor(logging.DEBUG):
+        return
+    status = decision.report.status
+
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    logger.debug(
+        "job=%s/%s decided phase=%s attempt=%s restarts=%s failed=%s judged_in=%s creates=%d deletes=%d "
+        "requeue_after=%s",
+        key[0],
+        key[1],
+        decision.phase or "-",
+        status.get("attempt", "-"),
+        status.get("restarts", 0),
+        status.get("failedReplicas", 0),
+        seconds(decision.judged_in),
+        len(decision.create.ranks) + len(decision.create.replacements),
+        len(decision.delete.pods) + len(decision.delete.lost_pods) + len(decision.delete.hung_pods),
+        seconds(decision.requeue_after),
+    )
 
 
 def _rank_pods(job: JobSpec, decision: Decision, patch: Mapping[str, Any] | None) -> list[JsonDict]:

@@ -126,6 +126,9 @@ class Decision:
     delete: Deletes = Deletes()
     kueue: KueueActions = kueue_policy.NONE
     requeue_after: float | None = None
+    # Seconds until the failures seen in the live attempt are judged (TimingRules' decision window;
+    # 0: judged now); None: no failure waits. Only the operator's debug line shows it.
+    judged_in: float | None = None
 
     @property
     def phase(self) -> str:

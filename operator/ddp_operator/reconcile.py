@@ -944,8 +944,10 @@ def _live(
     for rule in _LIVE_RULES:
         decision = rule(live)
         if decision is not None:
-            return decision
-    return _rule_progress(live)
+            break
+    else:
+        decision = _rule_progress(live)
+    return replace(decision, judged_in=live.decision_window_left)
 
 
 def decide(

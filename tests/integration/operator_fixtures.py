@@ -28,13 +28,24 @@ def namespace(kube: Kube, request: pytest.FixtureRequest) -> Iterator[str]:
     kube.delete_namespace(name)
 
 
-@pytest.fixture
-def operator(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    """An operator watching only this test's namespace; pytest shows its log tail when the test fails."""
-    process = OperatorProcess(kube.kubeconfig, [namespace], tmp_path / "operator.log").start()
+def _operator(kube: Kube, namespace: str, tmp_path: Path, *extra: str) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(kube.kubeconfig, [namespace], tmp_path / "operator.log", extra).start()
     yield process
     process.stop()
     print(f"--- operator log ({process.log_path}) ---\n{process.log_tail(80)}")
+
+
+@pytest.fixture
+def operator(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """An operator watching only this test's namespace; pytest shows its log tail when the test fails."""
+    yield from _operator(kube, namespace, tmp_path)
+
+
+@pytest.fixture
+def verbose_operator(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator with debug logging (``-v``): its log has a line per decision
+    (``OperatorProcess.decisions``)."""
+    yield from _operator(kube, namespace, tmp_path, "-v")
 
 
 def wait_phase(kube: Kube, namespace: str, name: str, phase: str, timeout: float = 90.0) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -143,6 +145,26 @@ class Kube:
         self.run("delete", "namespace", name, "--wait=false", check=False)
 
 
+# The operator's DEBUG line per decision (`-v`; ddp_operator.controller._log_decision).
+DECISION_LINE = re.compile(
+    r"job=(?P<namespace>[^/\s]+)/(?P<job>\S+) decided phase=(?P<phase>\S+) attempt=(?P<attempt>\S+) "
+    r"restarts=(?P<restarts>\d+) failed=(?P<failed>\d+) judged_in=(?P<judged_in>\S+) .*"
+    r"requeue_after=(?P<requeue_after>\S+)$"
+)
+
+
+@dataclass(frozen=True)
+class Decided:
+    """One decision of the operator for a job, as its debug line tells it."""
+
+    phase: str
+    attempt: int | None
+    restarts: int
+    failed: int  # status.failedReplicas: rank pods whose trainer failed
+    judged_in: float | None  # seconds until the failures seen are judged; None: no failure waits
+    requeue_after: float | None  # seconds until it decides again without an event; None: not before one
+
+
 class OperatorProcess:
     """`ddpjob operator` as a child process, ready once kopf's liveness endpoint answers."""
 
@@ -211,6 +233,54 @@ class OperatorProcess:
             self.process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.kill()
+
+    def log_offset(self) -> int:
+        """Where the log ends now: ``decisions(since=...)`` from here are those made after this call."""
+        try:
+            return self.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def decisions(self, namespace: str, job: str, since: int = 0) -> list[Decided]:
+        """The operator's decisions for a job from byte ``since`` of its log on, oldest first (its DEBUG
+        lines: the operator must run with ``-v``)."""
+        with self.log_path.open("rb") as log:
+            log.seek(since)
+            text = log.read().decode(errors="replace")
+        found = []
+        for line in text.splitlines(keepends=True):
+            match = DECISION_LINE.search(line)
+            if match is None or not line.endswith("\n"):  # a line still being written is read next time
+                continue
+            if (match["namespace"], match["job"]) != (namespace, job):
+                continue
+            found.append(
+                Decided(
+                    phase=match["phase"],
+                    attempt=None if match["attempt"] == "-" else int(match["attempt"]),
+                    restarts=int(match["restarts"]),
+                    failed=int(match["failed"]),
+                    judged_in=None if match["judged_in"] == "-" else float(match["judged_in"]),
+                    requeue_after=None if match["requeue_after"] == "-" else float(match["requeue_after"]),
+                )
+            )
+        return found
+
+    def wait_decision(
+        self,
+        namespace: str,
+        job: str,
+        what: str,
+        accept: Callable[[Decided], bool],
+        since: int = 0,
+        timeout: float = 60.0,
+    ) -> Decided:
+        """The first decision for ``job`` after byte ``since`` of the log that ``accept`` takes."""
+        return wait_for(
+            f"the operator's decision for {job}: {what}",
+            lambda: next((d for d in self.decisions(namespace, job, since) if accept(d)), None),
+            timeout=timeout,
+        )
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -11,7 +11,6 @@ the node is cordoned (``kubectl cordon``), so the scheduler reports the replacem
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,6 @@ from tests.integration.test_recovery import delete_pod, uids
 
 pytestmark = pytest.mark.integration
 __all__ = ["kube", "namespace", "operators"]  # fixtures, imported for pytest
-
-# Longer than the operator's decision window (10 s): a whole-gang restart would have happened by then.
-SETTLE_SECONDS = 14
 
 
 def elastic_job(name: str, minimum: int, maximum: int, **run_policy: Any) -> dict[str, Any]:
@@ -68,7 +64,7 @@ def running_by_rank(kube: Kube, namespace: str, job: str) -> dict[int, dict[str,
 def start(
     kube: Kube, namespace: str, tmp_path: Path, operators: list[OperatorProcess], job: dict[str, Any]
 ) -> dict[int, dict[str, Any]]:
-    start_operator(kube, namespace, tmp_path, operators, "-v")
+    start_operator(kube, namespace, tmp_path, operators, "-v")  # -v: its decisions, read by the tests
     kube.apply(job, namespace)
     name, replicas = job["metadata"]["name"], job["spec"]["elastic"]["maxReplicas"]
     pods = wait_for(
@@ -91,10 +87,27 @@ def unschedulable(kube: Kube, namespace: str, pod: str) -> dict[str, Any] | None
 
 
 def assert_still_running_on(
-    kube: Kube, namespace: str, job: str, survivors: dict[int, str]
+    kube: Kube,
+    namespace: str,
+    job: str,
+    survivors: dict[int, str],
+    operator: OperatorProcess,
+    since: int,
+    losses: int,
 ) -> dict[str, Any]:
-    """Past the decision window, the job is Running in attempt 0 and the survivors kept their pods."""
-    time.sleep(SETTLE_SECONDS)
+    """Once the operator has settled the ``losses`` since byte ``since`` of its log, the job is Running
+    in attempt 0 and the survivors kept their pods.
+
+    Settled: a decision that counts the losses, holds no failure for the decision window and set no
+    timer, so nothing changes without a new event (what a fixed wait past the window stood for).
+    """
+    operator.wait_decision(
+        namespace,
+        job,
+        f"{losses} loss(es) counted, no failure held for the decision window, no timer",
+        lambda d: d.restarts >= losses and d.judged_in is None and d.requeue_after is None,
+        since=since,
+    )
     status = wait_phase(kube, namespace, job, "Running")
     assert status["attempt"] == 0, "no whole-gang restart"
     now = uids(list(running_by_rank(kube, namespace, job).values()))
@@ -110,13 +123,15 @@ def test_a_replacement_that_cannot_be_placed_leaves_the_job_running_until_capaci
     used = {p["spec"]["nodeName"] for p in pods.values()}
     with cordoned(kube) as nodes:
         cordon(kube, nodes, *(all_nodes(kube) - used), pods[2]["spec"]["nodeName"])
+        since = operators[0].log_offset()
         delete_pod(kube, namespace, "shrink-2-0")
         wait_for(
             "the replacement Unschedulable",
             lambda: unschedulable(kube, namespace, "shrink-2-0r1"),
             timeout=60,
         )
-        status = assert_still_running_on(kube, namespace, "shrink", {0: before[0], 1: before[1]})
+        survivors = {0: before[0], 1: before[1]}
+        status = assert_still_running_on(kube, namespace, "shrink", survivors, operators[0], since, losses=1)
         assert (status["restarts"], status["podReplacements"]) == (1, 1)
         assert status["elastic"]["minReplicas"] == 2 and status["elastic"]["maxReplicas"] == 3
         assert status["lastRestart"]["mode"] == "PodReplaced"
@@ -147,12 +162,14 @@ def test_a_second_loss_while_the_group_is_shrunk(
     before = uids(list(pods.values()))
     with cordoned(kube) as nodes:
         cordon(kube, nodes, pods[3]["spec"]["nodeName"])
+        since = operators[0].log_offset()
         delete_pod(kube, namespace, "twice-3-0")
         wait_for("rank 3's replacement", lambda: unschedulable(kube, namespace, "twice-3-0r1"), timeout=60)
         cordon(kube, nodes, pods[2]["spec"]["nodeName"])
         delete_pod(kube, namespace, "twice-2-0")
         wait_for("rank 2's replacement", lambda: unschedulable(kube, namespace, "twice-2-0r2"), timeout=60)
-        status = assert_still_running_on(kube, namespace, "twice", {0: before[0], 1: before[1]})
+        survivors = {0: before[0], 1: before[1]}
+        status = assert_still_running_on(kube, namespace, "twice", survivors, operators[0], since, losses=2)
         assert (status["restarts"], status["podReplacements"]) == (2, 2)
     wait_for(
         "both replacements Running",

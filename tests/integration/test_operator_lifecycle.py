@@ -7,19 +7,19 @@ exit code kwok should report. Waits are bounded polls; nothing asserts on how lo
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from tests.integration.operator_fixtures import kube, namespace, operator, wait_phase
+from tests.integration.operator_fixtures import kube, namespace, operator, verbose_operator, wait_phase
 from tests.integration.operator_harness import (
+    Decided,
     Kube,
     OperatorProcess,
     condition,
     ddpjob,
     pod_attempt,
-    pod_phase,
     pod_rank,
     running_ranks,
     wait_for,
@@ -28,11 +28,7 @@ from tests.integration.operator_harness import (
 from ddp_operator.policies.success import REASON_SUCCEEDED
 
 pytestmark = pytest.mark.integration
-__all__ = ["kube", "namespace", "operator"]  # fixtures, imported for pytest
-
-# How much later than its peers' the deciding rank's report reaches the apiserver: longer than any
-# fake node's report latency, shorter than the operator's decision window (10 s).
-LATE_REPORT_S = 3.0
+__all__ = ["kube", "namespace", "operator", "verbose_operator"]  # fixtures, imported for pytest
 
 
 def _env(pod: dict[str, Any]) -> dict[str, Any]:
@@ -136,12 +132,16 @@ def test_exit_137_on_one_rank_restarts_the_gang_with_new_pod_names(
     assert "ddpjob_gang_restarts_total 1.0" in operator.metrics()
 
 
-def _failed_in_apiserver(kube: Kube, namespace: str, pods: list[str]) -> bool:
-    return all(pod_phase(kube, namespace, pod) == "Failed" for pod in pods)
+def _holds_failures(failed: int) -> Callable[[Decided], bool]:
+    """A decision that saw ``failed`` failed ranks and, the job still Running, holds them for the
+    decision window."""
+    return lambda d: (
+        d.phase == "Running" and d.failed >= failed and d.judged_in is not None and d.judged_in > 0
+    )
 
 
 def test_a_permanent_crash_reported_after_its_collateral_still_fails_the_job(
-    kube: Kube, namespace: str, operator: OperatorProcess
+    kube: Kube, namespace: str, verbose_operator: OperatorProcess
 ) -> None:
     """Rank 1 crashes with exit 1; its peers' lost-peer 170s a second later reach the apiserver first
     (their kubelets are quicker). The operator, running all along, must still judge by what happened."""
@@ -151,10 +151,9 @@ def test_a_permanent_crash_reported_after_its_collateral_still_fails_the_job(
     collateral = [pods[0], pods[2]]
     for pod in collateral:
         kube.end_pod(namespace, pod, 170, finished_at=crashed_at + timedelta(seconds=1))
-    wait_for(
-        "the collateral 170s in the apiserver", lambda: _failed_in_apiserver(kube, namespace, collateral)
-    )
-    time.sleep(LATE_REPORT_S)  # rank 1's kubelet is slower still; the operator sees the 170s meanwhile
+    # Rank 1's kubelet is slower still: its report arrives once the operator has seen both 170s and
+    # holds them for the decision window.
+    verbose_operator.wait_decision(namespace, "late", "the 170s seen and held", _holds_failures(2))
     kube.end_pod(namespace, pods[1], 1, finished_at=crashed_at)
 
     status = wait_phase(kube, namespace, "late", "Failed")
@@ -165,14 +164,14 @@ def test_a_permanent_crash_reported_after_its_collateral_still_fails_the_job(
 
 
 def test_a_retryable_first_failure_restarts_even_when_a_later_exit_1_is_reported_first(
-    kube: Kube, namespace: str, operator: OperatorProcess
+    kube: Kube, namespace: str, verbose_operator: OperatorProcess
 ) -> None:
     kube.apply(ddpjob("coll", replicas=2, restart_policy="ExitCode"), namespace)
     pods = [p["metadata"]["name"] for p in running_ranks(kube, namespace, "coll", 2, attempt=0)]
     killed_at = datetime.now(UTC)
     kube.end_pod(namespace, pods[1], 1, finished_at=killed_at + timedelta(seconds=2))
-    wait_for("rank 1's exit 1 in the apiserver", lambda: _failed_in_apiserver(kube, namespace, [pods[1]]))
-    time.sleep(LATE_REPORT_S)
+    # Rank 0's 137 is reported once the operator has seen rank 1's exit 1 and holds it.
+    verbose_operator.wait_decision(namespace, "coll", "rank 1's exit 1 seen and held", _holds_failures(1))
     kube.end_pod(namespace, pods[0], 137, finished_at=killed_at)
 
     running_ranks(kube, namespace, "coll", 2, attempt=1)

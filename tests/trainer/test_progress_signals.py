@@ -19,6 +19,8 @@ from ddp_trainer.exitcodes import EXIT_STOPPED
 pytestmark = pytest.mark.trainer
 
 DUMP_HEADER = "the Python stack of every thread follows"
+# The stall watch's line while a stall it dumped lasts: at the timeout, then at each doubling.
+STILL_STALLED = "still no training step completed"
 # Bounds how long a broken test waits; nothing here asserts on elapsed time.
 WAIT = 180.0
 
@@ -91,15 +93,17 @@ def test_a_sigstopped_rank_makes_the_others_dump_their_stacks_once(gangs: Gangs)
     gang[2].signal(signal.SIGSTOP)
     try:
         deadline = time.monotonic() + WAIT
-        while not all(DUMP_HEADER in p.stderr for p in gang[:2]):
+        # The dump, then the watch's notes of the same stall at 2 s and 4 s without a step: it
+        # checked over a dozen times more (every 0.15 s) after dumping.
+        while not all(p.stderr.count(STILL_STALLED) >= 2 for p in gang[:2]):
             assert time.monotonic() < deadline, describe(gang)
             time.sleep(0.2)
-        time.sleep(4.0)  # several more watch periods of the same stall
         stalled = [p.stderr for p in gang[:2]]
     finally:
         gang[2].signal(signal.SIGCONT)
     for rank, log in enumerate(stalled):
         assert log.count(DUMP_HEADER) == 1, log[-4000:]  # once per stall
+        assert log.index(DUMP_HEADER) < log.index(STILL_STALLED), log[-4000:]
         assert 'Thread "MainThread"' in log and 'Thread "ddp-stall-watch"' in log
         # Where the rank waits: inside its training step (the gradient allreduce of backward or the
         # stop-flag allreduce), in the trainer's loop.

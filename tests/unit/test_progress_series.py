@@ -49,10 +49,10 @@ def rank_zero_registry() -> CollectorRegistry:
     # Rank 0's pod's launcher after one in-place restart that shrank an elastic group of 3 to 2 (its
     # series share the pod's endpoint).
     ledger = RestartLedger()
-    ledger.restarts, ledger.nodes = 1, 2
-    ledger.record = RestartRecord(
+    record = RestartRecord(
         1, "ExitCode", 1, 137, 1.7e9, 1.7e9 + 1, 1.7e9 + 2, 30, 1.7e9 + 9, 20, nodes_before=3, nodes_after=2
     )
+    ledger.round_formed(1, 0, 2, record)
     registry.register(RestartCollector(ledger, 0))
     return registry
 

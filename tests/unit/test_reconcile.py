@@ -648,9 +648,17 @@ def test_failures_are_judged_by_what_happened_not_by_report_order(
     assert decision.report.status["phase"] == phase
     if phase == "Running":
         assert decision.delete.pods == () and decision.requeue_after == pytest.approx(seen_at + 10 - now)
+        # What the operator's debug line shows while it holds the failure.
+        assert decision.judged_in == pytest.approx(seen_at + 10 - now)
     else:
         kind = condition(decision.report.status, phase)
         assert kind is not None and in_message in kind["message"]
+        assert decision.judged_in == 0.0
+
+
+def test_a_live_attempt_without_failures_has_nothing_to_judge() -> None:
+    decision = decide(job_spec(), live_status(), observe(pod(0), pod(1), seen_at=10), at(15))
+    assert decision.report.status["phase"] == "Running" and decision.judged_in is None
 
 
 def test_a_lost_nodes_terminating_pod_does_not_block_the_next_attempt() -> None:

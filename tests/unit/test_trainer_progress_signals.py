@@ -55,3 +55,38 @@ def test_stall_watch_dumps_once_per_stall(case: str) -> None:
         assert "rank 3: no training step completed for" in out.getvalue()
         assert 'Thread "MainThread"' in out.getvalue()
         assert "test_stall_watch_dumps_once_per_stall" in out.getvalue()  # this very stack
+
+
+def test_a_stall_already_dumped_is_noted_at_the_timeout_and_each_doubling() -> None:
+    state = {"last": 0.0, "now": 0.0}
+    out = io.StringIO()
+    watch = StallWatch(10.0, rank=1, last_step=lambda: state["last"], stream=out, clock=lambda: state["now"])
+    noted = []
+    for last, now in [
+        (0.0, 8.0),
+        (0.0, 9.9),
+        (0.0, 10.0),
+        (0.0, 19.0),
+        (0.0, 20.5),
+        (0.0, 70.0),
+        (0.0, 79.0),
+    ]:
+        state["last"], state["now"] = last, now
+        before = out.getvalue().count("still no training step")
+        watch.check()
+        if out.getvalue().count("still no training step") > before:
+            noted.append(now)
+    # At the timeout (10 s), at 20 s, then once for a check that came late (70 s: the 40 s line),
+    # none again until 80 s.
+    assert noted == [10.0, 20.5, 70.0]
+    assert watch.dumps == 1 and out.getvalue().count("the Python stack of every thread follows") == 1
+    assert (
+        "rank 1: still no training step completed, for 20.5 s (DDP_STALL_TIMEOUT_SECONDS=10)"
+        in out.getvalue()
+    )
+    # A step ends the stall; the next one dumps again, and its notes start over at the timeout.
+    state["last"], state["now"] = 80.0, 88.0
+    assert watch.check() is True
+    state["now"] = 90.0
+    watch.check()
+    assert out.getvalue().count("still no training step") == 4

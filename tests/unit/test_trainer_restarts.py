@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from ddp_trainer.metrics import RestartCollector
 from ddp_trainer.restarts import (
     Failure,
+    LedgerState,
     RestartLedger,
     RestartRecord,
     ResumeNote,
@@ -298,8 +299,9 @@ def test_the_restart_series_are_absent_until_a_restart() -> None:
 
 def test_the_last_restart_series() -> None:
     ledger = RestartLedger()
-    ledger.restarts = 1
-    ledger.record = build_record(1, [failure(1, 137, 100.0)], [100.5, 100.25], 101.0, steps_before=47)
+    ledger.round_formed(
+        1, 0, 2, build_record(1, [failure(1, 137, 100.0)], [100.5, 100.25], 101.0, steps_before=47)
+    )
     text = exposition(ledger, rank=0)
     assert 'ddp_group_restarts_total{rank="0"} 1.0' in text
     assert 'ddp_last_restart_failure_timestamp_seconds{rank="0"} 100.0' in text
@@ -308,7 +310,9 @@ def test_the_last_restart_series() -> None:
     assert 'ddp_last_restart_info{cause="ExitCode",exit_code="137",failed_rank="1",rank="0"} 1.0' in text
     # Rank 0 has not stepped since the resume: no resume time and no steps redone yet.
     assert "resumed_timestamp" not in text and "steps_redone" not in text
-    text = exposition(ledger, rank=0, resume=ledger.record.with_resume(103.0, 40))
+    record = ledger.state.record
+    assert record is not None
+    text = exposition(ledger, rank=0, resume=record.with_resume(103.0, 40))
     assert 'ddp_last_restart_resumed_timestamp_seconds{rank="0"} 103.0' in text
     assert 'ddp_last_restart_steps_redone{rank="0"} 7.0' in text
 
@@ -316,8 +320,9 @@ def test_the_last_restart_series() -> None:
 def test_the_group_series_on_every_pod_and_the_resize_on_rank0() -> None:
     ledger = RestartLedger()
     assert 'ddp_group_nodes{rank="2"} 0.0' in exposition(ledger, rank=2)  # no round yet
-    ledger.restarts, ledger.grows, ledger.nodes = 2, 1, 3
-    ledger.record = build_record(2, [], [], 50.0, steps_before=30, nodes_before=2, nodes_after=3)
+    ledger.round_formed(
+        2, 1, 3, build_record(2, [], [], 50.0, steps_before=30, nodes_before=2, nodes_after=3)
+    )
     text = exposition(ledger, rank=0)
     assert 'ddp_group_grows_total{rank="0"} 1.0' in text
     assert 'ddp_group_nodes{rank="0"} 3.0' in text
@@ -325,14 +330,52 @@ def test_the_group_series_on_every_pod_and_the_resize_on_rank0() -> None:
     assert 'ddp_last_restart_nodes_after{rank="0"} 3.0' in text
     assert 'ddp_last_restart_info{cause="MemberJoined",exit_code="",failed_rank="",rank="0"} 1.0' in text
     # A record without node counts (none known) exports none.
-    ledger.record = build_record(1, [failure(1, 137, 10.0)], [], 50.0, steps_before=None)
+    ledger.round_formed(1, 0, 3, build_record(1, [failure(1, 137, 10.0)], [], 50.0, steps_before=None))
     assert "nodes_before" not in exposition(ledger, rank=0)
+
+
+def test_a_round_without_a_record_keeps_the_last_one() -> None:
+    ledger = RestartLedger()
+    record = build_record(1, [failure(1, 137, 10.0)], [], 50.0, steps_before=None)
+    ledger.round_formed(1, 0, 2, record)
+    ledger.round_formed(1, 0, 2, None)  # a pod other than rank 0's, or the first round: no new record
+    assert ledger.state == LedgerState(restarts=1, grows=0, nodes=2, record=record)
+
+
+def test_a_scrape_renders_one_state_of_the_ledger() -> None:
+    # An elastic group of 2 after one failure; then a pod joins: the grow is restart 2 and grow 1.
+    ledger = RestartLedger()
+    ledger.round_formed(1, 0, 2, build_record(1, [failure(1, 137, 10.0)], [], 50.0, steps_before=None))
+    scrape = RestartCollector(ledger, 0).collect()
+    families = [next(scrape)]
+    # The agent's thread forms the grow's round while the endpoint's is between two series.
+    ledger.round_formed(
+        2, 1, 3, build_record(2, [], [], 60.0, steps_before=None, nodes_before=2, nodes_after=3)
+    )
+    families += list(scrape)
+    values = {
+        (sample.name, sample.labels.get("cause")): sample.value
+        for family in families
+        for sample in family.samples
+    }
+    # All of the round the scrape began in: a mix would pair one round's counts with the next round's
+    # record (or its restarts with the last round's grows, charging the grow to the restart budget).
+    assert values == {
+        ("ddp_group_restarts_total", None): 1.0,
+        ("ddp_group_grows_total", None): 0.0,
+        ("ddp_group_nodes", None): 2.0,
+        ("ddp_last_restart_failure_timestamp_seconds", None): 10.0,
+        ("ddp_last_restart_stopped_timestamp_seconds", None): 50.0,
+        ("ddp_last_restart_reformed_timestamp_seconds", None): 50.0,
+        ("ddp_last_restart_info", "ExitCode"): 1.0,
+    }
+    # The next scrape renders the new round.
+    assert 'ddp_group_restarts_total{rank="0"} 2.0' in exposition(ledger, rank=0)
 
 
 def test_a_member_joining_has_no_failed_rank() -> None:
     ledger = RestartLedger()
-    ledger.restarts = 2
-    ledger.record = build_record(2, [], [], 50.0, steps_before=None)
+    ledger.round_formed(2, 0, 2, build_record(2, [], [], 50.0, steps_before=None))
     text = exposition(ledger, rank=0)
     assert 'ddp_last_restart_info{cause="MemberJoined",exit_code="",failed_rank="",rank="0"} 1.0' in text
     assert "failure_timestamp" not in text

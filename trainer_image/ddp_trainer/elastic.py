@@ -75,6 +75,7 @@ from ddp_trainer.restarts import (
     Decision,
     Failure,
     RestartLedger,
+    RestartRecord,
     build_record,
     decide,
     healthy_restart,
@@ -222,8 +223,7 @@ class InPlaceAgent(LocalElasticAgent):
         problem = rank_mismatch(self._node_rank, group_rank, self._elastic)
         if problem is not None:
             raise NodeRankMismatchError(problem)
-        if group_rank == 0:
-            self._publish(store, previous, nodes_before, nodes, reformed)
+        record = self._publish(store, previous, nodes_before, nodes, reformed) if group_rank == 0 else None
         # Rank 0 sets the grows before the restarts, and a get waits for its key: both are there.
         self._restarts = int(store.get(RESTARTS_KEY))
         self._grows = int(store.get(GROWS_KEY))
@@ -231,7 +231,7 @@ class InPlaceAgent(LocalElasticAgent):
         self._round_store = store
         # Rank 0's note of its resume says which restart it belongs to.
         write_restarts(self._progress_dir, self._restarts)
-        self._ledger.restarts, self._ledger.grows, self._ledger.nodes = self._restarts, self._grows, nodes
+        self._ledger.round_formed(self._restarts, self._grows, nodes, record)
         if self._restarts == 0:
             return
         _status(
@@ -245,11 +245,13 @@ class InPlaceAgent(LocalElasticAgent):
 
     def _publish(
         self, store: Store, previous: Store | None, nodes_before: int, nodes: int, reformed: float
-    ) -> None:
-        """Rank 0's agent, once a round is complete: the gang's counts for it, in its store, and the
-        record of the restart that led to it (from what the agents left in the previous round's)."""
+    ) -> RestartRecord | None:
+        """Rank 0's agent, once a round is complete: the gang's counts for it, in its store; returns
+        the record of the restart that led to it (from what the agents left in the previous round's),
+        None for the first round. The caller puts it in the ledger with the counts, in one update."""
         self._rounds += 1
         restarts = self._rounds - 1
+        record: RestartRecord | None = None
         if previous is not None:
             failures = [Failure.decode(line) for line in _read_all(previous, FAILURES_KEY)]
             stopped = [float(line.split()[1]) for line in _read_all(previous, STOPPED_KEY)]
@@ -257,9 +259,9 @@ class InPlaceAgent(LocalElasticAgent):
                 restarts, failures, stopped, reformed, self._steps_before, nodes_before, nodes
             )
             self._gang_grows += record.grow
-            self._ledger.record = record
         store.set(GROWS_KEY, str(self._gang_grows))
         store.set(RESTARTS_KEY, str(restarts))
+        return record
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         # Exit records of an earlier round must not decide this one's code.

@@ -388,6 +388,9 @@ class RestartCollector(Collector):
     ``ddp_last_restart_*`` series on rank 0's pod only, absent until a restart. ``rank`` is the pod's
     first global rank in the largest group (NODE_RANK x NPROC_PER_NODE). ``resume`` returns rank 0's
     worker's note of the last resume: its time and the step it resumed from.
+
+    A scrape renders one :class:`~ddp_trainer.restarts.LedgerState`, taken from the ledger once: the
+    agent's thread may replace it meanwhile, and the counts and the record of two rounds must not mix.
     """
 
     def __init__(
@@ -404,6 +407,7 @@ class RestartCollector(Collector):
         return []  # an unchecked collector: its series come and go with the restarts
 
     def collect(self) -> Iterator[Metric]:
+        state = self.ledger.state  # the one read of the ledger in this scrape
         labels = {"rank": self.rank}
         group: list[tuple[type[CounterMetricFamily] | type[GaugeMetricFamily], str, str, int]] = [
             (
@@ -411,27 +415,27 @@ class RestartCollector(Collector):
                 "ddp_group_restarts",
                 "In-place restarts of the worker group since this attempt's first rendezvous round "
                 "(the same on every pod).",
-                self.ledger.restarts,
+                state.restarts,
             ),
             (
                 CounterMetricFamily,
                 "ddp_group_grows_total",
                 "Of the in-place restarts, the grows: a pod joined a healthy group and the next round was "
                 "larger (an elastic job; not counted against the restart budget; the same on every pod).",
-                self.ledger.grows,
+                state.grows,
             ),
             (
                 GaugeMetricFamily,
                 "ddp_group_nodes",
                 "Pods in the current rendezvous round (0 before the first one is complete).",
-                self.ledger.nodes,
+                state.nodes,
             ),
         ]
         for kind, name, meaning, count in group:
             family = kind(name, meaning, labels=list(labels))
             family.add_metric(list(labels.values()), float(count))
             yield family
-        record = self.ledger.record
+        record = state.record
         if record is None:
             return
         if self.resume is not None:

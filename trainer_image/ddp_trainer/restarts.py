@@ -238,15 +238,38 @@ class ResumeNote:
         return note if math.isfinite(note.time) else None
 
 
-class RestartLedger:
-    """What the launcher knows of the gang's in-place restarts, for its /metrics endpoint.
+@dataclass(frozen=True)
+class LedgerState:
+    """What the launcher knows of the gang's in-place restarts at one moment, for its /metrics endpoint.
 
-    Written by the agent's thread, read by the endpoint's: each field is replaced whole (a counter and
-    a frozen record), which needs no lock.
+    Immutable: the counts and the record are read together, so a scrape never pairs one round's
+    restarts with another round's grows (which would charge a grow to the restart budget).
+    """
+
+    restarts: int = 0
+    grows: int = 0  # of the restarts, the grows (an elastic job's pod joining a healthy group)
+    nodes: int = 0  # pods in the current round (0 before the first one is formed)
+    record: RestartRecord | None = None  # rank 0's pod: the last restart (None until one)
+
+
+class RestartLedger:
+    """The launcher's :class:`LedgerState`, written by the agent's thread, read by the endpoint's.
+
+    ``state`` is replaced whole, in one assignment, and a reader takes it once: it sees one round's
+    state or the next, never a mix, and needs no lock.
     """
 
     def __init__(self) -> None:
-        self.restarts = 0
-        self.grows = 0  # of the restarts, the grows (an elastic job's pod joining a healthy group)
-        self.nodes = 0  # pods in the current round (0 before the first one is formed)
-        self.record: RestartRecord | None = None
+        self.state = LedgerState()
+
+    def round_formed(self, restarts: int, grows: int, nodes: int, record: RestartRecord | None) -> None:
+        """A round is complete: the gang's counts for it and, on rank 0's pod, the record of the
+        restart that led to it (None keeps the last record)."""
+        state = self.state
+        self.state = dataclasses.replace(
+            state,
+            restarts=restarts,
+            grows=grows,
+            nodes=nodes,
+            record=state.record if record is None else record,
+        )

@@ -7,7 +7,10 @@ says where each rank was waiting. :class:`StallWatch` is a daemon thread that do
 has completed for ``DUMP_FRACTION`` of the timeout, once per stall: a step that completes ends the
 stall, and only the next one dumps again. A collective that is slow but whose steps still complete
 within the fraction is not a stall and dumps nothing. The clock starts at the first completed step
-(the operator, too, counts a stall only once training has started).
+(the operator, too, counts a stall only once training has started). While the same stall lasts, one
+line says so at the full timeout and again each time its length doubles, so the log shows whether the
+rank was still stuck when the operator acted (and, without one, how long it has been stuck) without
+repeating the dump.
 
 It reads the clock of the last step through a callable, so the step path pays one ``monotonic()``.
 """
@@ -59,6 +62,8 @@ class StallWatch:
         self._clock = clock
         self._dumped_for: float | None = None
         self.dumps = 0
+        # The stall's length at which the next "still stalled" line is due (the timeout, then doubled).
+        self._next_note = timeout
         self._stop = threading.Event()
         self._poll = max(0.05, min(1.0, self.threshold / 10))
         self._thread = threading.Thread(target=self._run, name="ddp-stall-watch", daemon=True)
@@ -73,14 +78,19 @@ class StallWatch:
             self._thread.join(timeout=5)
 
     def check(self) -> bool:
-        """Dump now if a stall began and was not dumped yet; True when it dumped."""
+        """Dump now if a stall began and was not dumped yet; True when it dumped. A stall already
+        dumped gets its "still stalled" line when one is due."""
         last = self._last_step()
-        if last is None or last == self._dumped_for:
+        if last is None:
             return False
         idle = self._clock() - last
+        if last == self._dumped_for:
+            self._note_still_stalled(idle)
+            return False
         if idle < self.threshold:
             return False
         self._dumped_for = last
+        self._next_note = self.timeout
         self.dumps += 1
         stream = self._stream if self._stream is not None else sys.stderr
         stream.write(
@@ -92,6 +102,18 @@ class StallWatch:
         )
         stream.flush()
         return True
+
+    def _note_still_stalled(self, idle: float) -> None:
+        if idle < self._next_note:
+            return
+        while self._next_note <= idle:  # a check that came late owes one line, not several
+            self._next_note *= 2
+        stream = self._stream if self._stream is not None else sys.stderr
+        stream.write(
+            f"ddp_trainer: rank {self.rank}: still no training step completed, for {idle:.1f} s "
+            f"({STALL_ENV}={self.timeout:g}); the stacks were dumped above\n"
+        )
+        stream.flush()
 
     def _run(self) -> None:
         while not self._stop.wait(self._poll):

@@ -8,7 +8,7 @@ STAMP     := $(VENV)/.installed-$(shell (cat pyproject.toml harness/pyproject.to
 PYTEST    := $(PY) -m pytest
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-e2e k8s-binaries kueue-binary node-binaries kube-router images kind kind-up kind-demo kind-down chart-crds bench clean-venv
+.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-e2e test-e2e-node test-e2e-kind k8s-binaries kueue-binary node-binaries kube-router images kind kind-up kind-demo kind-down chart-crds bench clean-venv
 
 all: test
 
@@ -45,11 +45,14 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
+# The slowest tests of each tier are printed, so a run shows where its time went.
+DURATIONS ?= --durations=15
+
 test-unit: venv
 	$(PYTEST) tests/unit -q
 
 test-trainer: venv
-	$(PYTEST) tests/trainer -q
+	$(PYTEST) tests/trainer -q $(DURATIONS)
 
 k8s-binaries:
 	hack/build-k8s.sh
@@ -59,7 +62,7 @@ kueue-binary:
 	hack/build-kueue.sh
 
 test-integration: venv k8s-binaries kueue-binary
-	$(PYTEST) tests/integration -q
+	$(PYTEST) tests/integration -q $(DURATIONS)
 
 ## Both images, on a local debootstrap base (no registry needed); tagged by version.
 images: venv
@@ -82,7 +85,15 @@ kind: k8s-binaries node-binaries images
 	hack/build-kind.sh
 
 test-e2e: venv k8s-binaries node-binaries kube-router images kind
-	$(PYTEST) tests/e2e -q
+	$(PYTEST) tests/e2e -q $(DURATIONS)
+
+## The e2e tier in two halves that `make test` runs side by side: Docker and the real node; kind.
+E2E_KIND  = tests/e2e/test_kind.py
+test-e2e-node: venv k8s-binaries node-binaries kube-router images
+	$(PYTEST) tests/e2e -q $(DURATIONS) --ignore=$(E2E_KIND)
+
+test-e2e-kind: venv k8s-binaries node-binaries kube-router images kind
+	$(PYTEST) $(E2E_KIND) -q $(DURATIONS)
 
 ## The README's kind path: a cluster from our node image, both images loaded, the chart installed.
 KIND_CLUSTER ?= ddp

@@ -1,27 +1,34 @@
 #!/usr/bin/env bash
-# `make test`: lint, types and the four tiers, with the builds the later tiers need running beside the
-# earlier tiers instead of before them (docs/testing.md, "How the run is laid out").
+# `make test`: lint, types and the four tiers in two lanes side by side, with the builds the later tiers
+# need running beside them instead of before them (docs/testing.md, "How the run is laid out").
 #
-#   foreground:  venv -> lint, mypy -> unit -> trainer -> integration ----------> e2e
+#   foreground:  venv -> lint, mypy -> unit -> lane A and lane B, side by side:
+#     lane A:    trainer tier ---------------------------------> e2e: Docker + the real node
+#     lane B:    (control-plane builds) integration tier ------> e2e: kind
 #   background:  (niced) Kubernetes, Kueue -> node binaries, kube-router, images, kind
 #
 # The builds are mostly compiles and downloads; the tiers are mostly processes waiting on each other
-# (rendezvous, kubelets' reports, decision windows), so the two share 2 cores well. The builds run at a
-# lower priority, so a tier's processes get the CPU first. A tier starts once what it needs is built;
-# a failed build fails the run with its log. Each step's seconds are printed at the end.
+# (rendezvous rounds, kubelets' reports, decision windows): a tier alone keeps 2 cores about half busy,
+# so two of them and the builds share the machine instead of adding up. The builds run at a lower
+# priority, so a tier's processes get the CPU first. A lane's tier starts once what it needs is built; a
+# failed build or tier fails the run at once (the other lane is stopped) with its log. Each step's
+# seconds are printed at the end, per lane.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MAKE=${MAKE:-make}
 logs=$(mktemp -d "${TMPDIR:-/tmp}/ddp-test-all.XXXXXX")
-declare -a timings=()
 
-step() { # name command... : runs in the foreground, timed
-  local name=$1 started=$SECONDS
-  shift
+record() { # lane label seconds
+  printf '%-7s %-44s %5d s\n' "$1" "$2" "$3" >>"$logs/timings"
+}
+
+step() { # lane name command... : timed
+  local lane=$1 name=$2 started=$SECONDS
+  shift 2
   echo ">>> ${name}"
   "$@"
-  timings+=("$(printf '%-34s %5d s' "$name" $((SECONDS - started)))")
+  record "$lane" "$name" $((SECONDS - started))
 }
 
 # One background chain; each stage leaves <stage>.done (or <stage>.failed) in $logs.
@@ -39,22 +46,34 @@ builds() {
   done
 }
 
-wait_for_builds() { # stage
-  local name=$1 started=$SECONDS
+wait_for_builds() { # lane stage
+  local lane=$1 name=$2 started=$SECONDS
   while [[ ! -e $logs/$name.done ]]; do
     if [[ -e $logs/$name.failed ]] || ! kill -0 "$builder" 2>/dev/null; then
       [[ -e $logs/$name.done ]] && break
       echo "error: the background build '$name' failed; the end of its log ($logs/$name.log):" >&2
       tail -n 60 "$logs/$name.log" >&2 || true
-      exit 1
+      return 1
     fi
     sleep 2
   done
-  timings+=("$(printf '%-34s %5d s' "waited for the $name builds" $((SECONDS - started)))")
-  timings+=("$(printf '%-34s %5d s' "  ($name builds, in the background)" "$(cat "$logs/$name.done")")")
+  record "$lane" "waited for the $name builds" $((SECONDS - started))
 }
 
-# A failed tier ends the run: the builds still running beside it end with it.
+lane_a() {
+  step A "trainer tier" $MAKE --no-print-directory test-trainer
+  wait_for_builds A e2e
+  step A "e2e tier: Docker and the real node" $MAKE --no-print-directory test-e2e-node
+}
+
+lane_b() {
+  wait_for_builds B control-plane
+  step B "integration tier" $MAKE --no-print-directory test-integration
+  wait_for_builds B e2e
+  step B "e2e tier: kind" $MAKE --no-print-directory test-e2e-kind
+}
+
+# A failed step ends the run: whatever still runs beside it (the builds, the other lane) ends with it.
 kill_tree() {
   local child
   for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$child"; done
@@ -62,21 +81,41 @@ kill_tree() {
 }
 
 started_all=$SECONDS
-step "system packages + virtualenv" $MAKE --no-print-directory venv
+step - "system packages + virtualenv" $MAKE --no-print-directory venv
 builds &
 builder=$!
-trap 'kill_tree "$builder"' EXIT
+declare -a running=("$builder")
+trap 'for pid in "${running[@]}"; do kill_tree "$pid"; done' EXIT
 
-step "lint + format" $MAKE --no-print-directory lint
-step "mypy --strict" $MAKE --no-print-directory typecheck
-step "unit tier" $MAKE --no-print-directory test-unit
-step "trainer tier" $MAKE --no-print-directory test-trainer
-wait_for_builds control-plane
-step "integration tier" $MAKE --no-print-directory test-integration
-wait_for_builds e2e
-step "e2e tier" $MAKE --no-print-directory test-e2e
+step - "lint + format" $MAKE --no-print-directory lint
+step - "mypy --strict" $MAKE --no-print-directory typecheck
+step - "unit tier" $MAKE --no-print-directory test-unit
+
+# Each lane's lines carry its letter; a lane's log is also kept whole in $logs.
+(set -o pipefail; lane_a 2>&1 | tee "$logs/lane-a.log" | sed -u 's/^/[A] /') &
+lane_a_pid=$!
+(set -o pipefail; lane_b 2>&1 | tee "$logs/lane-b.log" | sed -u 's/^/[B] /') &
+lane_b_pid=$!
+running+=("$lane_a_pid" "$lane_b_pid")
+lanes_started=$SECONDS
+pending=("$lane_a_pid" "$lane_b_pid")
+while ((${#pending[@]})); do
+  finished=
+  if ! wait -n -p finished "${pending[@]}"; then
+    echo "error: a lane failed (logs: $logs/lane-a.log, $logs/lane-b.log); the other is stopped" >&2
+    exit 1
+  fi
+  left=()
+  for pid in "${pending[@]}"; do [[ $pid == "$finished" ]] || left+=("$pid"); done
+  pending=("${left[@]}")
+done
+record - "lanes A and B side by side" $((SECONDS - lanes_started))
 
 echo
-echo "=== make test: seconds per step (build logs: $logs)"
-printf '%s\n' "${timings[@]}"
-printf '%-34s %5d s\n' "total" $((SECONDS - started_all))
+echo "=== make test: seconds per step (lane: A, B, or - for the shared steps; build logs: $logs)"
+cat "$logs/timings"
+for stage in control-plane e2e; do
+  record - "($stage builds, in the background)" "$(cat "$logs/$stage.done")"
+  tail -n 1 "$logs/timings"
+done
+printf '%-7s %-44s %5d s\n' - "total" $((SECONDS - started_all))

@@ -367,17 +367,14 @@ class Controller:
             self.scraper.untrack(key)
             return
         port = job.metrics.port
-        first_ranks = {rank: rank * job.nproc_per_node for rank in current}
         target = Target(
             attempt=int(attempt or 0),
             rank0_url=f"http://{_host(rank0.pod_ip)}:{port}/metrics",
             pods=job.replicas,
             world_size=job.world_size,
             stall_timeout=job.run_policy.stall_timeout_seconds,
-            rank_urls={
-                first_ranks[rank]: f"http://{_host(pod.pod_ip)}:{port}/metrics"
-                for rank, pod in current.items()
-            },
+            pod_urls={pod.name: f"http://{_host(pod.pod_ip)}:{port}/metrics" for pod in current.values()},
+            elastic=job.elastic is not None,
         )
         self.scraper.track(key, target)
 

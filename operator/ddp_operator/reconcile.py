@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, Final, Literal
 
-from ddp_operator import builders, kueue, names
+from ddp_operator import builders, kueue, names, ranks
 from ddp_operator.decision import (
     DEFAULT_TIMING,
     REASON_CREATED,
@@ -431,11 +431,15 @@ class _LiveAttempt:
     def stall_left(self) -> float | None:
         """Seconds until no new synchronized step for the stall limit is a stall; None: not watched."""
         progress = self.progress
-        # A pod of the attempt not running (a replacement still starting, a group below its size) is
-        # the startup deadline's to judge, and a finished group cannot stall.
-        if progress is None or progress.finished or not all(p.running for p in self.current):
+        if progress is None or progress.finished:
+            return None  # a finished group cannot stall
+        # A fixed-size job's pod not running (a replacement still starting) is the startup deadline's to
+        # judge. An elastic group trains on the pods that run: one that cannot be placed is outside the
+        # round and holds nothing up, so the round is watched while it can train.
+        if not (self.can_train if self.job.elastic is not None else all(p.running for p in self.current)):
             return None
-        started = [p.started_at or p.created_at for p in self.current]
+        watched = self.running if self.job.elastic is not None else self.current
+        started = [p.started_at or p.created_at for p in watched]
         since = stall.clock_start(
             progress.step_changed_at, progress.group_changed_at, *(t for t in started if t is not None)
         )
@@ -682,8 +686,10 @@ def _rule_stalled(live: _LiveAttempt) -> Decision | None:
     if left is None or left > 0 or live.progress is None:
         return None
     limit = live.stall_limit or 0
-    # Keyed by each pod's first global rank, as the scraper reads every pod's endpoint.
-    by_rank = {p.rank * live.job.nproc_per_node: p for p in live.current if p.rank is not None}
+    # Each pod of the round by its first global rank (ranks.py: an elastic round's own numbering).
+    by_rank = ranks.first_ranks(
+        live.progress.rank_pods, live.current, live.job.nproc_per_node, live.job.elastic is not None
+    )
     nodes = {rank: p.node for rank, p in by_rank.items()}
     stalled, detail = stall.stalled(limit, live.progress.step, live.progress.rank_steps, nodes, live.now)
     hung = tuple(by_rank[r].name for r in stall.silent_ranks(live.progress.rank_steps, nodes))
@@ -711,11 +717,22 @@ def _rule_root_image_refused(live: _LiveAttempt) -> Decision | None:
 
 def _straggler(live: _LiveAttempt) -> tuple[Mapping[str, Any] | None, tuple[PhaseEvent, ...]]:
     """status.straggler (progress.render.shown_straggler), and its Warning when the rank is new."""
+    sighting = live.progress.straggler if live.progress is not None else None
+    pod = (
+        ranks.pod_of_rank(
+            sighting.rank,
+            live.progress.rank_pods,
+            live.current,
+            live.job.nproc_per_node,
+            live.job.elastic is not None,
+        )
+        if sighting is not None and live.progress is not None
+        else None
+    )
     shown, notice = shown_straggler(
-        live.progress.straggler if live.progress is not None else None,
+        sighting,
         live.straggler_left,
-        live.current,
-        live.job.nproc_per_node,
+        pod,
         live.old.get("straggler"),
         live.rules.straggler_window_seconds,
     )

@@ -379,3 +379,44 @@ def test_a_fixed_size_job_still_fails_on_any_rank() -> None:
     pods = [pod(0, phase="Succeeded", exit_code=0), pod(1, phase="Failed", exit_code=3, finished=290)]
     decision = decide(parse_job(job_object()), live_status(), observe(*pods, seen_at=290), at(300))
     assert decision.report.status["phase"] == "Failed"
+
+
+# --- after a shrink: the straggler's and the stall's pod come from the round's membership ----------
+
+# Pod rank 1 was lost and its replacement cannot be placed: the group trains on the pods of ranks 0 and
+# 2, which the round numbers 0 and 1.
+SHRUNK_PODS = (pod(0), pod(1, replacement=1, unschedulable="0/3 nodes are available"), pod(2))
+SHRUNK_ROUND = {0: "mnist-0-0", 1: "mnist-2-0"}
+
+
+def test_a_straggler_after_a_shrink_names_the_pod_and_node_the_round_put_it_on() -> None:
+    from ddp_operator.progress.tracker import StragglerSighting
+
+    job = elastic_job(2, 3)
+    observation = ProgressObservation(
+        attempt=0,
+        step=50,
+        step_changed_at=at(100),
+        straggler=StragglerSighting(rank=1, slowdown=3.0, since=at(0), phase="compute"),
+        rank_pods=SHRUNK_ROUND,
+    )
+    decision = decide(job, live_status(replicas=3), observe(*SHRUNK_PODS), at(100), observed=observation)
+    straggler = decision.report.status["straggler"]
+    assert (straggler["rank"], straggler["pod"], straggler["node"]) == (1, "mnist-2-0", "node-2")
+    (notice,) = [n for n in decision.report.notices if n.reason == "Straggler"]
+    assert "mnist-2-0 on node node-2" in notice.message
+
+
+def test_a_stall_after_a_shrink_names_the_silent_pod_by_the_rounds_membership() -> None:
+    """The stall is watched while the shrunk group trains (the replacement that cannot be placed is
+    outside the round), and the pod that stopped answering is found by the round's numbering."""
+    job = parse_job(elastic_object(2, 3, runPolicy={"stallTimeoutSeconds": 60, "backoffLimit": 3}))
+    observation = ProgressObservation(
+        attempt=0, step=120, step_changed_at=at(100), rank_steps={0: 120}, rank_pods=SHRUNK_ROUND
+    )
+    decision = decide(job, live_status(replicas=3), observe(*SHRUNK_PODS), at(161), observed=observation)
+    assert decision.report.status["phase"] == "Restarting"
+    # The round's rank 1 (pod rank 2's pod) stopped answering: that pod, not pod rank 1's, is the hung one.
+    assert decision.delete.hung_pods == ("mnist-2-0",)
+    message = decision.report.status["conditions"][-1]["message"]
+    assert "rank 1 (its metrics did not answer) on node node-2" in message, message

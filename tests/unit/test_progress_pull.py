@@ -32,7 +32,15 @@ def test_rank_zero_every_interval_every_rank_once_a_stall_is_suspected_and_a_kic
 
     scraper = ProgressScraper(kicked.append, clock=lambda: now[0], fetch=fetch)
     scraper.track(
-        KEY, Target(0, RANK0, pods=2, world_size=2, stall_timeout=60, rank_urls={0: RANK0, 1: RANK1})
+        KEY,
+        Target(
+            0,
+            RANK0,
+            pods=2,
+            world_size=2,
+            stall_timeout=60,
+            pod_urls={"mnist-0-0": RANK0, "mnist-1-0": RANK1},
+        ),
     )
     seen = []
     for seconds in (0, 15, 30, 45):  # the step stands at 120 from 0 s: half the timeout is 30 s
@@ -47,6 +55,7 @@ def test_rank_zero_every_interval_every_rank_once_a_stall_is_suspected_and_a_kic
     last = seen[-1][2]
     assert last is not None and (last.step, last.step_changed_at) == (120, at(0))
     assert last.rank_steps == {0: 120, 1: 119}
+    assert last.rank_pods == {0: "mnist-0-0", 1: "mnist-1-0"}
     assert last.status is not None and last.status["step"] == 120
 
 
@@ -64,3 +73,48 @@ def test_a_new_attempt_starts_a_new_tracker() -> None:
     observation = scraper.observation(KEY)
     assert observation is not None
     assert (observation.attempt, observation.step, observation.step_changed_at) == (1, 3, at(15))
+
+
+POD2 = "http://10.0.0.3:9400/metrics"
+
+
+def straggling(steps: int, rank: int) -> str:
+    """Rank 0's pod naming ``rank`` three times slower in compute, at ``steps``."""
+    return exposition(0, steps) + (
+        f'ddp_straggler_rank{{rank="0"}} {rank}\nddp_straggler_slowdown{{rank="0"}} 3.0\n'
+        'ddp_straggler_phase{phase="compute",rank="0"} 1.0\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("elastic", "reads_of_every_pod"),
+    [
+        pytest.param(True, 1, id="elastic-reads-the-round-once"),
+        pytest.param(False, 0, id="fixed-size-needs-no-read"),
+    ],
+)
+def test_a_straggler_of_a_shrunk_group_is_mapped_to_the_pod_its_endpoint_names(
+    elastic: bool, reads_of_every_pod: int
+) -> None:
+    """After a shrink, the round's rank 1 runs in the pod of rank 2 (pod rank 1 is gone): the pods'
+    own endpoints say so; a fixed-size job's layout needs no read."""
+    answers = {RANK0: straggling(100, 1), POD2: exposition(1, 100)}
+    fetched: list[str] = []
+    now = [at(0)]
+
+    def fetch(url: str) -> str:
+        fetched.append(url)
+        return answers[url]
+
+    scraper = ProgressScraper(lambda _key: None, clock=lambda: now[0], fetch=fetch)
+    pods = {"mnist-0-0": RANK0, "mnist-2-0": POD2}
+    scraper.track(KEY, Target(0, RANK0, pods=3, world_size=3, pod_urls=pods, elastic=elastic))
+    for seconds in (0, 15, 30):
+        now[0] = at(seconds)
+        answers[RANK0] = straggling(100 + seconds, 1)
+        asyncio.run(scraper.scrape_all())
+    scraper.stop()
+    observation = scraper.observation(KEY)
+    assert observation is not None and observation.straggler is not None
+    assert fetched.count(POD2) == reads_of_every_pod
+    assert observation.rank_pods == ({0: "mnist-0-0", 1: "mnist-2-0"} if elastic else {})

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final
 
+from ddp_operator import ranks
 from ddp_operator.podcache import JobKey
 from ddp_operator.policies import stall
 from ddp_operator.progress import render
@@ -42,7 +43,11 @@ class Target:
     pods: int
     world_size: int
     stall_timeout: int | None = None
-    rank_urls: Mapping[int, str] = field(default_factory=dict)
+    # Every pod of the attempt's endpoint, by pod name: read while a stall is suspected (every rank's
+    # step) and when the round's membership is needed (a straggler sighted after the group changed).
+    pod_urls: Mapping[str, str] = field(default_factory=dict)
+    # An elastic job: its round may number its members otherwise than their pod ranks (ranks.py).
+    elastic: bool = False
 
 
 @dataclass
@@ -52,6 +57,10 @@ class _Tracked:
     observation: ProgressObservation | None = None
     # Rank 0's endpoint: a line unchanged since the last read is not parsed again.
     reader: ExpositionReader = field(default_factory=ExpositionReader)
+    # Global rank -> pod name in the current round, as the pods' endpoints last said (ranks.py), and
+    # when that read was.
+    rank_pods: dict[int, str] = field(default_factory=dict)
+    rank_pods_read_at: datetime | None = None
 
 
 def fetch_text(url: str, timeout: float = FETCH_TIMEOUT_SECONDS) -> str:
@@ -147,11 +156,19 @@ class ProgressScraper:
         rank_steps: dict[int, int] = {}
         stall_limit = None if tracker.finished else stall.limit(target.stall_timeout, tracker.step_seconds)
         since = stall.clock_start(tracker.step_changed_at, tracker.group_changed_at)
-        if stall.suspected(stall_limit, tracker.step, since, now):
-            answers = await asyncio.gather(*(self._get(url) for url in target.rank_urls.values()))
-            rank_steps = {
-                r: s for answer in answers if answer is not None for r, s in answer.rank_steps.items()
+        suspected = stall.suspected(stall_limit, tracker.step, since, now)
+        if (suspected or _members_needed(tracked, tracker)) and target.pod_urls:
+            names = list(target.pod_urls)
+            answers = await asyncio.gather(*(self._get(target.pod_urls[name]) for name in names))
+            answered = {
+                name: answer for name, answer in zip(names, answers, strict=True) if answer is not None
             }
+            tracked.rank_pods = ranks.read_rank_pods(
+                tracked.rank_pods, {name: sorted(answer.rank_steps) for name, answer in answered.items()}
+            )
+            tracked.rank_pods_read_at = now
+            if suspected:
+                rank_steps = {r: s for answer in answered.values() for r, s in answer.rank_steps.items()}
         before = tracked.observation
         observation = ProgressObservation(
             attempt=target.attempt,
@@ -164,10 +181,22 @@ class ProgressScraper:
             group_changed_at=tracker.group_changed_at,
             finished=tracker.finished,
             restart=rank_zero.restart,
+            rank_pods=dict(tracked.rank_pods),
         )
         tracked.observation = observation
         if before is None or _shown(before) != _shown(observation):
             self._on_change(key)
+
+
+def _members_needed(tracked: _Tracked, tracker: ProgressTracker) -> bool:
+    """An elastic job's straggler is sighted and the membership that names its pod is unknown or older
+    than the group's last change (a round numbers its members anew; a fixed-size job's never does)."""
+    sighting = tracker.straggler
+    if sighting is None or not tracked.target.elastic:
+        return False
+    read_at, changed_at = tracked.rank_pods_read_at, tracker.group_changed_at
+    stale = read_at is None or (changed_at is not None and changed_at > read_at)
+    return stale or sighting.rank not in tracked.rank_pods
 
 
 def _shown(observation: ProgressObservation) -> tuple[object, ...]:
@@ -192,5 +221,6 @@ def _shown(observation: ProgressObservation) -> tuple[object, ...]:
         sorted(status.items()),
         straggler,
         sorted(observation.rank_steps.items()),
+        sorted(observation.rank_pods.items()),
         restart_shown,
     )

@@ -62,20 +62,16 @@ def describe_slow_rank(rank: int, slowdown: float, phase: str | None) -> str:
 def shown_straggler(
     sighting: StragglerSighting | None,
     left: float | None,
-    pods: Sequence[PodObservation],
-    nproc_per_node: int,
+    pod: PodObservation | None,
     shown_before: object,
     window_seconds: float,
 ) -> tuple[dict[str, object] | None, str | None]:
     """``status.straggler`` once a rank has been slow for the straggler window (``left``: the seconds
     still to go; 0 or None: it has), and the text of the Warning that names it when the old
-    ``status.straggler`` (``shown_before``) did not show that rank (None otherwise). ``pods``: the
-    attempt's pods, to name the rank's pod and node."""
+    ``status.straggler`` (``shown_before``) did not show that rank (None otherwise). ``pod``: the pod
+    that hosts the rank (ranks.pod_of_rank), None when unknown."""
     if sighting is None or left:
         return None, None
-    # The rank is global: its pod is the one of its node rank (docs/api.md's env contract).
-    pod_rank = sighting.rank // max(nproc_per_node, 1)
-    pod = next((p for p in pods if p.rank == pod_rank), None)
     shown = straggler_status(sighting, pod.name if pod else "", pod.node if pod else "")
     if isinstance(shown_before, Mapping) and shown_before.get("rank") == sighting.rank:
         return shown, None

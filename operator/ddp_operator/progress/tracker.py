@@ -112,6 +112,9 @@ class ProgressObservation:
     group_changed_at: datetime | None = None
     # Training is over (the step reached the target the ranks export): nothing can stall any more.
     finished: bool = False
+    # Global rank -> pod name in the current round, as the pods' endpoints last said (ranks.py):
+    # which pod a straggler or a stalled rank of an elastic job is.
+    rank_pods: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

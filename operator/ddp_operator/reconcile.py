@@ -425,7 +425,10 @@ class _LiveAttempt:
     def stall_limit(self) -> int | None:
         """stallTimeoutSeconds, or the limit the attempt's observed pace gives (policies.stall.limit)."""
         pace = self.progress.step_seconds if self.progress is not None else None
-        return stall.limit(self.job.run_policy.stall_timeout_seconds, pace)
+        limit = stall.limit(self.job.run_policy.stall_timeout_seconds, pace)
+        if limit is None or self.job.elastic is None:
+            return limit
+        return limit + elastic.stall_allowance(self.job.elastic, self.current)
 
     @cached_property
     def stall_left(self) -> float | None:
@@ -438,8 +441,8 @@ class _LiveAttempt:
         # round and holds nothing up, so the round is watched while it can train.
         if not (self.can_train if self.job.elastic is not None else all(p.running for p in self.current)):
             return None
-        watched = self.running if self.job.elastic is not None else self.current
-        started = [p.started_at or p.created_at for p in watched]
+        # A pod's start (or a replacement's creation) changes the group: the clock starts again there.
+        started = [p.started_at or p.created_at for p in self.current]
         since = stall.clock_start(
             progress.step_changed_at, progress.group_changed_at, *(t for t in started if t is not None)
         )

@@ -407,14 +407,29 @@ def test_a_straggler_after_a_shrink_names_the_pod_and_node_the_round_put_it_on()
     assert "mnist-2-0 on node node-2" in notice.message
 
 
-def test_a_stall_after_a_shrink_names_the_silent_pod_by_the_rounds_membership() -> None:
+@pytest.mark.parametrize(
+    ("seconds", "stalled"),
+    [
+        # 60 s without a step is the limit, but the members may wait replacementWaitSeconds (60) for the
+        # replacement before the round forms without it: no hang yet.
+        pytest.param(161, False, id="within-the-replacement-wait"),
+        pytest.param(221, True, id="past-the-limit-and-the-wait"),
+    ],
+)
+def test_a_stall_after_a_shrink_names_the_silent_pod_by_the_rounds_membership(
+    seconds: float, stalled: bool
+) -> None:
     """The stall is watched while the shrunk group trains (the replacement that cannot be placed is
     outside the round), and the pod that stopped answering is found by the round's numbering."""
     job = parse_job(elastic_object(2, 3, runPolicy={"stallTimeoutSeconds": 60, "backoffLimit": 3}))
     observation = ProgressObservation(
         attempt=0, step=120, step_changed_at=at(100), rank_steps={0: 120}, rank_pods=SHRUNK_ROUND
     )
-    decision = decide(job, live_status(replicas=3), observe(*SHRUNK_PODS), at(161), observed=observation)
+    decision = decide(job, live_status(replicas=3), observe(*SHRUNK_PODS), at(seconds), observed=observation)
+    if not stalled:
+        assert decision.report.status["phase"] == "Running"
+        assert decision.requeue_after is not None and decision.requeue_after <= 220 - seconds
+        return
     assert decision.report.status["phase"] == "Restarting"
     # The round's rank 1 (pod rank 2's pod) stopped answering: that pod, not pod rank 1's, is the hung one.
     assert decision.delete.hung_pods == ("mnist-2-0",)

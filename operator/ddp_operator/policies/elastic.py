@@ -21,6 +21,13 @@ def can_train(spec: ElasticSpec, running: Sequence[PodObservation]) -> bool:
     return len(running) >= spec.min_replicas and any(p.rank == recovery.RENDEZVOUS_RANK for p in running)
 
 
+def stall_allowance(spec: ElasticSpec, pods: Sequence[PodObservation]) -> int:
+    """Seconds a group may go without a step beyond the stall limit: while a pod of the attempt does not
+    run (a replacement starting, or one that cannot be placed), the members wait up to
+    ``replacementWaitSeconds`` for it before the round forms without it, and that wait is no hang."""
+    return 0 if all(p.running for p in pods) else spec.replacement_wait_seconds
+
+
 def below_min_since(last_restart: object, attempt: int, running_since: datetime | None) -> datetime | None:
     """Since when a group below ``minReplicas`` is held to startupDeadlineSeconds: the failure of the
     attempt's latest restart (the loss that took it there), else when the job last turned Running."""

@@ -18,6 +18,7 @@ from ddp_harness.control_plane import KubectlError, LocalCluster
 from ddp_harness.kwok_stages import (
     EXIT_CODE_ANNOTATION,
     FINISHED_AT_ANNOTATION,
+    MESSAGE_ANNOTATION,
     NODE_LOST_ANNOTATION,
     REASON_ANNOTATION,
     ReportLatency,
@@ -30,6 +31,7 @@ __all__ = [
     "FINISHED_AT_ANNOTATION",
     "GANG_SCHEDULING_FLAGS",
     "GPU_RESOURCE",
+    "MESSAGE_ANNOTATION",
     "NODE_LOST_ANNOTATION",
     "REASON_ANNOTATION",
     "BinariesError",

@@ -38,6 +38,8 @@ NODE_LOST_ANNOTATION = "kwok.ddp.dev/node-lost"
 EXIT_CODE_ANNOTATION = "kwok.ddp.dev/exit-code"
 REASON_ANNOTATION = "kwok.ddp.dev/reason"
 FINISHED_AT_ANNOTATION = "kwok.ddp.dev/finished-at"
+# The container's termination message (what the trainer's launcher leaves when it decides to exit).
+MESSAGE_ANNOTATION = "kwok.ddp.dev/message"
 
 _NOT_DELETING = {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}
 _EXIT_CODE_KEY = f'.metadata.annotations["{EXIT_CODE_ANNOTATION}"]'
@@ -176,6 +178,7 @@ _POD_COMPLETE = (
 {{ $reason := "Error" }}
 {{ if eq $code "0" }}{{ $reason = "Completed" }}{{ end }}
 {{ with index $annotations "REASON" }}{{ $reason = . }}{{ end }}
+{{ $message := index $annotations "MESSAGE" }}
 {{ $startedAt := or .status.startTime $now }}
 conditions:
 - lastTransitionTime: {{ $now | Quote }}
@@ -205,6 +208,9 @@ containerStatuses:
       reason: {{ $reason | Quote }}
       startedAt: {{ $startedAt | Quote }}
       finishedAt: {{ $finishedAt | Quote }}
+{{ with $message }}
+      message: {{ . | Quote }}
+{{ end }}
 {{ end }}
 {{ if eq $code "0" }}
 phase: Succeeded
@@ -215,6 +221,7 @@ startTime: {{ $startedAt | Quote }}
 """.replace("EXIT_CODE", EXIT_CODE_ANNOTATION)
     .replace("REASON", REASON_ANNOTATION)
     .replace("FINISHED_AT", FINISHED_AT_ANNOTATION)
+    .replace("MESSAGE", MESSAGE_ANNOTATION)
 )
 
 
@@ -223,6 +230,7 @@ _POD_STOPPED_ON_DELETE = (
     _POD_COMPLETE.replace(f'index $annotations "{EXIT_CODE_ANNOTATION}"', '"143"')
     .replace(f'or (index $annotations "{FINISHED_AT_ANNOTATION}") $now', "$now")
     .replace(f'with index $annotations "{REASON_ANNOTATION}"', "with false")
+    .replace(f'index $annotations "{MESSAGE_ANNOTATION}"', '""')
 )
 
 

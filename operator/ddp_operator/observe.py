@@ -33,6 +33,11 @@ _DISRUPTION_REASONS: Final = {
 # eviction from the queue reads "WorkloadEvicted", or for a group "WorkloadEvictedDueTo<the Workload's
 # Evicted reason>" (jobframework/reconciler.go stopJob): Preempted, PodsReadyTimeout, Deactivated, ...
 KUEUE_TERMINATION_TARGET: Final = "TerminationTarget"
+# A process that ended by a signal exits 128 + its number.
+SIGNAL_EXIT_CODES: Final = 128
+# The trainer's launcher writes this to its container's termination message whenever it exits by its
+# own decision (ddp_trainer.exitcodes.LAUNCHER_EXIT_MARKER; a unit test keeps the two equal).
+LAUNCHER_EXIT_MARKER: Final = "ddp-launcher-exit"
 KUEUE_EVICTED: Final = "WorkloadEvicted"
 _KUEUE_STOP_REASONS: Final = {
     KUEUE_EVICTED: "Preempted",
@@ -130,6 +135,19 @@ class PodObservation:
     @property
     def trainer_succeeded(self) -> bool:
         return self.phase == "Succeeded" or (self.terminated and self.exit_code == 0)
+
+    @property
+    def launcher_killed(self) -> bool:
+        """The trainer container ended by a signal (exit >= 128) without its launcher's last word: killed
+        from outside, launcher and all (the pod's memory limit, a kill of the container), so nothing in
+        the pod restarted in place."""
+        code = self.exit_code
+        return (
+            self.terminated
+            and code is not None
+            and code >= SIGNAL_EXIT_CODES
+            and LAUNCHER_EXIT_MARKER not in (self.message or "")
+        )
 
     @property
     def trainer_failed(self) -> bool:

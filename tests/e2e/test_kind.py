@@ -151,6 +151,27 @@ def _kill_worker(cluster: suite.ExternalCluster, namespace: str, pod: str) -> in
     return pid
 
 
+def _kill_container(namespace: str, pod: str) -> int:
+    """SIGKILL the pod's trainer container from its node, as the kernel's OOM killer of the pod's cgroup
+    or a runtime's kill would: its main process (the launcher, PID 1 in the container) dies, its workers
+    with it, and the launcher leaves no word. PID 1 ignores SIGKILL from inside its own PID namespace,
+    so the kill comes from the node's."""
+    node = f"{KIND_CLUSTER}-control-plane"
+
+    def crictl(*args: str) -> str:
+        done = subprocess.run(
+            ["docker", "exec", node, "crictl", *args], capture_output=True, text=True, timeout=60, check=True
+        )
+        return done.stdout.strip()
+
+    sandbox = crictl("pods", "--namespace", namespace, "--name", f"^{pod}$", "-q").splitlines()
+    assert len(sandbox) == 1, f"the sandbox of {pod}: {sandbox}"
+    (container,) = crictl("ps", "--pod", sandbox[0], "--name", "^trainer$", "-q").splitlines()
+    pid = int(crictl("inspect", "--output", "go-template", "--template", "{{.info.pid}}", container))
+    subprocess.run(["docker", "exec", node, "kill", "-KILL", str(pid)], timeout=60, check=True)
+    return pid
+
+
 def _pod_uids(cluster: suite.ExternalCluster, namespace: str, job: str) -> dict[str, str]:
     return {p["metadata"]["name"]: p["metadata"]["uid"] for p in suite.rank_pods(cluster, namespace, job)}
 
@@ -172,14 +193,15 @@ def _started_with_a_checkpoint(
 
 
 def _assert_recovered(status: dict[str, Any], logs: str, mode: str, cause: str) -> dict[str, Any]:
-    """Succeeded with the example's accuracy, after one restart of ``mode`` that resumed from a checkpoint
-    and whose cost the status shows."""
+    """Succeeded with the example's accuracy, after one restart of ``mode`` that resumed where training
+    stopped (no step redone) and whose cost the status shows."""
     assert status.get("restarts") == 1, status
     record = status.get("lastRestart") or {}
     assert (record.get("mode"), record.get("cause")) == (mode, cause), record
     phases = [float(record[key]) for key in ("stoppedSeconds", "reformedSeconds", "resumedSeconds")]
     assert 0 <= phases[0] <= phases[1] <= phases[2] < 300, record
-    assert int(record.get("stepsRedone", -1)) >= 0, record
+    # Every survivor holds the state of the last step in memory: the group resumes there (docs/restarts.md).
+    assert int(record.get("stepsRedone", -1)) == 0, record
     assert 0 < float(status.get("goodput", 0)) <= 1, status
     final = suite.status_lines(logs, "final")
     assert final and 0.5 < float(final[-1]["accuracy"]) <= 1.0, logs[-2000:]
@@ -228,21 +250,45 @@ def test_a_deleted_rank_pod_is_replaced_alone_and_the_others_keep_theirs(
     operator_release: str,  # noqa: F811
     restricted_namespace: str,  # noqa: F811
 ) -> None:
-    namespace, job = restricted_namespace, "replaced"
+    _replaced_alone(cluster, checkpoint_storage, restricted_namespace, "delete", "PodDeleted")
+
+
+def test_a_pod_killed_with_its_launcher_is_replaced_alone(
+    cluster: suite.ExternalCluster,
+    checkpoint_storage: str | None,  # noqa: F811 (the suite's fixtures)
+    operator_release: str,  # noqa: F811
+    restricted_namespace: str,  # noqa: F811
+) -> None:
+    """Its container killed from the node, launcher and all: no word from the launcher, so the pod is
+    lost like a deleted one (the exit code alone would read as the launcher giving up)."""
+    _replaced_alone(cluster, checkpoint_storage, restricted_namespace, "kill", "ExitCode")
+
+
+def _replaced_alone(
+    cluster: suite.ExternalCluster, checkpoint_storage: str | None, namespace: str, how: str, cause: str
+) -> None:
+    """Rank 1's pod lost (``how``: deleted, or killed with its launcher) mid-run: a replacement joins the
+    survivors, who keep their pods, and the job succeeds having redone no step."""
+    job = f"replaced-{how}"
     manifest = suite.digits_job(
         job, "--throttle-ms", "60", "--checkpoint-every", "20", storage_class=checkpoint_storage
     )
     cluster.apply_json(manifest, "-n", namespace)
     _, rank0_log = _started_with_a_checkpoint(cluster, namespace, job)
     before = _pod_uids(cluster, namespace, job)
-    cluster.kubectl_run("delete", "pod", f"{job}-1-0", "-n", namespace, "--wait=false")
+    if how == "delete":
+        cluster.kubectl_run("delete", "pod", f"{job}-1-0", "-n", namespace, "--wait=false")
+    else:
+        _kill_container(namespace, f"{job}-1-0")
     status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
     after = _pod_uids(cluster, namespace, job)
     assert after.get(f"{job}-0-0") == before[f"{job}-0-0"], "rank 0 keeps its pod"
     assert f"{job}-1-0r1" in after and f"{job}-1-0" not in after, after
     assert status.get("attempt") == 0 and status.get("podReplacements") == 1, status
-    record = _assert_recovered(status, rank0_log.text(), "PodReplaced", "PodDeleted")
-    suite.TIMINGS.record("pod_replaced_resumed_s", float(record["resumedSeconds"]))
+    record = _assert_recovered(status, rank0_log.text(), "PodReplaced", cause)
+    if how == "kill":
+        assert (record.get("rank"), record.get("exitCode")) == (1, 137), record
+    suite.TIMINGS.record(f"pod_replaced_{how}_resumed_s", float(record["resumedSeconds"]))
 
 
 # ---- elastic jobs (docs/elastic.md): shrink in place when capacity is lost, grow back when it returns ----

@@ -24,8 +24,9 @@ from typing import Any, TypeVar
 
 import yaml
 
-from ddp_harness import EXIT_CODE_ANNOTATION, FINISHED_AT_ANNOTATION, REASON_ANNOTATION
+from ddp_harness import EXIT_CODE_ANNOTATION, FINISHED_AT_ANNOTATION, MESSAGE_ANNOTATION, REASON_ANNOTATION
 from ddp_operator import names
+from ddp_operator.observe import LAUNCHER_EXIT_MARKER
 
 REPO = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -108,10 +109,15 @@ class Kube:
         exit_code: int,
         reason: str | None = None,
         finished_at: datetime | None = None,
+        launcher_killed: bool = False,
     ) -> None:
         """The pod's process ends with this exit code, at ``finished_at`` (default: now); its node's kwok
-        reports it after that node's latency. An earlier ``finished_at`` models a report that arrives late."""
+        reports it after that node's latency. An earlier ``finished_at`` models a report that arrives late.
+        The trainer's launcher leaves its last word in the termination message as it exits, unless
+        ``launcher_killed``: the container was killed from outside, launcher and all."""
         args = [f"{EXIT_CODE_ANNOTATION}={exit_code}"]
+        if not launcher_killed:
+            args.append(f"{MESSAGE_ANNOTATION}={LAUNCHER_EXIT_MARKER} code={exit_code}")
         if reason:
             args.append(f"{REASON_ANNOTATION}={reason}")
         if finished_at is not None:

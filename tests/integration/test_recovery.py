@@ -111,6 +111,36 @@ def test_a_deleted_rank_pod_is_replaced_alone(
     wait_for("the Service to publish the current group", published, timeout=60)
 
 
+@pytest.mark.parametrize(
+    ("launcher_killed", "mode"),
+    [
+        # The kubelet reports the container ended by SIGKILL with no word from its launcher: killed from
+        # outside (the pod's memory limit, a kill of the container), nothing in it restarts in place.
+        pytest.param(True, "PodReplaced", id="killed-with-its-launcher"),
+        # The same exit code passed on by the launcher (it gave up): the attempt's judge decides.
+        pytest.param(False, "WholeGang", id="the-launcher-gave-up"),
+    ],
+)
+def test_a_pod_killed_with_its_launcher_is_replaced_alone(
+    kube: Kube,
+    namespace: str,
+    tmp_path: Path,
+    operators: list[OperatorProcess],
+    launcher_killed: bool,
+    mode: str,
+) -> None:
+    before = uids(started(kube, namespace, tmp_path, operators, ddpjob("killed", replicas=3)))
+    kube.end_pod(namespace, "killed-2-0", 137, launcher_killed=launcher_killed)
+    if launcher_killed:
+        members = replaced(kube, namespace, "killed", 3, 2, by="killed-2-0r1")
+        assert {r: p["metadata"]["uid"] for r, p in members.items() if r != 2} == {0: before[0], 1: before[1]}
+    else:
+        running_ranks(kube, namespace, "killed", 3, attempt=1)
+    status = wait_phase(kube, namespace, "killed", "Running")
+    record = status["lastRestart"]
+    assert (record["mode"], record["cause"], record["rank"], status["restarts"]) == (mode, "ExitCode", 2, 1)
+
+
 def test_losing_rank_0s_pod_recreates_the_whole_gang(
     kube: Kube, namespace: str, tmp_path: Path, operators: list[OperatorProcess]
 ) -> None:

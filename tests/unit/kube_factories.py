@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ddp_operator import names
-from ddp_operator.observe import PodObservation, format_time, observe_pod, seen
+from ddp_operator.observe import LAUNCHER_EXIT_MARKER, PodObservation, format_time, observe_pod, seen
 from ddp_operator.spec import JobSpec, parse_job
 
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -70,9 +70,12 @@ def pod(
     owner_uid: str = JOB_UID,
     phase_lags: bool = False,
     replacement: int = 0,
+    launcher_killed: bool = False,
 ) -> dict[str, Any]:
     """A rank pod; a given exit_code makes the trainer terminated (phase defaults from the code, unless
-    phase_lags: a real kubelet keeps the phase Running until it has torn the pod's sandbox down)."""
+    phase_lags: a real kubelet keeps the phase Running until it has torn the pod's sandbox down). The
+    trainer's launcher leaves its last word in the termination message, unless ``launcher_killed`` (the
+    container was killed from outside, launcher and all)."""
     metadata: dict[str, Any] = {
         "name": names.pod_name(job, rank, attempt, replacement),
         "namespace": "team-a",
@@ -104,6 +107,8 @@ def pod(
                 "finishedAt": format_time(at(finished if finished is not None else created + 10)),
             }
         }
+        if not launcher_killed:
+            state["terminated"]["message"] = f"{LAUNCHER_EXIT_MARKER} code={exit_code}\n"
         if phase == "Running" and not phase_lags:
             phase = "Succeeded" if exit_code == 0 else "Failed"
     elif waiting is not None:

@@ -48,6 +48,21 @@ def run(
             ("mnist-1-0",),
             id="node-lost-force-deleted",
         ),
+        # The container was killed from outside, launcher and all: nothing in it restarts in place.
+        pytest.param(
+            pod(1, exit_code=137, finished=20, launcher_killed=True),
+            "ExitCode",
+            ("mnist-1-0",),
+            (),
+            id="killed-with-its-launcher",
+        ),
+        pytest.param(
+            pod(1, exit_code=137, reason="OOMKilled", finished=20, launcher_killed=True),
+            "OOMKilled",
+            ("mnist-1-0",),
+            (),
+            id="launcher-oom-killed",
+        ),
     ],
 )
 def test_a_lost_pod_is_replaced_alone(
@@ -108,6 +123,13 @@ def test_a_lost_replacement_gets_a_new_name() -> None:
         pytest.param(
             [pod(0), pod(1, exit_code=3, finished=20)], 0, "Failed", "ExitCode", id="permanent-code"
         ),
+        pytest.param(
+            [pod(0, exit_code=137, finished=20, launcher_killed=True), pod(1)],
+            0,
+            "Restarting",
+            "ExitCode",
+            id="rank-0-killed-with-its-launcher",
+        ),
     ],
 )
 def test_what_one_new_pod_cannot_mend(
@@ -120,14 +142,29 @@ def test_what_one_new_pod_cannot_mend(
     if phase == "Restarting":
         record = decision.report.status["lastRestart"]
         assert record["mode"] == "WholeGang"
-        assert ("rank 0" in record.get("note", "")) == (reason == "PodDeleted")
+        assert ("rank 0" in record.get("note", "")) == (record["rank"] == 0)
 
 
-def test_recreate_mode_replaces_nothing() -> None:
+@pytest.mark.parametrize(
+    "lost",
+    [
+        pytest.param(pod(1, deleting_at=20), id="deleted"),
+        pytest.param(pod(1, exit_code=137, finished=20, launcher_killed=True), id="killed-with-its-launcher"),
+    ],
+)
+def test_recreate_mode_replaces_nothing(lost: dict[str, Any]) -> None:
     job = job_spec(**with_run_policy(restartMode="Recreate"))
-    decision = run(job, live_status(), [pod(0), pod(1, deleting_at=20)], now=30)
+    decision = run(job, live_status(), [pod(0), lost], now=30)
     assert decision.report.status["phase"] == "Restarting"
     assert decision.create.replacements == ()
+
+
+def test_a_killed_pods_replacement_message_says_its_launcher_went_with_it() -> None:
+    decision = run(
+        job_spec(), live_status(), [pod(0), pod(1, exit_code=137, finished=20, launcher_killed=True)], now=30
+    )
+    (notice,) = decision.report.notices
+    assert "rank 1's pod was killed, its launcher with it (exit code 137)" in notice.message, notice.message
 
 
 def report(restarts: int, **fields: Any) -> GroupRestartReport:

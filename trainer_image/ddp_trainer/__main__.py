@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from ddp_trainer.config import ConfigError, parse_args, parse_env
-from ddp_trainer.exitcodes import EXIT_BAD_CONFIG
+from ddp_trainer.exitcodes import EXIT_BAD_CONFIG, write_launcher_exit
 from ddp_trainer.worker import whole_lines
 
 
@@ -21,7 +21,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if env.launches_workers:
             from ddp_trainer.launcher import launch_local_workers
 
-            return launch_local_workers(env, config, arguments)
+            code = launch_local_workers(env, config, arguments)
+            write_launcher_exit(code, os.environ)
+            return code
         from ddp_trainer.teardown import exit_without_finalizing
         from ddp_trainer.worker import train_and_record
 

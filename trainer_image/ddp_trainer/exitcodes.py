@@ -12,6 +12,7 @@ closed by peer", "Timed out waiting ... for recv operation"), NCCL and the rende
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -29,6 +30,17 @@ EXIT_STOPPED: Final = 143
 EXIT_PEER_LOST: Final = 170
 
 RETRYABLE_THRESHOLD: Final = 128
+
+# The launcher's last word: what it writes to the container's termination message whenever it exits by
+# its own decision (every code above, a worker's code it passes on). A trainer container that ended by
+# a signal without it was killed from outside, launcher and all (the pod's memory limit, a kill of the
+# container): it restarted nothing in place, and under InPlace the operator replaces that pod alone
+# like a lost one (docs/restarts.md). Kept equal to the operator's copy (observe.LAUNCHER_EXIT_MARKER)
+# by a unit test.
+LAUNCHER_EXIT_MARKER: Final = "ddp-launcher-exit"
+# Where the message goes: Kubernetes' default terminationMessagePath; absent outside a container.
+TERMINATION_MESSAGE_ENV: Final = "DDP_TERMINATION_MESSAGE_PATH"
+DEFAULT_TERMINATION_MESSAGE_PATH: Final = "/dev/termination-log"
 
 # Codes a rank exits with because of something that happened to another rank or to the whole gang,
 # never because of its own code: when workers of one pod fail together, they are not the cause.
@@ -146,3 +158,21 @@ def first_failure_code(failures: Mapping[int, int], records: Sequence[Mapping[st
     """The pod's exit code: that of :func:`first_failure`, or EXIT_OK when no worker failed."""
     found = first_failure(failures, records)
     return EXIT_OK if found is None else found[1]
+
+
+def launcher_exit_message(code: int) -> str:
+    return f"{LAUNCHER_EXIT_MARKER} code={code}\n"
+
+
+def write_launcher_exit(code: int, environ: Mapping[str, str]) -> bool:
+    """Leave the launcher's last word in the container's termination message; False where there is no
+    such file (``ddpjob run``'s local processes) or it cannot be written."""
+    path = environ.get(TERMINATION_MESSAGE_ENV) or DEFAULT_TERMINATION_MESSAGE_PATH
+    if not os.path.exists(path):
+        return False
+    try:
+        with open(path, "w", encoding="utf-8") as message:
+            message.write(launcher_exit_message(code))
+    except OSError:
+        return False
+    return True

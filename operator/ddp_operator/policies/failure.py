@@ -55,6 +55,9 @@ class RankFailure:
     disruption_message: str | None = None
     # Kueue evicted the group: retried without spending backoffLimit.
     by_queue: bool = False
+    # The pod's trainer container was killed from outside, its launcher with it (observe.py's
+    # PodObservation.launcher_killed): the pod is lost, however its exit code reads.
+    launcher_killed: bool = False
 
     @property
     def oom_killed(self) -> bool:
@@ -79,6 +82,11 @@ class RankFailure:
         if self.disruption:
             said = f" ({self.disruption_message})" if self.disruption_message else ""
             return f"rank {self.rank}'s pod was {self.disruption.lower()}{said}"
+        if self.launcher_killed:
+            oom = ", OOMKilled" if self.oom_killed else ""
+            return (
+                f"rank {self.rank}'s pod was killed, its launcher with it (exit code {self.exit_code}{oom})"
+            )
         if self.exit_code is not None:
             oom = " (OOMKilled)" if self.oom_killed else ""
             return f"rank {self.rank} exited with code {self.exit_code}{oom}"
@@ -196,6 +204,7 @@ def failure_of(pod: PodObservation, now: datetime) -> RankFailure | None:
         disruption=disruption,
         disruption_message=pod.disruption_message,
         by_queue=pod.evicted_by_queue,
+        launcher_killed=disruption is None and pod.launcher_killed,
     )
 
 

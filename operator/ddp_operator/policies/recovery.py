@@ -45,24 +45,31 @@ RENDEZVOUS_RANK: Final = 0
 def replaceable_ranks(restart_mode: str, failures: Sequence[RankFailure]) -> tuple[int, ...] | None:
     """The ranks whose lost pods are replaced alone, or None when the attempt takes the whole-gang path.
 
-    Every failure must be a lost pod (its process may have exited, by the SIGTERM of the pod's
-    deletion): a process that exited in a pod that stays means its launcher gave up (a permanent code,
-    or the gang's budget spent), which the attempt's judge decides. A Kueue eviction takes the whole
-    group away, and rank 0's pod holds the rendezvous.
+    Every failure must be a lost pod: deleted, evicted or preempted (its process may have exited, by
+    the SIGTERM of the deletion), or killed from outside with its launcher (``launcher_killed``: no
+    launcher is left in it to restart anything). A process that exited by its launcher's decision in a
+    pod that stays means the launcher gave up (a permanent code, or the gang's budget spent), which the
+    attempt's judge decides. A Kueue eviction takes the whole group away, and rank 0's pod holds the
+    rendezvous.
     """
     if restart_mode != MODE_IN_PLACE or not failures:
         return None
     for failure in failures:
-        if failure.disruption not in LOST_POD_REASONS or failure.by_queue:
+        if not is_lost_pod(failure) or failure.by_queue:
             return None
         if failure.rank == RENDEZVOUS_RANK:
             return None
     return tuple(sorted({f.rank for f in failures}))
 
 
+def is_lost_pod(failure: RankFailure) -> bool:
+    """The failure took the pod away (or left it with no launcher): no process of it restarts in place."""
+    return failure.disruption in LOST_POD_REASONS or failure.launcher_killed
+
+
 def fallback_note(failures: Sequence[RankFailure]) -> str:
     """Why a lost pod recreates the whole gang under InPlace, for the restart's record and message."""
-    if any(f.rank == RENDEZVOUS_RANK and f.disruption in LOST_POD_REASONS for f in failures):
+    if any(f.rank == RENDEZVOUS_RANK and is_lost_pod(f) for f in failures):
         return "rank 0's pod, which hosts the rendezvous, was lost: the whole gang is recreated"
     return ""
 

@@ -265,13 +265,13 @@ def test_a_pod_killed_with_its_launcher_is_replaced_alone(
 
 
 def _replaced_alone(
-    cluster: suite.ExternalCluster, checkpoint_storage: str | None, namespace: str, how: str, cause: str
+    cluster: suite.ExternalCluster, storage_class: str | None, namespace: str, how: str, cause: str
 ) -> None:
     """Rank 1's pod lost (``how``: deleted, or killed with its launcher) mid-run: a replacement joins the
     survivors, who keep their pods, and the job succeeds having redone no step."""
     job = f"replaced-{how}"
     manifest = suite.digits_job(
-        job, "--throttle-ms", "60", "--checkpoint-every", "20", storage_class=checkpoint_storage
+        job, "--throttle-ms", "60", "--checkpoint-every", "20", storage_class=storage_class
     )
     cluster.apply_json(manifest, "-n", namespace)
     _, rank0_log = _started_with_a_checkpoint(cluster, namespace, job)

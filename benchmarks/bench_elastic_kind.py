@@ -6,7 +6,7 @@ One digits job of 2..3 pods (``replacementWaitSeconds`` 10, a checkpoint every 2
 
 - **shrink**: the node is cordoned and rank 2's pod deleted; its replacement cannot be placed, so ranks 0
   and 1 re-form a group of 2 once the replacement wait has passed. Measured from the deletion to rank 0's
-  first training step in the group of 2 (``ddp_group_nodes`` 2 and ``ddp_resumed_timestamp_seconds``
+  first training step in the group of 2 (``ddp_group_members`` 2 and ``ddp_resumed_timestamp_seconds``
   after the deletion), so the replacement wait is included: it is what the user chose to wait.
 - **grow**: the node is uncordoned; the replacement starts (its container, the interpreter, torch), joins
   the rendezvous, and the group re-forms with 3. Measured from the uncordon to rank 0's first step in the
@@ -66,7 +66,7 @@ def training_on(kube: Kube, pods: int, since: float) -> float | None:
     """Rank 0's first step in a group of ``pods`` pods after ``since``, once it happened."""
     values = rank0_metrics(kube, JOB)
     resumed = values.get("ddp_resumed_timestamp_seconds")
-    if values.get("ddp_group_nodes") != pods or resumed is None or resumed <= since:
+    if values.get("ddp_group_members") != pods or resumed is None or resumed <= since:
         return None
     return resumed
 
@@ -102,7 +102,7 @@ def one_cycle(kube: Kube, node: str) -> Cycle:
 def bench(kube: Kube, runs: int, image: str) -> list[Cycle]:
     kube.run("delete", "ddpjob", JOB, "-n", NAMESPACE, "--ignore-not-found", "--wait=true")
     kube.run("apply", "-f", "-", stdin=json.dumps(elastic_manifest(runs, image)))
-    wait_for("a group of 3", lambda: (rank0_metrics(kube, JOB).get("ddp_group_nodes") == 3) or None)
+    wait_for("a group of 3", lambda: (rank0_metrics(kube, JOB).get("ddp_group_members") == 3) or None)
     node = kube.json("get", "pod", f"{JOB}-0-0", "-n", NAMESPACE)["spec"]["nodeName"]
     cycles = [one_cycle(kube, node) for _ in range(runs)]
     kube.run("delete", "ddpjob", JOB, "-n", NAMESPACE, "--wait=false")

@@ -182,9 +182,16 @@ def restart_env(job: JobSpec, rank: int, attempt: int, restart_budget: int) -> l
     endpoint = f"{names.master_addr(job.name, job.namespace)}:{job.rendezvous_port}"
     rdzv_conf = f"is_host={1 if rank == 0 else 0}"
     if job.elastic is not None:
-        # An elastic job trains on DDP_MIN_NODES..NNODES pods; a round waits this long for missing ones.
+        # An elastic job trains on DDP_MIN_MEMBERS..NNODES pods; a round waits this long for missing ones.
+        # Its deprecated name, the same value, is what an older trainer image reads (docs/api.md,
+        # "Deprecated names").
         wait = str(job.elastic.replacement_wait_seconds)
-        values += [("DDP_MIN_NODES", str(job.elastic.min_replicas)), ("DDP_REPLACEMENT_WAIT_SECONDS", wait)]
+        least = str(job.elastic.min_replicas)
+        values += [
+            ("DDP_MIN_MEMBERS", least),
+            ("DDP_MIN_NODES", least),
+            ("DDP_REPLACEMENT_WAIT_SECONDS", wait),
+        ]
         rdzv_conf += f",last_call_timeout={wait}"
     return [
         *values,

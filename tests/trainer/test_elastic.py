@@ -1,5 +1,5 @@
-"""Elastic jobs (DDP_MIN_NODES): "pods" are in-place launchers on loopback (see
-test_inplace_restarts.py) that may train on DDP_MIN_NODES..NNODES of them.
+"""Elastic jobs (DDP_MIN_MEMBERS): "pods" are in-place launchers on loopback (see
+test_inplace_restarts.py) that may train on DDP_MIN_MEMBERS..NNODES of them.
 
 A pod's deletion is a SIGTERM to its launcher; a replacement is a new launcher with that NODE_RANK.
 The order of events and the counts are asserted, never the seconds between them.
@@ -27,7 +27,7 @@ from ddp_trainer.exitcodes import EXIT_PEER_LOST, EXIT_STOPPED
 
 pytestmark = pytest.mark.trainer
 
-ELASTIC = {"DDP_RESTART_MODE": "InPlace", "DDP_MIN_NODES": "2", "DDP_REPLACEMENT_WAIT_SECONDS": "3"}
+ELASTIC = {"DDP_RESTART_MODE": "InPlace", "DDP_MIN_MEMBERS": "2", "DDP_REPLACEMENT_WAIT_SECONDS": "3"}
 # Slow enough steps that the survivors are still training when a replacement has started (its
 # launcher imports torch first), and enough of them; digits at world size 2 has 23 batches an epoch.
 TRAIN = ["--epochs", "20", "--max-steps", "250", "--progress-every", "5", "--stop-check-every", "5"]
@@ -59,9 +59,9 @@ def start_three(
     return pods
 
 
-def wait_for_round(pods: list[TrainerProcess], nodes: int) -> None:
-    """Until every pod's launcher has started its workers in a round of ``nodes`` pods."""
-    pattern = rf"^launcher event=started node=\d+ restarts=\d+ nodes={nodes} "
+def wait_for_round(pods: list[TrainerProcess], members: int) -> None:
+    """Until every pod's launcher has started its workers in a round of ``members`` pods."""
+    pattern = rf"^launcher event=started pod=\d+ restarts=\d+ members={members} "
     for pod in pods:
         pod.wait_for_stdout(pattern)
 
@@ -102,12 +102,12 @@ def test_a_pod_leaves_the_survivors_train_on_and_a_new_pod_grows_the_group_back(
     shrunk = pods[0].wait_for_stdout(r"^resized from_world_size=3 world_size=2 step=(\d+) ")
     assert progress_after(pods[0], "resized from_world_size=3") > int(shrunk.group(1))
     for rank, pod in enumerate(survivors):
-        assert samples(pod.scrape(), "ddp_group_nodes") == {str(rank): 2.0}
-    assert [e["nodes"] for e in events(pods[0], "reformed")][-1] == "2"
+        assert samples(pod.scrape(), "ddp_group_members") == {str(rank): 2.0}
+    assert [e["members"] for e in events(pods[0], "reformed")][-1] == "2"
     rank0 = pods[0].scrape()
     assert (
-        samples(rank0, "ddp_last_restart_nodes_before"),
-        samples(rank0, "ddp_last_restart_nodes_after"),
+        samples(rank0, "ddp_last_restart_members_before"),
+        samples(rank0, "ddp_last_restart_members_after"),
     ) == (
         {"0": 3.0},
         {"0": 2.0},
@@ -135,14 +135,17 @@ def test_a_pod_leaves_the_survivors_train_on_and_a_new_pod_grows_the_group_back(
     for rank, text in enumerate(scrapes):
         assert samples(text, "ddp_group_restarts_total") == {str(rank): restarts_before + 2}
         assert samples(text, "ddp_group_grows_total") == {str(rank): grows_before + 1}
-        assert samples(text, "ddp_group_nodes") == {str(rank): 3.0}
+        assert samples(text, "ddp_group_members") == {str(rank): 3.0}
+        assert samples(text, "ddp_group_nodes") == {str(rank): 3.0}  # the deprecated name, the same
     rank0 = scrapes[0]
+    assert samples(rank0, "ddp_last_restart_members_before") == {"0": 2.0}
+    assert samples(rank0, "ddp_last_restart_members_after") == {"0": 3.0}
     assert samples(rank0, "ddp_last_restart_nodes_before") == {"0": 2.0}
     assert samples(rank0, "ddp_last_restart_nodes_after") == {"0": 3.0}
     assert samples(rank0, "ddp_last_restart_steps_redone") == {"0": 0.0}
     info = labelled(rank0, "ddp_last_restart_info")
     assert info is not None and info["cause"] == "MemberJoined" and info["exit_code"] == ""
-    assert "ddp_last_restart_nodes_before" not in scrapes[1]
+    assert "ddp_last_restart_members_before" not in scrapes[1]
 
 
 def test_a_grow_after_the_last_stop_check_finds_the_job_done(gangs: Gangs, tmp_path: Path) -> None:
@@ -160,7 +163,8 @@ def test_a_grow_after_the_last_stop_check_finds_the_job_done(gangs: Gangs, tmp_p
     assert growers, describe([*pods, late])
     for pod in growers:
         assert "training was over when a pod joined the round of 2; exiting 0" in pod.stderr
-    assert [[e["nodes"] for e in events(pod, "started")] for pod in pods] == [["2"], ["2"]]
+    started = [[(e["members"], e["nodes"]) for e in events(pod, "started")] for pod in pods]
+    assert started == [[("2", "2")], [("2", "2")]]
     assert len({digest for pod in pods for digest in pod.digests().values()}) == 1
     assert "final accuracy=" in pods[0].stdout
     # The group ended without it: it took no part, so it is no failure of the job.
@@ -168,7 +172,7 @@ def test_a_grow_after_the_last_stop_check_finds_the_job_done(gangs: Gangs, tmp_p
     assert "the elastic group had ended when this pod came to join it (" in late.stderr
 
 
-def test_below_min_nodes_the_survivor_does_not_train_alone(gangs: Gangs, tmp_path: Path) -> None:
+def test_below_min_members_the_survivor_does_not_train_alone(gangs: Gangs, tmp_path: Path) -> None:
     # --init-timeout bounds the survivor's wait for a second pod, as it bounds a first start.
     pods = start_three(gangs, elastic_args(tmp_path / "ckpt", "--init-timeout", "30"), with_metrics=False)
     pods[0].wait_for_stdout(r"^progress step=10 ")

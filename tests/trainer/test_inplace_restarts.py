@@ -227,12 +227,12 @@ def test_two_workers_per_pod_restart_in_place(gangs: Gangs, tmp_path: Path) -> N
     assert info is not None and info["failed_rank"] == failed["rank"]
 
 
-def torchrun_pods(gangs: Gangs, nodes: int, args: list[str], tag: str = "torchrun") -> list[TrainerProcess]:
+def torchrun_pods(gangs: Gangs, pods: int, args: list[str], tag: str = "torchrun") -> list[TrainerProcess]:
     """Stock torchrun "pods" with what the operator sets for a user's own torchrun image
     (docs/trainer.md, "Stock torchrun images"): no code of ours runs in them."""
     port = free_port()
     env = {
-        "PET_NNODES": str(nodes),
+        "PET_NNODES": str(pods),
         "PET_NPROC_PER_NODE": "1",
         "PET_RDZV_BACKEND": "c10d",
         "PET_RDZV_ENDPOINT": f"127.0.0.1:{port}",
@@ -243,12 +243,12 @@ def torchrun_pods(gangs: Gangs, nodes: int, args: list[str], tag: str = "torchru
     program = [PYTHON, "-m", "torch.distributed.run", str(HERE / "inplace_probe.py")]
     return [
         gangs.start(
-            f"{tag}{node}",
-            {**env, "PET_RDZV_CONF": f"is_host={1 if node == 0 else 0},keep_alive_interval=2"},
+            f"{tag}{rank}",
+            {**env, "PET_RDZV_CONF": f"is_host={1 if rank == 0 else 0},keep_alive_interval=2"},
             args,
             program=program,
         )
-        for node in range(nodes)
+        for rank in range(pods)
     ]
 
 

@@ -245,18 +245,18 @@ class Gangs:
         started in ``start_order`` (default: every NODE_RANK in order; a subset leaves pods out)."""
         port = free_port()
         pods: dict[int, TrainerProcess] = {}
-        for node in start_order or range(nnodes):
+        for rank in start_order or range(nnodes):
             pod_env = {
                 "WORLD_SIZE": str(nnodes * nproc),
                 "NNODES": str(nnodes),
-                "NODE_RANK": str(node),
+                "NODE_RANK": str(rank),
                 "NPROC_PER_NODE": str(nproc),
                 "MASTER_PORT": str(port),
                 **(env or {}),
             }
             metrics_port = free_port() if with_metrics else None
-            pods[node] = self.start(f"{tag}{node}", pod_env, args, metrics_port)
-        return [pods[node] for node in sorted(pods)]
+            pods[rank] = self.start(f"{tag}{rank}", pod_env, args, metrics_port)
+        return [pods[rank] for rank in sorted(pods)]
 
     def again(self, pod: TrainerProcess, name: str) -> TrainerProcess:
         """The same pod started again (a replacement: same env, NODE_RANK and metrics port)."""

@@ -109,6 +109,7 @@ def _env(job: JobSpec, rank: int) -> dict[str, str]:
             {
                 "NNODES": "3",
                 "WORLD_SIZE": "3",
+                "DDP_MIN_MEMBERS": "2",
                 "DDP_MIN_NODES": "2",
                 "DDP_REPLACEMENT_WAIT_SECONDS": "15",
                 "PET_NNODES": "2:3",
@@ -121,6 +122,7 @@ def _env(job: JobSpec, rank: int) -> dict[str, str]:
             {
                 "NNODES": "3",
                 "WORLD_SIZE": "3",
+                "DDP_MIN_MEMBERS": None,
                 "DDP_MIN_NODES": None,
                 "DDP_REPLACEMENT_WAIT_SECONDS": None,
                 "PET_NNODES": "3",
@@ -156,12 +158,12 @@ def _report(restarts: int, grows: int, before: int, after: int, cause: str) -> G
     return GroupRestartReport(
         restarts=restarts,
         grows=grows,
-        group_nodes=after,
+        group_members=after,
         failure_at=at(100).timestamp() if cause != "MemberJoined" else None,
         reformed_at=at(110).timestamp(),
         cause=cause,
-        nodes_before=before,
-        nodes_after=after,
+        members_before=before,
+        members_after=after,
     )
 
 

@@ -227,7 +227,7 @@ def test_the_straggler_sighting_follows_one_rank(case: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("group_nodes", "samples_per_second"),
+    ("group_members", "samples_per_second"),
     [
         pytest.param(None, "1280", id="no-group-reported-every-pod"),
         pytest.param(4, "1280", id="the-whole-group"),
@@ -235,11 +235,13 @@ def test_the_straggler_sighting_follows_one_rank(case: str) -> None:
     ],
 )
 def test_samples_per_second_counts_the_pods_training_now(
-    group_nodes: int | None, samples_per_second: str
+    group_members: int | None, samples_per_second: str
 ) -> None:
     followed = tracker.ProgressTracker(4, 4)
     for seconds, scrape in [(10, rank_zero(10, 200, 6400)), (20, rank_zero(20, 300, 9600))]:
-        report = None if group_nodes is None else GroupRestartReport(restarts=1, group_nodes=group_nodes)
+        report = (
+            None if group_members is None else GroupRestartReport(restarts=1, group_members=group_members)
+        )
         followed.record(at(seconds), {0: replace(scrape, restart=report)})
     status = render.status_progress(followed.view())
     assert status is not None and status["samplesPerSecond"] == samples_per_second

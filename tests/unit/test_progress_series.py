@@ -4,6 +4,7 @@ ddp_trainer/metrics.py fails here instead of silently vanishing from status.prog
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -11,6 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from ddp_operator.progress import series
 from ddp_operator.progress.exposition import reduce_text
 from ddp_trainer.metrics import (
+    DEPRECATED_ALIASES,
     RestartCollector,
     create_rank_metrics,
     kept_step_seconds_gauge,
@@ -50,7 +52,18 @@ def rank_zero_registry() -> CollectorRegistry:
     # series share the pod's endpoint).
     ledger = RestartLedger()
     record = RestartRecord(
-        1, "ExitCode", 1, 137, 1.7e9, 1.7e9 + 1, 1.7e9 + 2, 30, 1.7e9 + 9, 20, nodes_before=3, nodes_after=2
+        1,
+        "ExitCode",
+        1,
+        137,
+        1.7e9,
+        1.7e9 + 1,
+        1.7e9 + 2,
+        30,
+        1.7e9 + 9,
+        20,
+        members_before=3,
+        members_after=2,
     )
     ledger.round_formed(1, 0, 2, record)
     registry.register(RestartCollector(ledger, 0))
@@ -78,3 +91,22 @@ def test_the_reduction_of_a_real_rank_zero_fills_every_field() -> None:
     assert (restart.failure_at, restart.resumed_at, restart.steps_redone) == (1.7e9, 1.7e9 + 9, 10)
     assert (restart.kept_step_seconds, restart.any_resumed_at) == (12.5, 1.7e9 + 9)
     assert (scrape.straggler_slowdown, scrape.straggler_phase) == (3.0, "compute")
+
+
+def _without(text: str, names: Iterable[str]) -> str:
+    """The exposition without the lines (samples and comments) of the series ``names``."""
+    return "\n".join(line for line in text.splitlines() if not any(name in line for name in names))
+
+
+def _members(text: str) -> tuple[int | None, int | None, int | None]:
+    restart = reduce_text(text).restart
+    assert restart is not None
+    return restart.group_members, restart.members_before, restart.members_after
+
+
+def test_the_operator_reads_the_members_under_either_name() -> None:
+    text = generate_latest(rank_zero_registry()).decode()
+    current = _without(text, DEPRECATED_ALIASES.values())  # the series alone
+    older = _without(text, DEPRECATED_ALIASES)  # an older trainer image: the deprecated names alone
+    assert "ddp_group_nodes" in older and "ddp_group_members" not in older
+    assert _members(text) == _members(current) == _members(older) == (2, 3, 2)

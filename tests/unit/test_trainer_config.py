@@ -181,7 +181,7 @@ ELASTIC_POD = {
     "NNODES": "3",
     "NODE_RANK": "2",
     "DDP_RESTART_MODE": "InPlace",
-    "DDP_MIN_NODES": "2",
+    "DDP_MIN_MEMBERS": "2",
 }
 
 
@@ -190,22 +190,22 @@ ELASTIC_POD = {
     [
         pytest.param(
             POD,
-            {"elastic": False, "min_nodes": None, "replacement_wait": 60, "nnodes": 2},
+            {"elastic": False, "min_members": None, "replacement_wait": 60, "nnodes": 2},
             id="no-variable-is-fixed-size",
         ),
         pytest.param(
             ELASTIC_POD,
-            {"elastic": True, "min_nodes": 2, "replacement_wait": 60, "nnodes": 3, "world_size": 3},
+            {"elastic": True, "min_members": 2, "replacement_wait": 60, "nnodes": 3, "world_size": 3},
             id="elastic-pod-default-wait",
         ),
         pytest.param(
-            {**ELASTIC_POD, "DDP_MIN_NODES": "3", "DDP_REPLACEMENT_WAIT_SECONDS": "5"},
-            {"elastic": True, "min_nodes": 3, "replacement_wait": 5},
+            {**ELASTIC_POD, "DDP_MIN_MEMBERS": "3", "DDP_REPLACEMENT_WAIT_SECONDS": "5"},
+            {"elastic": True, "min_members": 3, "replacement_wait": 5},
             id="min-equals-max",
         ),
         pytest.param(
-            {**ELASTIC_POD, "DDP_MIN_NODES": "1", "DDP_REPLACEMENT_WAIT_SECONDS": "1"},
-            {"min_nodes": 1, "replacement_wait": 1, "launches_workers": True},
+            {**ELASTIC_POD, "DDP_MIN_MEMBERS": "1", "DDP_REPLACEMENT_WAIT_SECONDS": "1"},
+            {"min_members": 1, "replacement_wait": 1, "launches_workers": True},
             id="min-one-shortest-wait",
         ),
         pytest.param(
@@ -231,7 +231,7 @@ ELASTIC_POD = {
                 "NODE_RANK": "2",
                 "NPROC_PER_NODE": "2",
                 "DDP_RESTART_MODE": "InPlace",
-                "DDP_MIN_NODES": "1",
+                "DDP_MIN_MEMBERS": "1",
                 "RANK": "3",
                 "LOCAL_RANK": "1",
                 "GROUP_RANK": "1",
@@ -256,9 +256,9 @@ def test_elastic_jobs(env: dict[str, str], expected: dict[str, object]) -> None:
 @pytest.mark.parametrize(
     ("env", "problem"),
     [
-        pytest.param({**ELASTIC_POD, "DDP_MIN_NODES": "0"}, "must be >= 1", id="min-zero"),
-        pytest.param({**ELASTIC_POD, "DDP_MIN_NODES": "4"}, "4 > NNODES=3", id="min-above-nnodes"),
-        pytest.param({**ELASTIC_POD, "DDP_MIN_NODES": "two"}, "must be an integer", id="min-text"),
+        pytest.param({**ELASTIC_POD, "DDP_MIN_MEMBERS": "0"}, "must be >= 1", id="min-zero"),
+        pytest.param({**ELASTIC_POD, "DDP_MIN_MEMBERS": "4"}, "4 > NNODES=3", id="min-above-nnodes"),
+        pytest.param({**ELASTIC_POD, "DDP_MIN_MEMBERS": "two"}, "must be an integer", id="min-text"),
         pytest.param(
             {**ELASTIC_POD, "DDP_RESTART_MODE": "Recreate"}, "needs DDP_RESTART_MODE=InPlace", id="recreate"
         ),
@@ -269,11 +269,36 @@ def test_elastic_jobs(env: dict[str, str], expected: dict[str, object]) -> None:
         ),
     ],
 )
-def test_ddp_min_nodes_errors(env: dict[str, str], problem: str) -> None:
+def test_ddp_min_members_errors(env: dict[str, str], problem: str) -> None:
     with pytest.raises(ConfigError) as raised:
         parse_env(env)
+    assert raised.value.variable == "DDP_MIN_MEMBERS"
+    assert problem in raised.value.problem and "DDP_MIN_MEMBERS" in raised.value.fix
+
+
+FROM_AN_OLDER_OPERATOR = {key: value for key, value in ELASTIC_POD.items() if key != "DDP_MIN_MEMBERS"}
+
+
+@pytest.mark.parametrize(
+    ("env", "min_members"),
+    [
+        pytest.param({**FROM_AN_OLDER_OPERATOR, "DDP_MIN_NODES": "2"}, 2, id="deprecated-name-alone"),
+        pytest.param({**ELASTIC_POD, "DDP_MIN_NODES": "2"}, 2, id="both-names"),
+        pytest.param({**ELASTIC_POD, "DDP_MIN_MEMBERS": "3", "DDP_MIN_NODES": "1"}, 3, id="the-name-wins"),
+    ],
+)
+def test_the_deprecated_ddp_min_nodes_is_read_when_ddp_min_members_is_unset(
+    env: dict[str, str], min_members: int
+) -> None:
+    parsed = parse_env(env)
+    assert (parsed.elastic, parsed.min_members) == (True, min_members)
+
+
+def test_an_error_in_the_deprecated_ddp_min_nodes_names_it() -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_env({**FROM_AN_OLDER_OPERATOR, "DDP_MIN_NODES": "4"})
     assert raised.value.variable == "DDP_MIN_NODES"
-    assert problem in raised.value.problem and "DDP_MIN_NODES" in raised.value.fix
+    assert "4 > NNODES=3" in raised.value.problem
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "2.5", "soon"], ids=["zero", "negative", "fraction", "text"])

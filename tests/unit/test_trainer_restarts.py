@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ddp_trainer.metrics import RestartCollector
+from ddp_trainer.metrics import DEPRECATED_ALIASES, RestartCollector
 from ddp_trainer.restarts import (
     Failure,
     LedgerState,
@@ -49,9 +49,9 @@ def rendezvous_order(addresses: list[str], seed: int) -> list[str]:
     return [addr for addr, _, _ in sorted(descriptors)]
 
 
-@pytest.mark.parametrize("nodes", [3, 11, 101, 4096], ids=lambda n: f"{n}-pods")
-def test_the_rendezvous_ranks_pods_by_node_rank(nodes: int) -> None:
-    addresses = [node_addr(rank) for rank in range(nodes)]
+@pytest.mark.parametrize("pods", [3, 11, 101, 4096], ids=lambda n: f"{n}-pods")
+def test_the_rendezvous_ranks_pods_by_pod_rank(pods: int) -> None:
+    addresses = [node_addr(rank) for rank in range(pods)]
     for seed in range(3):
         assert rendezvous_order(addresses, seed) == addresses
 
@@ -71,7 +71,7 @@ def test_node_addr_refuses_ranks_it_cannot_order() -> None:
 
 
 @pytest.mark.parametrize(
-    ("node_rank", "group_rank", "elastic", "accepted"),
+    ("pod_rank", "group_rank", "elastic", "accepted"),
     [
         pytest.param(2, 2, False, True, id="fixed-own-rank"),
         pytest.param(2, 1, False, False, id="fixed-shifted-down-refused"),
@@ -85,12 +85,12 @@ def test_node_addr_refuses_ranks_it_cannot_order() -> None:
     ],
 )
 def test_the_rank_a_round_may_give_a_pod(
-    node_rank: int, group_rank: int, elastic: bool, accepted: bool
+    pod_rank: int, group_rank: int, elastic: bool, accepted: bool
 ) -> None:
-    problem = rank_mismatch(node_rank, group_rank, elastic)
+    problem = rank_mismatch(pod_rank, group_rank, elastic)
     assert (problem is None) == accepted
     if problem is not None:
-        assert f"NODE_RANK {node_rank}" in problem and f"node {group_rank}" in problem
+        assert f"NODE_RANK {pod_rank}" in problem and f"group rank {group_rank}" in problem
 
 
 @pytest.mark.parametrize(
@@ -107,8 +107,8 @@ def test_the_rank_a_round_may_give_a_pod(
 def test_grow_detection(before: int, after: int, failures: list[str], grow: bool) -> None:
     reported = [failure(1, 137, 10.0) for _ in failures]
     assert is_grow(before, after, reported) is grow
-    record = build_record(1, reported, [], 50.0, None, nodes_before=before, nodes_after=after)
-    assert (record.grow, record.nodes_before, record.nodes_after) == (grow, before, after)
+    record = build_record(1, reported, [], 50.0, None, members_before=before, members_after=after)
+    assert (record.grow, record.members_before, record.members_after) == (grow, before, after)
 
 
 @pytest.mark.parametrize(
@@ -128,7 +128,7 @@ def test_the_budget_counts_restarts_but_grows(
 
 
 @pytest.mark.parametrize(
-    ("elastic", "nodes", "max_nodes", "spent", "budget", "expected"),
+    ("elastic", "members", "pods", "spent", "budget", "expected"),
     [
         pytest.param(True, 2, 3, 0, 3, "grow", id="elastic-smaller-round-grows"),
         pytest.param(True, 2, 3, 3, 3, "grow", id="grow-allowed-with-budget-spent"),
@@ -139,9 +139,9 @@ def test_the_budget_counts_restarts_but_grows(
     ],
 )
 def test_a_healthy_group_restarts_for_a_waiting_pod(
-    elastic: bool, nodes: int, max_nodes: int, spent: int, budget: int, expected: str
+    elastic: bool, members: int, pods: int, spent: int, budget: int, expected: str
 ) -> None:
-    assert healthy_restart(elastic, nodes, max_nodes, spent, budget) == expected
+    assert healthy_restart(elastic, members, pods, spent, budget) == expected
 
 
 @pytest.mark.parametrize(
@@ -164,7 +164,7 @@ def test_decide(code: int, restarts_done: int, budget: int, expected: str) -> No
 
 
 def failure(rank: int, code: int, time: float) -> Failure:
-    return Failure(node_rank=rank, global_rank=rank, exit_code=code, time=time)
+    return Failure(pod_rank=rank, global_rank=rank, exit_code=code, time=time)
 
 
 @pytest.mark.parametrize(
@@ -190,7 +190,7 @@ def test_the_first_failure_and_the_cause(failures: list[Failure], expected: int 
 
 
 def test_a_failure_survives_the_store() -> None:
-    record = Failure(node_rank=3, global_rank=7, exit_code=137, time=1796140000.123456)
+    record = Failure(pod_rank=3, global_rank=7, exit_code=137, time=1796140000.123456)
     assert Failure.decode(record.encode()) == record
 
 
@@ -319,19 +319,36 @@ def test_the_last_restart_series() -> None:
 
 def test_the_group_series_on_every_pod_and_the_resize_on_rank0() -> None:
     ledger = RestartLedger()
-    assert 'ddp_group_nodes{rank="2"} 0.0' in exposition(ledger, rank=2)  # no round yet
+    assert 'ddp_group_members{rank="2"} 0.0' in exposition(ledger, rank=2)  # no round yet
     ledger.round_formed(
-        2, 1, 3, build_record(2, [], [], 50.0, steps_before=30, nodes_before=2, nodes_after=3)
+        2, 1, 3, build_record(2, [], [], 50.0, steps_before=30, members_before=2, members_after=3)
     )
     text = exposition(ledger, rank=0)
     assert 'ddp_group_grows_total{rank="0"} 1.0' in text
-    assert 'ddp_group_nodes{rank="0"} 3.0' in text
-    assert 'ddp_last_restart_nodes_before{rank="0"} 2.0' in text
-    assert 'ddp_last_restart_nodes_after{rank="0"} 3.0' in text
+    assert 'ddp_group_members{rank="0"} 3.0' in text
+    assert 'ddp_last_restart_members_before{rank="0"} 2.0' in text
+    assert 'ddp_last_restart_members_after{rank="0"} 3.0' in text
     assert 'ddp_last_restart_info{cause="MemberJoined",exit_code="",failed_rank="",rank="0"} 1.0' in text
-    # A record without node counts (none known) exports none.
+    # A record without member counts (none known) exports none, under either name.
     ledger.round_formed(1, 0, 3, build_record(1, [failure(1, 137, 10.0)], [], 50.0, steps_before=None))
-    assert "nodes_before" not in exposition(ledger, rank=0)
+    text = exposition(ledger, rank=0)
+    assert "members_before" not in text and "nodes_before" not in text
+
+
+def test_each_deprecated_alias_is_exported_with_the_value_of_its_series() -> None:
+    ledger = RestartLedger()
+    ledger.round_formed(
+        2, 1, 3, build_record(2, [], [], 50.0, steps_before=30, members_before=2, members_after=3)
+    )
+    values = {s.name: s.value for family in RestartCollector(ledger, 0).collect() for s in family.samples}
+    assert {name: values[name] for name in DEPRECATED_ALIASES} == {
+        "ddp_group_members": 3.0,
+        "ddp_last_restart_members_before": 2.0,
+        "ddp_last_restart_members_after": 3.0,
+    }
+    assert {alias: values[alias] for alias in DEPRECATED_ALIASES.values()} == {
+        alias: values[name] for name, alias in DEPRECATED_ALIASES.items()
+    }
 
 
 def test_a_round_without_a_record_keeps_the_last_one() -> None:
@@ -339,7 +356,7 @@ def test_a_round_without_a_record_keeps_the_last_one() -> None:
     record = build_record(1, [failure(1, 137, 10.0)], [], 50.0, steps_before=None)
     ledger.round_formed(1, 0, 2, record)
     ledger.round_formed(1, 0, 2, None)  # a pod other than rank 0's, or the first round: no new record
-    assert ledger.state == LedgerState(restarts=1, grows=0, nodes=2, record=record)
+    assert ledger.state == LedgerState(restarts=1, grows=0, members=2, record=record)
 
 
 def test_a_scrape_renders_one_state_of_the_ledger() -> None:
@@ -350,7 +367,7 @@ def test_a_scrape_renders_one_state_of_the_ledger() -> None:
     families = [next(scrape)]
     # The agent's thread forms the grow's round while the endpoint's is between two series.
     ledger.round_formed(
-        2, 1, 3, build_record(2, [], [], 60.0, steps_before=None, nodes_before=2, nodes_after=3)
+        2, 1, 3, build_record(2, [], [], 60.0, steps_before=None, members_before=2, members_after=3)
     )
     families += list(scrape)
     values = {
@@ -363,6 +380,7 @@ def test_a_scrape_renders_one_state_of_the_ledger() -> None:
     assert values == {
         ("ddp_group_restarts_total", None): 1.0,
         ("ddp_group_grows_total", None): 0.0,
+        ("ddp_group_members", None): 2.0,
         ("ddp_group_nodes", None): 2.0,
         ("ddp_last_restart_failure_timestamp_seconds", None): 10.0,
         ("ddp_last_restart_stopped_timestamp_seconds", None): 50.0,

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from ddp_trainer.idx import IdxFormatError, encode_idx, parse_idx, read_idx, write_idx
-from ddp_trainer.progress import FinalResult, Progress, parse_final, parse_progress, parse_status_line
+from ddp_trainer.progress import (
+    FinalResult,
+    Progress,
+    launcher_status_line,
+    parse_final,
+    parse_progress,
+    parse_status_line,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -44,6 +51,27 @@ def test_final_line_starts_with_the_accuracy() -> None:
 def test_other_lines_are_not_status_lines(line: str) -> None:
     assert parse_status_line(line) is None
     assert parse_progress(line) is None
+
+
+def test_a_launcher_line_writes_each_deprecated_field_with_the_same_value() -> None:
+    line = launcher_status_line("started", {"pod": 2, "restarts": 1, "members": 3, "workers": "4:99"})
+    assert line == "launcher event=started pod=2 restarts=1 members=3 workers=4:99 node=2 nodes=3"
+    assert parse_status_line(line) == (
+        "launcher",
+        {
+            "event": "started",
+            "pod": "2",
+            "restarts": "1",
+            "members": "3",
+            "workers": "4:99",
+            "node": "2",
+            "nodes": "3",
+        },
+    )
+    assert (
+        launcher_status_line("stopped", {"pod": 0, "time": "5.5"})
+        == "launcher event=stopped pod=0 time=5.5 node=0"
+    )
 
 
 @pytest.mark.parametrize(

@@ -29,8 +29,12 @@ RESTART_MODES: Final = ("InPlace", "Recreate")
 # DDP_RESTART_BUDGET when unset: runPolicy.backoffLimit's default.
 DEFAULT_RESTART_BUDGET: Final = 3
 # DDP_REPLACEMENT_WAIT_SECONDS when unset: how long an elastic job's round waits for more pods once
-# DDP_MIN_NODES have joined (the c10d rendezvous' last_call_timeout, whole seconds, torch's unit).
+# DDP_MIN_MEMBERS have joined (the c10d rendezvous' last_call_timeout, whole seconds, torch's unit).
 DEFAULT_REPLACEMENT_WAIT: Final = 60
+# An elastic job's fewest members (minReplicas). The deprecated name (docs/api.md, "Deprecated names")
+# is all an older operator sets, so it is read when the first is not set.
+MIN_MEMBERS_ENV: Final = "DDP_MIN_MEMBERS"
+DEPRECATED_MIN_MEMBERS_ENV: Final = "DDP_MIN_NODES"
 DEFAULT_MNIST_URL: Final = "https://ossci-datasets.s3.amazonaws.com/mnist/"
 # Set by the trainer on the local workers it launches when NPROC_PER_NODE > 1.
 WORKER_MARKER: Final = "DDP_TRAINER_WORKER"
@@ -82,15 +86,15 @@ class DistEnv:
     restart_budget: int = DEFAULT_RESTART_BUDGET
     # DDP_RUN_ID: the elastic rendezvous' run id, the same on every pod of one attempt.
     run_id: str = "ddp-trainer-0"
-    # DDP_MIN_NODES (an elastic job's minReplicas): a round may train on min_nodes..nnodes pods;
+    # DDP_MIN_MEMBERS (an elastic job's minReplicas): a round may train on min_members..nnodes pods;
     # None: a fixed-size job, every round has all nnodes pods.
-    min_nodes: int | None = None
-    # DDP_REPLACEMENT_WAIT_SECONDS: an elastic round's wait for more pods once min_nodes have joined.
+    min_members: int | None = None
+    # DDP_REPLACEMENT_WAIT_SECONDS: an elastic round's wait for more pods once min_members have joined.
     replacement_wait: int = DEFAULT_REPLACEMENT_WAIT
 
     @property
     def elastic(self) -> bool:
-        return self.min_nodes is not None
+        return self.min_members is not None
 
     @property
     def launches_workers(self) -> bool:
@@ -129,7 +133,7 @@ def _int(env: Mapping[str, str], name: str, fix: str, *, default: int | None = N
 def parse_env(env: Mapping[str, str]) -> DistEnv:
     """Validate the env contract; raises ConfigError naming the first bad variable."""
     launched_worker = env.get(WORKER_MARKER) == "1"
-    view = _node_view(env, launched_worker)
+    view = _round_view(env, launched_worker)
     world_size, nproc, nnodes = _world(view)
     rank, local_rank, node_rank = _ranks(view, world_size, nproc, nnodes, launched_worker)
     master_addr, master_port = _rendezvous(env, world_size)
@@ -154,7 +158,7 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
             "DDP_STALL_TIMEOUT_SECONDS", str(error), "set it to a positive number of seconds, or unset it"
         ) from None
     restart_mode, restart_budget = _restarts(env)
-    min_nodes, replacement_wait = _elastic(env, nnodes, restart_mode)
+    min_members, replacement_wait = _elastic(env, nnodes, restart_mode)
     job_name = env.get("DDPJOB_NAME") or None
     run_id = (env.get("DDP_RUN_ID") or "").strip() or f"{job_name or 'ddp-trainer'}-{attempt}"
     return DistEnv(
@@ -177,16 +181,17 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
         restart_mode=restart_mode,
         restart_budget=restart_budget,
         run_id=run_id,
-        min_nodes=min_nodes,
+        min_members=min_members,
         replacement_wait=replacement_wait,
     )
 
 
-def _node_view(env: Mapping[str, str], launched_worker: bool) -> Mapping[str, str]:
-    """The environment as a worker of a launcher sees its node: torch's agent sets GROUP_RANK and
-    GROUP_WORLD_SIZE (and WORLD_SIZE) for the round it started the worker in, while NODE_RANK and
-    NNODES are the pod's own (its index and the job's largest size). In an elastic job's smaller
-    round the round's view is the one that adds up: NNODES x NPROC_PER_NODE == WORLD_SIZE."""
+def _round_view(env: Mapping[str, str], launched_worker: bool) -> Mapping[str, str]:
+    """The environment as a worker of a launcher sees its pod in the round: torch's agent sets
+    GROUP_RANK and GROUP_WORLD_SIZE (and WORLD_SIZE) for the round it started the worker in, while
+    NODE_RANK and NNODES are the pod's own (its index and the job's largest size). In an elastic
+    job's smaller round the round's view is the one that adds up: NNODES x NPROC_PER_NODE ==
+    WORLD_SIZE."""
     if not launched_worker:
         return env
     group_size, group_rank = _lookup(env, "GROUP_WORLD_SIZE"), _lookup(env, "GROUP_RANK")
@@ -196,7 +201,7 @@ def _node_view(env: Mapping[str, str], launched_worker: bool) -> Mapping[str, st
 
 
 def _elastic(env: Mapping[str, str], nnodes: int, restart_mode: RestartMode) -> tuple[int | None, int]:
-    """DDP_MIN_NODES (unset: a fixed-size job) and DDP_REPLACEMENT_WAIT_SECONDS."""
+    """DDP_MIN_MEMBERS (unset: a fixed-size job) and DDP_REPLACEMENT_WAIT_SECONDS."""
     wait = _int(
         env,
         "DDP_REPLACEMENT_WAIT_SECONDS",
@@ -204,19 +209,29 @@ def _elastic(env: Mapping[str, str], nnodes: int, restart_mode: RestartMode) -> 
         default=DEFAULT_REPLACEMENT_WAIT,
         minimum=1,
     )
-    if _lookup(env, "DDP_MIN_NODES") is None:
+    variable = _min_members_variable(env)
+    if variable is None:
         return None, wait
-    fix = f"set DDP_MIN_NODES to the fewest pods the job may train on, 1..NNODES={nnodes}"
-    min_nodes = _int(env, "DDP_MIN_NODES", fix, minimum=1)
-    if min_nodes > nnodes:
-        raise ConfigError("DDP_MIN_NODES", f"{min_nodes} > NNODES={nnodes}", fix)
+    fix = f"set {MIN_MEMBERS_ENV} to the fewest pods the job may train on, 1..NNODES={nnodes}"
+    min_members = _int(env, variable, fix, minimum=1)
+    if min_members > nnodes:
+        raise ConfigError(variable, f"{min_members} > NNODES={nnodes}", fix)
     if restart_mode != "InPlace":
         raise ConfigError(
-            "DDP_MIN_NODES",
-            "an elastic job (DDP_MIN_NODES set) needs DDP_RESTART_MODE=InPlace: its pods change rounds in place",
-            "set DDP_RESTART_MODE=InPlace, or unset DDP_MIN_NODES for a fixed-size job",
+            variable,
+            f"an elastic job ({variable} set) needs DDP_RESTART_MODE=InPlace: its pods change rounds in place",
+            f"set DDP_RESTART_MODE=InPlace, or unset {variable} for a fixed-size job",
         )
-    return min_nodes, wait
+    return min_members, wait
+
+
+def _min_members_variable(env: Mapping[str, str]) -> str | None:
+    """The variable that sets an elastic job's fewest members: MIN_MEMBERS_ENV, else its deprecated
+    name (a pod of an older operator); None when neither is set (a fixed-size job)."""
+    for name in (MIN_MEMBERS_ENV, DEPRECATED_MIN_MEMBERS_ENV):
+        if _lookup(env, name) is not None:
+            return name
+    return None
 
 
 def _restarts(env: Mapping[str, str]) -> tuple[RestartMode, int]:

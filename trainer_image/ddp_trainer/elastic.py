@@ -3,13 +3,13 @@
 Every pod runs one ``LocalElasticAgent`` (torch's), which starts the pod's workers once every pod has
 joined a round of a ``DynamicRendezvousHandler`` (torch's) whose state lives in a TCP store at
 MASTER_ADDR:MASTER_PORT, hosted by the agent of NODE_RANK 0. When a worker fails, its agent stops
-the pod's workers and joins the next round; torch's other agents see a node waiting
+the pod's workers and joins the next round; torch's other agents see a pod waiting
 (``num_nodes_waiting() > 0``, polled every ``monitor_interval``), stop theirs and join too; once all
 pods are in, each starts its workers again and rank 0 resumes from the newest checkpoint.
 
 What this module adds to torch's agent (:class:`InPlaceAgent`, a small subclass, not a second agent):
 
-- **Ranks**: node rank k is pod k (``ddp_trainer.restarts.node_addr``), or in an elastic job's
+- **Ranks**: group rank k is pod k (``ddp_trainer.restarts.node_addr``), or in an elastic job's
   smaller round, the k-th pod present; checked after every round.
 - **One gang-wide budget**: torch counts restarts per agent. The gang's count is the round number,
   which rank 0's agent publishes in each round's store; a failed agent restarts only while the count
@@ -23,17 +23,18 @@ What this module adds to torch's agent (:class:`InPlaceAgent`, a small subclass,
 - **Measuring**: each agent appends its failures and its "workers stopped" time to the store of the
   round it leaves; rank 0's agent, once the next round is complete, turns them into the record of
   the last restart (``ddp_trainer.restarts.RestartRecord``), exported by the launcher's endpoint.
-- **Elastic jobs** (DDP_MIN_NODES, docs/trainer.md "Elastic jobs"): a round may have DDP_MIN_NODES
-  to NNODES pods (``last_call_timeout``: DDP_REPLACEMENT_WAIT_SECONDS). A pod after a missing one
+- **Elastic jobs** (DDP_MIN_MEMBERS, docs/trainer.md "Elastic jobs"): a round may have
+  DDP_MIN_MEMBERS to NNODES members (``last_call_timeout``: DDP_REPLACEMENT_WAIT_SECONDS). A pod after a missing one
   ranks lower (pod 0 stays rank 0: ``ddp_trainer.restarts.rank_mismatch``). When a pod joins a smaller healthy round, torch's agents restart
   their workers for it: a grow, stopped with the agreed SIGTERM stop, not counted against the budget
   (rank 0 publishes the gang's grows beside its restarts).
 
 torch facts this relies on (torch 2.15, ``torch/distributed/elastic``): ``_invoke_run`` restarts a
-failed group while ``_remaining_restarts > 0`` and a healthy one when nodes wait; a round's nodes are
-ranked by sorting their descriptors (``_NodeDesc(addr, pid, local_id)``); each round's store is a
-``PrefixStore`` of the round; ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` makes rank 0 publish the
-workers' store address in every round (a replacement pod joining a later round reads it there).
+failed group while ``_remaining_restarts > 0`` and a healthy one when nodes (torch's word: pods)
+wait; a round's nodes are ranked by sorting their descriptors (``_NodeDesc(addr, pid, local_id)``);
+each round's store is a ``PrefixStore`` of the round; ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` makes
+rank 0 publish the workers' store address in every round (a replacement pod joining a later round
+reads it there).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ from ddp_trainer.exitcodes import (
     first_failure_code,
     is_retryable,
 )
-from ddp_trainer.progress import format_status_line
+from ddp_trainer.progress import launcher_status_line
 from ddp_trainer.restarts import (
     Decision,
     Failure,
@@ -141,12 +142,12 @@ GROWING_KEY = "ddp/growing"
 FAILURES_KEY = "ddp/failures"
 STOPPED_KEY = "ddp/stopped"
 
-# How often the agent checks its workers and the rendezvous: a healthy agent notices a waiting node
+# How often the agent checks its workers and the rendezvous: a healthy agent notices a waiting pod
 # within this plus the rendezvous state's 1 s cache.
 MONITOR_INTERVAL = 0.1
 # A pod that stops sending heartbeats (lost with its launcher) leaves the rendezvous after
 # KEEP_ALIVE_INTERVAL x KEEP_ALIVE_MAX_ATTEMPT seconds; every heartbeat rewrites the rendezvous state
-# (a compare-and-set of all nodes' entries), so this is a trade of detection time against store load.
+# (a compare-and-set of all pods' entries), so this is a trade of detection time against store load.
 KEEP_ALIVE_INTERVAL = 2
 KEEP_ALIVE_MAX_ATTEMPT = 3
 # torch's grace between SIGTERM and SIGKILL when the pod itself is stopped: the agreed stop and rank
@@ -154,7 +155,7 @@ KEEP_ALIVE_MAX_ATTEMPT = 3
 SHUTDOWN_TIMEOUT = 60
 
 
-class NodeRankMismatchError(RuntimeError):
+class PodRankMismatchError(RuntimeError):
     """The rendezvous ranked this pod elsewhere than its NODE_RANK (two pods claim one rank)."""
 
 
@@ -171,7 +172,7 @@ def log(message: str) -> None:
 
 
 def _status(event: str, **fields: object) -> None:
-    print(format_status_line("launcher", {"event": event, **fields}), flush=True)
+    print(launcher_status_line(event, fields), flush=True)
 
 
 class InPlaceAgent(LocalElasticAgent):
@@ -189,15 +190,15 @@ class InPlaceAgent(LocalElasticAgent):
         super().__init__(
             spec, logs_specs=DefaultLogsSpecs(), start_method="forkserver", shutdown_timeout=SHUTDOWN_TIMEOUT
         )
-        self._node_rank = env.node_rank
+        self._pod_rank = env.node_rank
         self._budget = env.restart_budget
         self._elastic = env.elastic
-        self._max_nodes = env.nnodes
+        self._pods = env.nnodes  # the job's pods: the largest round
         self._exit_dir = exit_dir
         self._progress_dir = progress_dir
         self._restarts = 0
         self._grows = 0  # of the gang's restarts, the grows (not budgeted)
-        self._nodes = 0  # pods in the current round
+        self._members = 0  # members of the current round
         self._ledger = ledger
         self._rounds = 0  # rank 0: the rounds it has joined
         self._gang_grows = 0  # rank 0: the grows it has counted
@@ -210,41 +211,43 @@ class InPlaceAgent(LocalElasticAgent):
     @property
     def joined(self) -> bool:
         """Whether this pod's agent was ever part of a complete round of this attempt."""
-        return self._nodes > 0
+        return self._members > 0
 
     # --- the round -------------------------------------------------------------------------------
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
-        previous, nodes_before = self._round_store, self._nodes
+        previous, members_before = self._round_store, self._members
         super()._rendezvous(worker_group)
         reformed = time.time()
         store, group_rank = worker_group.store, worker_group.group_rank
-        nodes = worker_group.group_world_size
-        assert store is not None and group_rank is not None and nodes is not None  # set by the rendezvous
-        problem = rank_mismatch(self._node_rank, group_rank, self._elastic)
+        members = worker_group.group_world_size
+        assert store is not None and group_rank is not None and members is not None  # set by the rendezvous
+        problem = rank_mismatch(self._pod_rank, group_rank, self._elastic)
         if problem is not None:
-            raise NodeRankMismatchError(problem)
-        record = self._publish(store, previous, nodes_before, nodes, reformed) if group_rank == 0 else None
+            raise PodRankMismatchError(problem)
+        record = (
+            self._publish(store, previous, members_before, members, reformed) if group_rank == 0 else None
+        )
         # Rank 0 sets the grows before the restarts, and a get waits for its key: both are there.
         self._restarts = int(store.get(RESTARTS_KEY))
         self._grows = int(store.get(GROWS_KEY))
-        self._nodes = nodes
+        self._members = members
         self._round_store = store
         # Rank 0's note of its resume says which restart it belongs to.
         write_restarts(self._progress_dir, self._restarts)
-        self._ledger.round_formed(self._restarts, self._grows, nodes, record)
+        self._ledger.round_formed(self._restarts, self._grows, members, record)
         if self._restarts == 0:
             return
         _status(
             "reformed",
-            node=self._node_rank,
+            pod=self._pod_rank,
             restarts=self._restarts,
             grows=self._grows,
-            nodes=nodes,
+            members=members,
             time=f"{reformed:.6f}",
         )
 
     def _publish(
-        self, store: Store, previous: Store | None, nodes_before: int, nodes: int, reformed: float
+        self, store: Store, previous: Store | None, members_before: int, members: int, reformed: float
     ) -> RestartRecord | None:
         """Rank 0's agent, once a round is complete: the gang's counts for it, in its store; returns
         the record of the restart that led to it (from what the agents left in the previous round's),
@@ -256,7 +259,7 @@ class InPlaceAgent(LocalElasticAgent):
             failures = [Failure.decode(line) for line in _read_all(previous, FAILURES_KEY)]
             stopped = [float(line.split()[1]) for line in _read_all(previous, STOPPED_KEY)]
             record = build_record(
-                restarts, failures, stopped, reformed, self._steps_before, nodes_before, nodes
+                restarts, failures, stopped, reformed, self._steps_before, members_before, members
             )
             self._gang_grows += record.grow
         store.set(GROWS_KEY, str(self._gang_grows))
@@ -271,9 +274,9 @@ class InPlaceAgent(LocalElasticAgent):
         ranks = {worker.local_rank: worker.global_rank for worker in worker_group.workers}
         _status(
             "started",
-            node=self._node_rank,
+            pod=self._pod_rank,
             restarts=self._restarts,
-            nodes=self._nodes,
+            members=self._members,
             workers=",".join(f"{ranks[local]}:{pid}" for local, pid in sorted(pids.items())),
         )
         return pids
@@ -294,13 +297,13 @@ class InPlaceAgent(LocalElasticAgent):
             # Another pod's agent stops the group for a grow, and this pod's workers ended with it (the
             # agreed stop's 143, or a lost peer's 170): no failure, the next round is the grow's.
             self._remaining_restarts = max(int(self._remaining_restarts), 1)
-            _status("grow", node=self._node_rank, nodes=self._nodes, code=code, time=f"{seen:.6f}")
+            _status("grow", pod=self._pod_rank, members=self._members, code=code, time=f"{seen:.6f}")
             return result
         spent = restarts_spent(self._restarts, self._grows)
         decision: Decision = "stuck" if stuck else decide(code, spent, self._budget)
         _status(
             "failed",
-            node=self._node_rank,
+            pod=self._pod_rank,
             rank=rank,
             code=code,
             decision=decision,
@@ -313,7 +316,7 @@ class InPlaceAgent(LocalElasticAgent):
             # The gang's budget is the limit; torch's own count per agent must not end it first.
             self._remaining_restarts = max(int(self._remaining_restarts), 1)
             if self._round_store is not None:
-                record = Failure(node_rank=self._node_rank, global_rank=rank, exit_code=code, time=seen)
+                record = Failure(pod_rank=self._pod_rank, global_rank=rank, exit_code=code, time=seen)
                 _push(self._round_store, FAILURES_KEY, record.encode())
         else:
             self._remaining_restarts = 0
@@ -330,20 +333,20 @@ class InPlaceAgent(LocalElasticAgent):
         if worker_group.state == WorkerState.HEALTHY:
             # torch restarts a healthy group when a pod waits to join: an elastic job's grow, or a
             # replacement, a restart of the gang like any other (fixed-size jobs).
-            nodes = worker_group.group_world_size or self._nodes
+            members = worker_group.group_world_size or self._members
             spent = restarts_spent(self._restarts, self._grows)
-            action = healthy_restart(self._elastic, nodes, self._max_nodes, spent, self._budget)
+            action = healthy_restart(self._elastic, members, self._pods, spent, self._budget)
             if action == "budget-spent":
                 self._stop_workers(worker_group)
                 raise RestartBudgetSpentError(
                     f"a pod waits to join, but the gang has spent its restart budget ({self._budget})"
                 )
             if action == "grow" and self._round_store is not None:
-                self._grow(worker_group, self._round_store, nodes)
+                self._grow(worker_group, self._round_store, members)
                 return
         super()._restart_workers(worker_group)
 
-    def _grow(self, worker_group: WorkerGroup, store: Store, nodes: int) -> None:
+    def _grow(self, worker_group: WorkerGroup, store: Store, members: int) -> None:
         """torch's restart of the workers (stop, rendezvous, start), for a grow.
 
         A grow stops a healthy group, so it uses the agreed stop (docs/trainer.md), not SIGKILL: every
@@ -352,8 +355,8 @@ class InPlaceAgent(LocalElasticAgent):
         agents have not seen the waiting pod yet stop too; GROWING_KEY, set first, tells those agents
         that it was no failure (_monitor_workers).
         """
-        store.set(GROWING_KEY, str(self._node_rank))
-        _status("grow", node=self._node_rank, nodes=nodes, time=f"{time.time():.6f}")
+        store.set(GROWING_KEY, str(self._pod_rank))
+        _status("grow", pod=self._pod_rank, members=members, time=f"{time.time():.6f}")
         ended = self._agreed_stop()
         self._stop_workers(worker_group)  # what is left (a worker stuck past the grace), and the books
         if ended is not None and not ended.is_failed():
@@ -361,7 +364,7 @@ class InPlaceAgent(LocalElasticAgent):
             # round would only resume at the end; this pod meets the others at torch's exit barrier,
             # as a finished group does, and exits 0.
             self._exit_barrier()  # type: ignore[no-untyped-call]
-            raise TrainingFinishedError(f"training was over when a pod joined the round of {nodes}")
+            raise TrainingFinishedError(f"training was over when a pod joined the round of {members}")
         worker_group.state = WorkerState.STOPPED
         self._initialize_workers(worker_group)
 
@@ -380,13 +383,13 @@ class InPlaceAgent(LocalElasticAgent):
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(death_sig=signal.SIGKILL)
         stopped = time.time()
-        if self._node_rank == 0:
+        if self._pod_rank == 0:
             ranks = [worker.global_rank for worker in worker_group.workers]
             if 0 in ranks:
                 self._steps_before = read_step_marker(step_marker_path(self._progress_dir, 0))
-        _status("stopped", node=self._node_rank, time=f"{stopped:.6f}")
+        _status("stopped", pod=self._pod_rank, time=f"{stopped:.6f}")
         if self._round_store is not None and self.ending is None:
-            _push(self._round_store, STOPPED_KEY, f"{self._node_rank} {stopped:.6f}")
+            _push(self._round_store, STOPPED_KEY, f"{self._pod_rank} {stopped:.6f}")
 
 
 def _push(store: Store, key: str, value: str) -> None:
@@ -451,19 +454,19 @@ def rendezvous_handler(env: DistEnv, config: TrainConfig) -> RendezvousHandler:
         # A job on one machine stays on loopback (docs/trainer.md, "Where rank 0 listens").
         master_listen_fd=loopback_listener(env.master_addr, env.master_port) if is_host else None,
     )
-    # An elastic job's round completes once min_nodes pods have joined and then the replacement wait
-    # has passed (or all nnodes are in): survivors go on without a pod that cannot be placed, and a
-    # first start without all pods is bounded by it. A fixed-size job's round needs every pod.
+    # An elastic job's round completes once DDP_MIN_MEMBERS pods have joined and then the replacement
+    # wait has passed (or all NNODES are in): survivors go on without a pod that cannot be placed, and
+    # a first start without all pods is bounded by it. A fixed-size job's round needs every pod.
     elastic = {"last_call_timeout": env.replacement_wait} if env.elastic else {}
     params = RendezvousParameters(
         backend="c10d",
         endpoint=f"{env.master_addr}:{env.master_port}",
         run_id=env.run_id,
-        min_nodes=env.min_nodes if env.min_nodes is not None else env.nnodes,
+        min_nodes=env.min_members if env.min_members is not None else env.nnodes,
         max_nodes=env.nnodes,
         local_addr=node_addr(env.node_rank),
         # A replacement pod may take a while to be scheduled and started: the survivors wait for it
-        # as long as a first start may take (an elastic job's below DDP_MIN_NODES too).
+        # as long as a first start may take (an elastic job's below DDP_MIN_MEMBERS too).
         join_timeout=int(config.init_timeout),
         keep_alive_interval=KEEP_ALIVE_INTERVAL,
         keep_alive_max_attempt=KEEP_ALIVE_MAX_ATTEMPT,

@@ -41,7 +41,7 @@ from ddp_trainer.teardown import active_session, release_group_defaults
 
 # Steps between two exchanges of the ranks' step parts (one allreduce of 7 floats per rank).
 DEFAULT_EXCHANGE_EVERY = 10
-# Environment variables that say which pod (node) this process runs in: torchrun's, then the
+# Environment variables that say which pod this process runs in: torchrun's group rank, then the
 # operator's env contract (docs/trainer.md). Without either every rank counts as its own pod.
 POD_ENVS = ("GROUP_RANK", "NODE_RANK")
 
@@ -189,7 +189,7 @@ class Instrumentation:
 
 
 def _pod_index(rank: int) -> int:
-    """This process's pod (node) index, from the first of POD_ENVS that is set; else its rank."""
+    """This process's pod index, from the first of POD_ENVS that is set; else its rank."""
     for name in POD_ENVS:
         text = os.environ.get(name, "").strip()
         if text.isdigit():

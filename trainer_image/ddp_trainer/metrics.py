@@ -381,10 +381,30 @@ def _optional(value: int | None) -> float | None:
     return None if value is None else float(value)
 
 
+# The launcher's series that are also exported under a deprecated name, with the same value
+# (docs/metrics.md, "Deprecated names"): dashboards and operators that know only that one keep working.
+DEPRECATED_ALIASES: Final[Mapping[str, str]] = {
+    "ddp_group_members": "ddp_group_nodes",
+    "ddp_last_restart_members_before": "ddp_last_restart_nodes_before",
+    "ddp_last_restart_members_after": "ddp_last_restart_nodes_after",
+}
+
+
+def _gauges(name: str, meaning: str, labels: Mapping[str, str], value: float) -> Iterator[Metric]:
+    """The gauge ``name`` and, when it has one, its deprecated alias with the same value."""
+    shown = [(name, meaning)]
+    if name in DEPRECATED_ALIASES:
+        shown.append((DEPRECATED_ALIASES[name], f"Deprecated, the same as {name}: {meaning}"))
+    for series, text in shown:
+        family = GaugeMetricFamily(series, text, labels=list(labels))
+        family.add_metric(list(labels.values()), value)
+        yield family
+
+
 class RestartCollector(Collector):
     """The in-place launcher's series (docs/metrics.md, "In-place restarts").
 
-    ``ddp_group_restarts_total``, ``ddp_group_grows_total`` and ``ddp_group_nodes`` on every pod; the
+    ``ddp_group_restarts_total``, ``ddp_group_grows_total`` and ``ddp_group_members`` on every pod; the
     ``ddp_last_restart_*`` series on rank 0's pod only, absent until a restart. ``rank`` is the pod's
     first global rank in the largest group (NODE_RANK x NPROC_PER_NODE). ``resume`` returns rank 0's
     worker's note of the last resume: its time and the step it resumed from.
@@ -409,32 +429,30 @@ class RestartCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         state = self.ledger.state  # the one read of the ledger in this scrape
         labels = {"rank": self.rank}
-        group: list[tuple[type[CounterMetricFamily] | type[GaugeMetricFamily], str, str, int]] = [
+        counters = [
             (
-                CounterMetricFamily,
                 "ddp_group_restarts",
                 "In-place restarts of the worker group since this attempt's first rendezvous round "
                 "(the same on every pod).",
                 state.restarts,
             ),
             (
-                CounterMetricFamily,
                 "ddp_group_grows_total",
                 "Of the in-place restarts, the grows: a pod joined a healthy group and the next round was "
                 "larger (an elastic job; not counted against the restart budget; the same on every pod).",
                 state.grows,
             ),
-            (
-                GaugeMetricFamily,
-                "ddp_group_nodes",
-                "Pods in the current rendezvous round (0 before the first one is complete).",
-                state.nodes,
-            ),
         ]
-        for kind, name, meaning, count in group:
-            family = kind(name, meaning, labels=list(labels))
+        for name, meaning, count in counters:
+            family = CounterMetricFamily(name, meaning, labels=list(labels))
             family.add_metric(list(labels.values()), float(count))
             yield family
+        yield from _gauges(
+            "ddp_group_members",
+            "Members of the current rendezvous round: pods in it (0 before the first one is complete).",
+            labels,
+            float(state.members),
+        )
         record = state.record
         if record is None:
             return
@@ -458,17 +476,14 @@ class RestartCollector(Collector):
                 _optional(record.steps_redone),
                 "steps done before the failure that the checkpoint resumed from did not keep",
             ),
-            ("nodes_before", _optional(record.nodes_before), "pods in the round it left"),
-            ("nodes_after", _optional(record.nodes_after), "pods in the round it formed"),
+            ("members_before", _optional(record.members_before), "members of the round it left"),
+            ("members_after", _optional(record.members_after), "members of the round it formed"),
         ]
         for suffix, value, meaning in gauges:
-            if value is None:
-                continue
-            family = GaugeMetricFamily(
-                f"ddp_last_restart_{suffix}", f"The last in-place restart: {meaning}.", labels=list(labels)
-            )
-            family.add_metric(list(labels.values()), value)
-            yield family
+            if value is not None:
+                yield from _gauges(
+                    f"ddp_last_restart_{suffix}", f"The last in-place restart: {meaning}.", labels, value
+                )
         info = GaugeMetricFamily(
             "ddp_last_restart_info",
             "The last in-place restart (always 1): its cause, the global rank that failed and its exit code "

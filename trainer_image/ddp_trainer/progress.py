@@ -37,6 +37,20 @@ def format_status_line(kind: str, fields: Mapping[str, object]) -> str:
     return " ".join([kind, *(f"{key}={_format_value(value)}" for key, value in fields.items())])
 
 
+# The in-place launcher's fields that are also written under a deprecated name, with the same value
+# (docs/trainer.md, "Deprecated names"), for readers of its log that know only that one: ``pod`` (its
+# NODE_RANK) and ``members`` (the round's members).
+DEPRECATED_LAUNCHER_FIELDS: Final[Mapping[str, str]] = {"pod": "node", "members": "nodes"}
+
+
+def launcher_status_line(event: str, fields: Mapping[str, object]) -> str:
+    """``launcher event=EVENT key=value ...``, then the deprecated aliases of the fields that have one."""
+    aliases = {
+        DEPRECATED_LAUNCHER_FIELDS[key]: v for key, v in fields.items() if key in DEPRECATED_LAUNCHER_FIELDS
+    }
+    return format_status_line("launcher", {"event": event, **fields, **aliases})
+
+
 def parse_status_line(line: str) -> tuple[str, dict[str, str]] | None:
     """The kind and fields of a status line, or None for any other line (logs, warnings)."""
     words = line.strip().split()

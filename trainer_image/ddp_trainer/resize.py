@@ -1,6 +1,6 @@
 """An elastic job's resize, the data part: where a resumed epoch goes on, and how many steps are left.
 
-An elastic job (DDP_MIN_NODES, docs/trainer.md "Elastic jobs") trains on as many pods as a round has,
+An elastic job (DDP_MIN_MEMBERS, docs/trainer.md "Elastic jobs") trains on as many pods as a round has,
 so a checkpoint may come from another world size than the one resuming it. ``DistributedSampler``
 shuffles an epoch's indices by the seed and the epoch alone, pads them to a multiple of the world
 size, and deals them out round-robin: rank r takes positions r, r + w, r + 2w, ... So the first b

@@ -25,7 +25,7 @@ from typing import Final, Literal
 
 from ddp_trainer.exitcodes import COLLATERAL_CODES, is_retryable
 
-# Width of the node rank in a node descriptor: a job has at most 4096 pods (the CRD's bound); six
+# Width of the pod rank in torch's node descriptor: a job has at most 4096 pods (the CRD's bound); six
 # digits leave room, and every descriptor has the same width, so the text order is the numeric order.
 NODE_RANK_DIGITS: Final = 6
 NODE_ADDR_PREFIX: Final = "ddp-node-"
@@ -40,21 +40,21 @@ Decision = Literal["restart", "permanent", "budget-spent", "stuck"]
 HealthyRestart = Literal["grow", "restart", "budget-spent"]
 
 
-def node_addr(node_rank: int) -> str:
-    """The address in this pod's rendezvous node descriptor.
+def node_addr(pod_rank: int) -> str:
+    """The address in this pod's rendezvous node descriptor (torch's word: a pod here).
 
-    torch's c10d rendezvous (``DynamicRendezvousHandler``) ranks the nodes of a round by sorting their
-    descriptors, ``(addr, pid, local_id)``, where addr defaults to the host's FQDN: pods named
+    torch's c10d rendezvous (``DynamicRendezvousHandler``) ranks a round's nodes (our pods) by sorting
+    their descriptors, ``(addr, pid, local_id)``, where addr defaults to the host's FQDN: pods named
     ``job-10`` sort before ``job-2``, and equal names are ordered by process id. A fixed-width rank
     makes the sort follow ``NODE_RANK``. The launcher gives the workers MASTER_ADDR itself, so this
     address never has to resolve.
     """
-    if not 0 <= node_rank < 10**NODE_RANK_DIGITS:
-        raise ValueError(f"node rank {node_rank} out of range")
-    return f"{NODE_ADDR_PREFIX}{node_rank:0{NODE_RANK_DIGITS}d}"
+    if not 0 <= pod_rank < 10**NODE_RANK_DIGITS:
+        raise ValueError(f"pod rank {pod_rank} out of range")
+    return f"{NODE_ADDR_PREFIX}{pod_rank:0{NODE_RANK_DIGITS}d}"
 
 
-def rank_mismatch(node_rank: int, group_rank: int, elastic: bool) -> str | None:
+def rank_mismatch(pod_rank: int, group_rank: int, elastic: bool) -> str | None:
     """Why a round's rank for this pod is wrong, or None when it is right.
 
     A fixed-size job's round has every pod, so group rank k must be pod k. An elastic job's smaller
@@ -63,16 +63,17 @@ def rank_mismatch(node_rank: int, group_rank: int, elastic: bool) -> str | None:
     hosts the rendezvous store and its first worker, global rank 0, holds the checkpoint volume.
     """
     if not elastic:
-        if group_rank == node_rank:
+        if group_rank == pod_rank:
             return None
         return (
-            f"the rendezvous ranked NODE_RANK {node_rank} as node {group_rank}: two pods claim one NODE_RANK"
+            f"the rendezvous ranked NODE_RANK {pod_rank} as group rank {group_rank}: two pods claim one "
+            "NODE_RANK"
         )
-    if node_rank == 0 and group_rank != 0:
-        return f"the rendezvous ranked NODE_RANK 0 as node {group_rank}: two pods claim NODE_RANK 0"
-    if group_rank > node_rank:
+    if pod_rank == 0 and group_rank != 0:
+        return f"the rendezvous ranked NODE_RANK 0 as group rank {group_rank}: two pods claim NODE_RANK 0"
+    if group_rank > pod_rank:
         return (
-            f"the rendezvous ranked NODE_RANK {node_rank} as node {group_rank}, after pods it should "
+            f"the rendezvous ranked NODE_RANK {pod_rank} as group rank {group_rank}, after pods it should "
             "precede: two pods claim one NODE_RANK"
         )
     return None
@@ -83,20 +84,20 @@ def restarts_spent(restarts: int, grows: int) -> int:
     return max(restarts - grows, 0)
 
 
-def is_grow(nodes_before: int, nodes_after: int, failures: Sequence[Failure]) -> bool:
+def is_grow(members_before: int, members_after: int, failures: Sequence[Failure]) -> bool:
     """A restart is a grow when the round it left ended with no failure reported and the round it
-    formed has more pods: a pod joined a healthy group. It is not a failure and is not budgeted."""
-    return not failures and nodes_after > nodes_before
+    formed has more members: a pod joined a healthy group. It is not a failure and is not budgeted."""
+    return not failures and members_after > members_before
 
 
-def healthy_restart(elastic: bool, nodes: int, max_nodes: int, spent: int, budget: int) -> HealthyRestart:
+def healthy_restart(elastic: bool, members: int, pods: int, spent: int, budget: int) -> HealthyRestart:
     """What a pod's agent does when torch restarts its healthy group because a pod waits to join.
 
-    In an elastic job whose round has fewer than NNODES pods, the waiting pod makes the next round
-    larger: a grow, allowed whatever the budget. Otherwise (a fixed-size job, whose pods wait only to
+    In an elastic job whose round has fewer members than the job has ``pods`` (NNODES), the waiting
+    pod makes the next round larger: a grow, allowed whatever the budget. Otherwise (a fixed-size job, whose pods wait only to
     replace one that was lost) it is a restart like any other, while ``spent`` is below ``budget``.
     """
-    if elastic and nodes < max_nodes:
+    if elastic and members < pods:
         return "grow"
     return "restart" if spent < budget else "budget-spent"
 
@@ -120,7 +121,7 @@ def decide(exit_code: int, restarts_done: int, budget: int) -> Decision:
 class Failure:
     """One pod's report of a failed worker group: the worker whose code decides, as its agent saw it."""
 
-    node_rank: int
+    pod_rank: int  # the reporting pod's NODE_RANK
     global_rank: int
     exit_code: int
     time: float  # unix seconds when the agent saw the worker's end
@@ -132,7 +133,7 @@ class Failure:
     def decode(text: str) -> Failure:
         data = json.loads(text)
         return Failure(
-            int(data["node_rank"]), int(data["global_rank"]), int(data["exit_code"]), float(data["time"])
+            int(data["pod_rank"]), int(data["global_rank"]), int(data["exit_code"]), float(data["time"])
         )
 
 
@@ -169,8 +170,8 @@ class RestartRecord:
     steps_before: int | None = None  # rank 0's completed steps when its workers were stopped
     resumed: float | None = None
     resumed_step: int | None = None
-    nodes_before: int | None = None  # pods in the round the restart left
-    nodes_after: int | None = None  # pods in the round it formed
+    members_before: int | None = None  # members of the round the restart left
+    members_after: int | None = None  # members of the round it formed
     grow: bool = False  # a pod joined a healthy group (:func:`is_grow`)
 
     @property
@@ -189,14 +190,14 @@ def build_record(
     stopped_times: Sequence[float],
     reformed: float,
     steps_before: int | None,
-    nodes_before: int | None = None,
-    nodes_after: int | None = None,
+    members_before: int | None = None,
+    members_after: int | None = None,
 ) -> RestartRecord:
     """Rank 0's record of the restart that led to the round just formed.
 
     ``stopped_times`` are every pod's "workers stopped" times (a replacement pod has none): the
     survivors are all stopped at the latest of them. ``failures`` are those reported in the round
-    the restart left, ``nodes_before`` and ``nodes_after`` the pods of that round and of the new one.
+    the restart left, ``members_before`` and ``members_after`` the members of that round and of the new one.
     """
     failure = first_failure(failures)
     stopped = max(stopped_times) if stopped_times else reformed
@@ -209,11 +210,11 @@ def build_record(
         stopped=stopped,
         reformed=reformed,
         steps_before=steps_before,
-        nodes_before=nodes_before,
-        nodes_after=nodes_after,
-        grow=nodes_before is not None
-        and nodes_after is not None
-        and is_grow(nodes_before, nodes_after, failures),
+        members_before=members_before,
+        members_after=members_after,
+        grow=members_before is not None
+        and members_after is not None
+        and is_grow(members_before, members_after, failures),
     )
 
 
@@ -248,7 +249,7 @@ class LedgerState:
 
     restarts: int = 0
     grows: int = 0  # of the restarts, the grows (an elastic job's pod joining a healthy group)
-    nodes: int = 0  # pods in the current round (0 before the first one is formed)
+    members: int = 0  # members of the current round (0 before the first one is formed)
     record: RestartRecord | None = None  # rank 0's pod: the last restart (None until one)
 
 
@@ -262,7 +263,7 @@ class RestartLedger:
     def __init__(self) -> None:
         self.state = LedgerState()
 
-    def round_formed(self, restarts: int, grows: int, nodes: int, record: RestartRecord | None) -> None:
+    def round_formed(self, restarts: int, grows: int, members: int, record: RestartRecord | None) -> None:
         """A round is complete: the gang's counts for it and, on rank 0's pod, the record of the
         restart that led to it (None keeps the last record)."""
         state = self.state
@@ -270,6 +271,6 @@ class RestartLedger:
             state,
             restarts=restarts,
             grows=grows,
-            nodes=nodes,
+            members=members,
             record=state.record if record is None else record,
         )

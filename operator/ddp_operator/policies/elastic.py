@@ -39,7 +39,7 @@ def below_min_since(last_restart: object, attempt: int, running_since: datetime 
 
 def group_replicas(report: recovery.GroupRestartReport | None) -> int | None:
     """The pods in the training group, as rank 0's launcher last said (None: not said yet)."""
-    return report.group_nodes if report is not None else None
+    return report.group_members if report is not None else None
 
 
 def resizes(record: Mapping[str, Any] | None, last_restart: object, shown: object) -> int | None:

@@ -86,9 +86,9 @@ class GroupRestartReport:
     # ddp_group_grows_total: of those, the rounds that only grew an elastic group (no failure: not
     # counted against backoffLimit).
     grows: int = 0
-    group_nodes: int | None = None  # ddp_group_nodes: pods in the group now
-    nodes_before: int | None = None  # the group's pods before the last restart
-    nodes_after: int | None = None  # and after it
+    group_members: int | None = None  # ddp_group_members: the group's members (pods) now
+    members_before: int | None = None  # the group's members before the last restart
+    members_after: int | None = None  # and after it
     failure_at: float | None = None
     stopped_at: float | None = None
     reformed_at: float | None = None
@@ -197,8 +197,8 @@ def _fill(record: dict[str, Any], report: GroupRestartReport) -> tuple[str, floa
             record[key] = f"{seconds:.2f}"
     if report.steps_redone is not None:
         record["stepsRedone"] = report.steps_redone
-    if report.nodes_before is not None and report.nodes_after is not None:
-        record["replicasBefore"], record["replicasAfter"] = report.nodes_before, report.nodes_after
+    if report.members_before is not None and report.members_after is not None:
+        record["replicasBefore"], record["replicasAfter"] = report.members_before, report.members_after
     if not had_resumed and "resumedSeconds" in record:
         return str(record["mode"]), float(_seconds(report.resumed_at, failure) or 0.0)
     return None

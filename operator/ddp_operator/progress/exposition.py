@@ -135,13 +135,23 @@ def _optional_int(value: str | None) -> int | None:
         return None
 
 
+def _latest(by_rank: Mapping[str, Mapping[str, float]], name: str) -> float | None:
+    """The highest of a series' values on the endpoint; for a series that has a deprecated name
+    (``series.DEPRECATED``), that name's when the series is absent: an older trainer image exports
+    only the deprecated one."""
+    value = _max(by_rank[name].values())
+    if value is None and name in series.DEPRECATED:
+        value = _max(by_rank[series.DEPRECATED[name]].values())
+    return value
+
+
 def _restart_report(
     by_rank: Mapping[str, Mapping[str, float]], info: Mapping[str, str]
 ) -> GroupRestartReport | None:
     """Rank 0's pod's account of its group's restarts (docs/metrics.md); None when it exports none."""
 
     def latest(name: str) -> float | None:
-        return _max(by_rank[name].values())
+        return _latest(by_rank, name)
 
     def count(name: str) -> int | None:
         value = latest(name)
@@ -158,9 +168,9 @@ def _restart_report(
     return GroupRestartReport(
         restarts=int(restarts or 0),
         grows=count(series.GROUP_GROWS) or 0,
-        group_nodes=count(series.GROUP_NODES),
-        nodes_before=count(series.RESTART_NODES_BEFORE),
-        nodes_after=count(series.RESTART_NODES_AFTER),
+        group_members=count(series.GROUP_MEMBERS),
+        members_before=count(series.RESTART_MEMBERS_BEFORE),
+        members_after=count(series.RESTART_MEMBERS_AFTER),
         failure_at=latest(series.RESTART_FAILURE),
         stopped_at=latest(series.RESTART_STOPPED),
         reformed_at=latest(series.RESTART_REFORMED),

@@ -38,12 +38,19 @@ RESTART_REFORMED: Final = "ddp_last_restart_reformed_timestamp_seconds"
 RESTART_RESUMED: Final = "ddp_last_restart_resumed_timestamp_seconds"
 RESTART_STEPS_REDONE: Final = "ddp_last_restart_steps_redone"
 RESTART_INFO: Final = "ddp_last_restart_info"
-# Elastic jobs (docs/elastic.md): the pods in the group now, the rounds that grew it (not failures),
-# and the group's pods before and after the last restart (a resize when they differ).
-GROUP_NODES: Final = "ddp_group_nodes"
+# Elastic jobs (docs/elastic.md): the group's members now, the rounds that grew it (not failures),
+# and the group's members before and after the last restart (a resize when they differ).
+GROUP_MEMBERS: Final = "ddp_group_members"
 GROUP_GROWS: Final = "ddp_group_grows_total"
-RESTART_NODES_BEFORE: Final = "ddp_last_restart_nodes_before"
-RESTART_NODES_AFTER: Final = "ddp_last_restart_nodes_after"
+RESTART_MEMBERS_BEFORE: Final = "ddp_last_restart_members_before"
+RESTART_MEMBERS_AFTER: Final = "ddp_last_restart_members_after"
+# The deprecated name of a series (docs/metrics.md, "Deprecated names"): an older trainer image exports
+# only that one, so it is read when the series itself is absent.
+DEPRECATED: Final = {
+    GROUP_MEMBERS: "ddp_group_nodes",
+    RESTART_MEMBERS_BEFORE: "ddp_last_restart_nodes_before",
+    RESTART_MEMBERS_AFTER: "ddp_last_restart_nodes_after",
+}
 # Exported by the in-place launcher, not by a worker's registry.
 LAUNCHER: Final = frozenset(
     {
@@ -54,10 +61,10 @@ LAUNCHER: Final = frozenset(
         RESTART_RESUMED,
         RESTART_STEPS_REDONE,
         RESTART_INFO,
-        GROUP_NODES,
+        GROUP_MEMBERS,
         GROUP_GROWS,
-        RESTART_NODES_BEFORE,
-        RESTART_NODES_AFTER,
+        RESTART_MEMBERS_BEFORE,
+        RESTART_MEMBERS_AFTER,
     }
 )
 
@@ -81,4 +88,5 @@ READ: Final = frozenset(
         RESUMED,
     }
     | LAUNCHER
+    | frozenset(DEPRECATED.values())
 )

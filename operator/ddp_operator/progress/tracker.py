@@ -230,8 +230,8 @@ class ProgressTracker:
             self._first_step = (step, now)
         self.target_steps = max(self.target_steps, int(_max(p.target_steps for p in answers.values()) or 0))
         report = answers[0].restart if 0 in answers else None
-        if report is not None and report.group_nodes:
-            self.members = report.group_nodes
+        if report is not None and report.group_members:
+            self.members = report.group_members
         if report is not None:
             if self._group_restarts is not None and report.restarts != self._group_restarts:
                 self.group_changed_at = now

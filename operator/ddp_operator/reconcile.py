@@ -684,7 +684,8 @@ def _rule_startup_deadline(live: _LiveAttempt) -> Decision | None:
 
 def _rule_stalled(live: _LiveAttempt) -> Decision | None:
     """No synchronized step for the stall limit (stallTimeoutSeconds, or the job's own pace): the gang
-    is hung; retried like a lost peer."""
+    is hung; retried like a lost peer. Under InPlace, pods whose metrics stopped answering (frozen,
+    wedged) are lost pods: replaced alone unless rank 0's is among them (policies.recovery)."""
     left = live.stall_left
     if left is None or left > 0 or live.progress is None:
         return None
@@ -695,14 +696,21 @@ def _rule_stalled(live: _LiveAttempt) -> Decision | None:
     )
     nodes = {rank: p.node for rank, p in by_rank.items()}
     stalled, detail = stall.stalled(limit, live.progress.step, live.progress.rank_steps, nodes, live.now)
-    hung = tuple(by_rank[r].name for r in stall.silent_ranks(live.progress.rank_steps, nodes))
+    silent = [by_rank[r] for r in stall.silent_ranks(live.progress.rank_steps, nodes)]
     verdict = judge_failures(
         live.job.restart_policy, live.job.run_policy.backoff_limit, live.restarts, [stalled], live.attempt
     )
+    if not verdict.retry:
+        return _finish(live, names.PHASE_FAILED, verdict.reason, f"{detail}; {verdict.message}")
+    alone = recovery.replaceable_hung(
+        live.job.run_policy.restart_mode, [p.rank for p in silent], queued=live.job.kueue is not None
+    )
+    if alone is not None:
+        # The pods that stopped answering take no SIGTERM: deleted at once, their ranks replaced alone.
+        hung = Deletes(hung_pods=tuple(p.name for p in silent))
+        return _replace_alone(live, alone, stalled, REASON_STALLED, detail, hung)
     message = f"{detail}; {verdict.message}"
-    if verdict.retry:
-        return _restart(live, REASON_STALLED, message, failure=stalled, hung=hung)
-    return _finish(live, names.PHASE_FAILED, verdict.reason, message)
+    return _restart(live, REASON_STALLED, message, failure=stalled, hung=tuple(p.name for p in silent))
 
 
 def _rule_root_image_refused(live: _LiveAttempt) -> Decision | None:
@@ -842,11 +850,33 @@ def _rule_replace_lost(live: _LiveAttempt) -> Decision | None:
             kueue=kueue_policy.release_stale(counted, live.now, live.rules.unconfirmed_deletion_seconds),
             requeue_after=RESTART_POLL_SECONDS,
         )
-    plan = recovery.replace_pods(
-        live.job,
+    return _replace_alone(
+        live,
         ranks,
         verdict.failure,
         verdict.reason,
+        verdict.failure.describe(),
+        Deletes(pods=_deletable([p for p in lost if p.terminal]), lost_pods=_lost(lost)),
+        _release_replaced(live, lost),
+    )
+
+
+def _replace_alone(
+    live: _LiveAttempt,
+    ranks: Sequence[int],
+    failure: RankFailure,
+    cause: str,
+    what: str,
+    delete: Deletes,
+    kueue_actions: KueueActions = kueue_policy.NONE,
+) -> Decision:
+    """New pods for ``ranks`` alone (policies.recovery.replace_pods); the survivors restart in place and
+    wait for them on the rendezvous's next round. ``what``: what happened, for the Event."""
+    plan = recovery.replace_pods(
+        live.job,
+        ranks,
+        failure,
+        cause,
         live.attempt,
         live.restarts,
         live.old.get("lastRestart"),
@@ -855,7 +885,7 @@ def _rule_replace_lost(live: _LiveAttempt) -> Decision | None:
         (p.replacement for p in live.pods),
     )
     message = (
-        f"{verdict.failure.describe()} in attempt {live.attempt}: replaced by "
+        f"{what} in attempt {live.attempt}: replaced by "
         + ", ".join(names.pod_name(live.job.name, rank, live.attempt, n) for rank, n in plan.replacements)
         + f"; the other ranks restart in place (restart {plan.restarts} of {live.job.run_policy.backoff_limit})"
     )
@@ -881,8 +911,8 @@ def _rule_replace_lost(live: _LiveAttempt) -> Decision | None:
         create=Creates(
             attempt=live.attempt, replacements=plan.replacements, restart_budget=plan.restart_budget
         ),
-        delete=Deletes(pods=_deletable([p for p in lost if p.terminal]), lost_pods=_lost(lost)),
-        kueue=_release_replaced(live, lost),
+        delete=delete,
+        kueue=kueue_actions,
         notices=(PhaseEvent(type="Warning", reason=REASON_POD_REPLACED, message=message),),
         requeue_after=_min_wait(live.active_left, live.stall_left),
     )

@@ -153,7 +153,10 @@ def watched(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wa
             JOB,
             REPLICAS,
             restart_policy="OnFailure",
-            run_policy={"stallTimeoutSeconds": STALL_TIMEOUT},
+            # The ranks here are plain trainer processes standing in for containers, with no launcher to
+            # restart anything in place: the gang is recreated (the stopped rank's pod is not replaced
+            # alone, which tests/unit/test_progress_stall.py and the kind suite cover).
+            run_policy={"stallTimeoutSeconds": STALL_TIMEOUT, "restartMode": "Recreate"},
             pod_spec={"terminationGracePeriodSeconds": 2},  # the stalled attempt's pods go quickly
         )
         job["spec"]["metrics"] = {"port": free_port()}

@@ -432,8 +432,11 @@ def test_a_stall_after_a_shrink_names_the_silent_pod_by_the_rounds_membership(
         assert decision.report.status["phase"] == "Running"
         assert decision.requeue_after is not None and decision.requeue_after <= 220 - seconds
         return
-    assert decision.report.status["phase"] == "Restarting"
-    # The round's rank 1 (pod rank 2's pod) stopped answering: that pod, not pod rank 1's, is the hung one.
+    # The round's rank 1 (pod rank 2's pod) stopped answering: that pod, not pod rank 1's, is the hung
+    # one; deleted at once and replaced alone while the survivor keeps its pod.
+    assert decision.report.status["phase"] == "Running"
     assert decision.delete.hung_pods == ("mnist-2-0",)
-    message = decision.report.status["conditions"][-1]["message"]
-    assert "rank 1 (its metrics did not answer) on node node-2" in message, message
+    assert decision.create.replacements == ((2, 2),)
+    (notice,) = [n for n in decision.report.notices if n.reason == "PodReplaced"]
+    assert "rank 1 (its metrics did not answer) on node node-2" in notice.message, notice.message
+    assert decision.report.status["lastRestart"]["cause"] == "Stalled"

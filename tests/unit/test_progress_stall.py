@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from tests.unit.kube_factories import RUNNING_STATUS, at, job_spec, observe, pod, with_run_policy
 
-from ddp_operator.policies import stall
+from ddp_operator.policies import recovery, stall
 from ddp_operator.policies.recovery import GroupRestartReport
 from ddp_operator.progress.exposition import PodScrape
 from ddp_operator.progress.tracker import ProgressObservation, ProgressTracker
@@ -134,7 +134,12 @@ def test_decide_finds_a_hang_without_a_stall_timeout(now: float, phase: str) -> 
     job = job_spec(**with_run_policy(backoffLimit=3))
     assert job.run_policy.stall_timeout_seconds is None
     progress = ProgressObservation(
-        attempt=0, step=120, step_changed_at=at(100), rank_steps={0: 120}, step_seconds=3.0
+        # Every pod answers, none is singled out: the whole gang restarts.
+        attempt=0,
+        step=120,
+        step_changed_at=at(100),
+        rank_steps={0: 120, 1: 120},
+        step_seconds=3.0,
     )
     decision = decide(job, RUNNING_STATUS, observe(pod(0), pod(1)), at(now), observed=progress)
     assert decision.report.status["phase"] == phase
@@ -171,18 +176,62 @@ def test_no_hang_is_declared_while_the_group_is_changing_or_done(
 ) -> None:
     job = job_spec(**with_run_policy(backoffLimit=3))
     observation = ProgressObservation(
-        attempt=0, step=120, step_changed_at=at(100), rank_steps={0: 120}, step_seconds=3.0, **progress
+        attempt=0,
+        step=120,
+        step_changed_at=at(100),
+        rank_steps={0: 120, 1: 120},
+        step_seconds=3.0,
+        **progress,
     )
     decision = decide(job, RUNNING_STATUS, observe(*pods), at(140), observed=observation)
     assert (decision.report.status["phase"] == "Restarting") is watched
 
 
-def test_a_hung_pod_that_stopped_answering_is_deleted_without_a_grace_period() -> None:
-    job = job_spec(**with_run_policy(stallTimeoutSeconds=60, backoffLimit=3))
+@pytest.mark.parametrize(
+    ("mode", "rank_steps", "phase", "replaced"),
+    [
+        # Rank 1's pod stopped answering (frozen, wedged): a lost pod, replaced alone; rank 0 keeps its.
+        pytest.param("InPlace", {0: 120}, "Running", ((1, 1),), id="in-place-replaces-the-hung-pod-alone"),
+        pytest.param("Recreate", {0: 120}, "Restarting", (), id="recreate-restarts-the-gang"),
+        # Rank 0's pod hosts the rendezvous: nothing is left to meet at without it.
+        pytest.param("InPlace", {1: 120}, "Restarting", (), id="rank-0-hung-restarts-the-gang"),
+    ],
+)
+def test_a_hung_pod_that_stopped_answering_is_deleted_without_a_grace_period(
+    mode: str, rank_steps: dict[int, int], phase: str, replaced: tuple[tuple[int, int], ...]
+) -> None:
+    job = job_spec(**with_run_policy(stallTimeoutSeconds=60, backoffLimit=3, restartMode=mode))
     decision = decide(
-        job, RUNNING_STATUS, observe(pod(0), pod(1)), at(161), observed=observed(120, 100, {0: 120})
+        job, RUNNING_STATUS, observe(pod(0), pod(1)), at(161), observed=observed(120, 100, rank_steps)
     )
-    assert decision.report.status["phase"] == "Restarting"
-    # Rank 1's endpoint did not answer (SIGSTOPped, wedged): it takes no SIGTERM, so no grace period.
-    assert decision.delete.hung_pods == ("mnist-1-0",)
-    assert set(decision.delete.pods) == {"mnist-0-0"}
+    assert decision.report.status["phase"] == phase
+    hung = "mnist-1-0" if 1 not in rank_steps else "mnist-0-0"
+    # Its endpoint did not answer: it takes no SIGTERM, so no grace period.
+    assert decision.delete.hung_pods == (hung,)
+    assert decision.create.replacements == replaced
+    if replaced:
+        assert decision.delete.pods == (), "the survivor keeps its pod"
+        record = decision.report.status["lastRestart"]
+        assert (record["mode"], record["cause"], decision.report.status["restarts"]) == (
+            "PodReplaced",
+            "Stalled",
+            1,
+        )
+    else:
+        assert set(decision.delete.pods) == {"mnist-0-0", "mnist-1-0"} - {hung}
+
+
+@pytest.mark.parametrize(
+    ("mode", "silent", "queued", "expected"),
+    [
+        pytest.param("InPlace", [2, 1], False, (1, 2), id="hung-pods-replaced-alone"),
+        pytest.param("InPlace", [], False, None, id="nobody-singled-out"),
+        pytest.param("InPlace", [0, 1], False, None, id="rank-0-among-them"),
+        pytest.param("InPlace", [1], True, None, id="a-kueue-group"),
+        pytest.param("Recreate", [1], False, None, id="recreate"),
+    ],
+)
+def test_which_hung_pods_are_replaced_alone(
+    mode: str, silent: list[int], queued: bool, expected: tuple[int, ...] | None
+) -> None:
+    assert recovery.replaceable_hung(mode, silent, queued=queued) == expected

@@ -62,6 +62,19 @@ def replaceable_ranks(restart_mode: str, failures: Sequence[RankFailure]) -> tup
     return tuple(sorted({f.rank for f in failures}))
 
 
+def replaceable_hung(
+    restart_mode: str, silent: Sequence[int | None], *, queued: bool
+) -> tuple[int, ...] | None:
+    """The ranks of a stalled attempt's pods to replace alone: those whose metrics stopped answering
+    while the others' did (frozen or wedged pods, deleted without a grace period), when none of them is
+    rank 0's (the rendezvous' host); None: the whole gang restarts (Recreate, no pod singled out, or a
+    Kueue group, which would count the hung pod until its deletion is confirmed)."""
+    if restart_mode != MODE_IN_PLACE or queued or not silent or any(r is None for r in silent):
+        return None
+    ranks = tuple(sorted({r for r in silent if r is not None}))
+    return None if RENDEZVOUS_RANK in ranks else ranks
+
+
 def is_lost_pod(failure: RankFailure) -> bool:
     """The failure took the pod away (or left it with no launcher): no process of it restarts in place."""
     return failure.disruption in LOST_POD_REASONS or failure.launcher_killed

@@ -5,7 +5,7 @@
 #   foreground:  venv -> lint, mypy -> unit -> lane A and lane B, side by side:
 #     lane A:    trainer tier ---------------------------------> e2e: Docker + the real node
 #     lane B:    (control-plane builds) integration tier ------> e2e: kind
-#   background:  (niced) Kubernetes, Kueue -> node binaries, kube-router, images, kind
+#   background:  (niced) Kubernetes, Kueue -> node binaries, kube-router, images, kind -> the kind cluster
 #
 # The builds are mostly compiles and downloads; the tiers are mostly processes waiting on each other
 # (rendezvous rounds, kubelets' reports, decision windows): a tier alone keeps 2 cores about half busy,
@@ -18,6 +18,8 @@ cd "$(dirname "$0")/.."
 
 MAKE=${MAKE:-make}
 logs=$(mktemp -d "${TMPDIR:-/tmp}/ddp-test-all.XXXXXX")
+KIND_CLUSTER=${DDP_E2E_KIND_CLUSTER:-ddp-e2e}
+kind_kubeconfig=$logs/kind.kubeconfig
 
 record() { # lane label seconds
   printf '%-7s %-44s %5d s\n' "$1" "$2" "$3" >>"$logs/timings"
@@ -34,10 +36,13 @@ step() { # lane name command... : timed
 # One background chain; each stage leaves <stage>.done (or <stage>.failed) in $logs.
 builds() {
   local stage
-  for stage in "control-plane:k8s-binaries kueue-binary" "e2e:node-binaries kube-router images kind"; do
-    local name=${stage%%:*} targets=${stage#*:} started=$SECONDS
-    # shellcheck disable=SC2086
-    if nice -n 10 $MAKE --no-print-directory $targets >"$logs/$name.log" 2>&1; then
+  for stage in "control-plane:k8s-binaries kueue-binary" "e2e:node-binaries kube-router images kind" kind-cluster; do
+    local name=${stage%%:*} targets=${stage#*:} started=$SECONDS command
+    # The kind suite's cluster comes up (create, load both images) while the earlier tiers run.
+    # shellcheck disable=SC2206
+    if [[ $name == kind-cluster ]]; then command=(hack/kind-cluster.sh up "$KIND_CLUSTER" "$kind_kubeconfig")
+    else command=(nice -n 10 $MAKE --no-print-directory $targets); fi
+    if "${command[@]}" >"$logs/$name.log" 2>&1; then
       echo "$((SECONDS - started))" >"$logs/$name.done"
     else
       echo "$((SECONDS - started))" >"$logs/$name.failed"
@@ -69,8 +74,8 @@ lane_a() {
 lane_b() {
   wait_for_builds B control-plane
   step B "integration tier" $MAKE --no-print-directory test-integration
-  wait_for_builds B e2e
-  step B "e2e tier: kind" $MAKE --no-print-directory test-e2e-kind
+  wait_for_builds B kind-cluster
+  DDP_E2E_KIND_KUBECONFIG=$kind_kubeconfig step B "e2e tier: kind" $MAKE --no-print-directory test-e2e-kind
 }
 
 # A failed step ends the run: whatever still runs beside it (the builds, the other lane) ends with it.
@@ -85,7 +90,8 @@ step - "system packages + virtualenv" $MAKE --no-print-directory venv
 builds &
 builder=$!
 declare -a running=("$builder")
-trap 'for pid in "${running[@]}"; do kill_tree "$pid"; done' EXIT
+# The kind suite deletes its cluster when done; a run that stops before leaves none behind either.
+trap 'for pid in "${running[@]}"; do kill_tree "$pid"; done; hack/kind-cluster.sh down "$KIND_CLUSTER" || true' EXIT
 
 step - "lint + format" $MAKE --no-print-directory lint
 step - "mypy --strict" $MAKE --no-print-directory typecheck
@@ -114,7 +120,7 @@ record - "lanes A and B side by side" $((SECONDS - lanes_started))
 echo
 echo "=== make test: seconds per step (lane: A, B, or - for the shared steps; build logs: $logs)"
 cat "$logs/timings"
-for stage in control-plane e2e; do
+for stage in control-plane e2e kind-cluster; do
   record - "($stage builds, in the background)" "$(cat "$logs/$stage.done")"
   tail -n 1 "$logs/timings"
 done

@@ -18,8 +18,9 @@ enforcer root, kube-router, iptables and ipset (hack/build-kube-router.sh). A mi
 module in CI (DDP_CI_STRICT=1), since `make test-e2e` builds them all.
 
 Environment: KIND_NODE_IMAGE (default: the image hack/build-kind.sh built), DDP_E2E_KIND_CLUSTER
-(the cluster's name, ddp-e2e), DDP_E2E_KEEP_CLUSTER=1 (leave it for a look: `kind delete cluster
---name ddp-e2e` afterwards). Set DDP_E2E_KUBECONFIG to run test_real_node.py against any cluster instead.
+(the cluster's name, ddp-e2e), DDP_E2E_KIND_KUBECONFIG (a cluster of that name already up, as
+hack/kind-cluster.sh brings it: `make test` does so beside the earlier tiers; deleted at the end all the
+same), DDP_E2E_KEEP_CLUSTER=1 (leave it for a look: `kind delete cluster --name ddp-e2e` afterwards). Set DDP_E2E_KUBECONFIG to run test_real_node.py against any cluster instead.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ pytestmark = [pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_KIND = REPO / "hack" / "build-kind.sh"
-KIND_CONFIG = REPO / "hack" / "kind" / "cluster.yaml"
+KIND_CLUSTER_SCRIPT = REPO / "hack" / "kind-cluster.sh"
 KIND_CLUSTER = os.environ.get("DDP_E2E_KIND_CLUSTER", "ddp-e2e")
 # kind's default Service subnet: hack/kind/cluster.yaml leaves it.
 KIND_SERVICE_SUBNET = "10.96.0.0/16"
@@ -90,12 +91,6 @@ def kind_unavailable_reason(kind: str, node_image: str) -> str | None:
     return None
 
 
-def _kind(kind: str, *args: str, timeout: float = 600) -> None:
-    result = subprocess.run([kind, *args], capture_output=True, text=True, timeout=timeout, check=False)
-    if result.returncode != 0:
-        raise AssertionError(f"kind {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[suite.ExternalCluster]:
     kind = _print("--print-kind")
@@ -103,33 +98,35 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[suite.External
     reason = kind_unavailable_reason(kind, node_image)
     if reason:
         pytest.skip(reason)
-    kubeconfig = tmp_path_factory.mktemp("kind") / "kubeconfig"
-    # A cluster left by an interrupted run would make `create` fail.
-    subprocess.run(
-        [kind, "delete", "cluster", "--name", KIND_CLUSTER], capture_output=True, timeout=300, check=False
-    )
-    started = time.monotonic()
-    _kind(
-        kind, "create", "cluster", "--name", KIND_CLUSTER, "--image", node_image, "--config", str(KIND_CONFIG),
-        "--kubeconfig", str(kubeconfig), "--wait", "180s",
-    )  # fmt: skip
-    suite.TIMINGS.record("kind_create_cluster_s", time.monotonic() - started)
-    try:
+    prepared = os.environ.get("DDP_E2E_KIND_KUBECONFIG")
+    if prepared:
+        # `make test` brought the cluster up beside the earlier tiers, with hack/kind-cluster.sh too.
+        kubeconfig = Path(prepared)
+        if not kubeconfig.is_file():
+            raise AssertionError(f"DDP_E2E_KIND_KUBECONFIG={prepared} is not a file: the cluster is not up")
+    else:
+        kubeconfig = tmp_path_factory.mktemp("kind") / "kubeconfig"
         started = time.monotonic()
-        for image in (suite.OPERATOR_IMAGE, suite.TRAINER_IMAGE):
-            _kind(kind, "load", "docker-image", image, "--name", KIND_CLUSTER, timeout=1200)
-        suite.TIMINGS.record("kind_load_images_s", time.monotonic() - started)
-        cluster = suite.external_cluster(kubeconfig)
-        # One CoreDNS replica is plenty for one node, and its 100m CPU request is what two 500m ranks,
-        # the operator and the control plane need to fit on a 2-core machine.
-        cluster.kubectl_run("scale", "deployment", "coredns", "-n", "kube-system", "--replicas=1")
-        yield cluster
+        up = [
+            str(KIND_CLUSTER_SCRIPT),
+            "up",
+            KIND_CLUSTER,
+            str(kubeconfig),
+            suite.OPERATOR_IMAGE,
+            suite.TRAINER_IMAGE,
+        ]
+        result = subprocess.run(up, capture_output=True, text=True, timeout=1800, check=False)
+        if result.returncode != 0:
+            raise AssertionError(f"{' '.join(up)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+        suite.TIMINGS.record("kind_cluster_up_s", time.monotonic() - started)
+    try:
+        yield suite.external_cluster(kubeconfig)
     finally:
         if os.environ.get("DDP_E2E_KEEP_CLUSTER"):
             _progress(f"keeping the cluster: kind delete cluster --name {KIND_CLUSTER}")
         else:
             subprocess.run(
-                [kind, "delete", "cluster", "--name", KIND_CLUSTER],
+                [str(KIND_CLUSTER_SCRIPT), "down", KIND_CLUSTER],
                 capture_output=True,
                 timeout=300,
                 check=False,

@@ -182,7 +182,8 @@ def _freeze_container(namespace: str, pod: str) -> None:
     pid = _container_pid(namespace, pod)
     stop = (
         f"for d in /proc/[0-9]*; do p=${{d#/proc/}}; "
-        f'[ "$p" = {pid} ] || grep -qs "^PPid:[[:space:]]*{pid}$" "$d/status" && kill -STOP "$p"; done'
+        f'[ "$p" = {pid} ] || grep -qs "^PPid:[[:space:]]*{pid}$" "$d/status" && kill -STOP "$p"; done; '
+        f'grep -q "^State:[[:space:]]*T" /proc/{pid}/status'  # the launcher is stopped
     )
     subprocess.run(
         ["docker", "exec", f"{KIND_CLUSTER}-control-plane", "sh", "-c", stop], timeout=60, check=True

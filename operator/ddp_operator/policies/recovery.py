@@ -405,6 +405,7 @@ def replace_pods(
         attempt=attempt,
         failure_time=datetime.fromtimestamp(failure.finish_key, UTC),
         rank=failure.rank,
+        exit_code=failure.exit_code,
         group_restarts=known + 1,
     )
     after = restarts + 1

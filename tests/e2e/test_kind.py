@@ -300,8 +300,11 @@ def _replaced_alone(
     """Rank 1's pod lost mid-run (``how``: deleted, killed with its launcher, or frozen): a replacement
     joins the survivors, who keep their pods, and the job succeeds having redone no step."""
     job = f"replaced-{how}"
+    # A hang is found after the stall limit (30 s at this pace) and a read or two: a frozen pod's job
+    # trains long enough to be hung mid-training, not in its exit.
+    epochs = ("--epochs", "40") if how == "freeze" else ()
     manifest = suite.digits_job(
-        job, "--throttle-ms", "60", "--checkpoint-every", "20", storage_class=storage_class
+        job, "--throttle-ms", "60", "--checkpoint-every", "20", *epochs, storage_class=storage_class
     )
     cluster.apply_json(manifest, "-n", namespace)
     _, rank0_log = _started_with_a_checkpoint(cluster, namespace, job)

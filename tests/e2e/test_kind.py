@@ -176,20 +176,6 @@ def _container_pid(namespace: str, pod: str) -> int:
     return int(crictl("inspect", "--output", "go-template", "--template", "{{.info.pid}}", container))
 
 
-def _freeze_container(namespace: str, pod: str) -> None:
-    """SIGSTOP every process of the pod's trainer container from its node: the launcher and its workers
-    freeze with their sockets open, as a wedged pod does; no process exits, the metrics go silent."""
-    pid = _container_pid(namespace, pod)
-    stop = (
-        f"for d in /proc/[0-9]*; do p=${{d#/proc/}}; "
-        f'[ "$p" = {pid} ] || grep -qs "^PPid:[[:space:]]*{pid}$" "$d/status" && kill -STOP "$p"; done; '
-        f'grep -q "^State:[[:space:]]*T" /proc/{pid}/status'  # the launcher is stopped
-    )
-    subprocess.run(
-        ["docker", "exec", f"{KIND_CLUSTER}-control-plane", "sh", "-c", stop], timeout=60, check=True
-    )
-
-
 def _pod_uids(cluster: suite.ExternalCluster, namespace: str, job: str) -> dict[str, str]:
     return {p["metadata"]["name"]: p["metadata"]["uid"] for p in suite.rank_pods(cluster, namespace, job)}
 
@@ -282,39 +268,22 @@ def test_a_pod_killed_with_its_launcher_is_replaced_alone(
     _replaced_alone(cluster, checkpoint_storage, restricted_namespace, "kill", "ExitCode")
 
 
-def test_a_frozen_pod_is_found_without_a_stall_timeout_and_replaced_alone(
-    cluster: suite.ExternalCluster,
-    checkpoint_storage: str | None,  # noqa: F811 (the suite's fixtures)
-    operator_release: str,  # noqa: F811
-    restricted_namespace: str,  # noqa: F811
-) -> None:
-    """Every process of rank 1's pod stopped: nothing exits and no socket closes. The operator finds the
-    hang from the job's own pace (no stallTimeoutSeconds), deletes the silent pod at once and replaces it
-    alone; the survivors resume from their memory."""
-    _replaced_alone(cluster, checkpoint_storage, restricted_namespace, "freeze", "Stalled")
-
-
 def _replaced_alone(
     cluster: suite.ExternalCluster, storage_class: str | None, namespace: str, how: str, cause: str
 ) -> None:
-    """Rank 1's pod lost mid-run (``how``: deleted, killed with its launcher, or frozen): a replacement
+    """Rank 1's pod lost mid-run (``how``: deleted, or killed with its launcher): a replacement
     joins the survivors, who keep their pods, and the job succeeds having redone no step."""
     job = f"replaced-{how}"
-    # A hang is found after the stall limit (30 s at this pace) and a read or two: a frozen pod's job
-    # trains long enough to be hung mid-training, not in its exit.
-    epochs = ("--epochs", "40") if how == "freeze" else ()
     manifest = suite.digits_job(
-        job, "--throttle-ms", "60", "--checkpoint-every", "20", *epochs, storage_class=storage_class
+        job, "--throttle-ms", "60", "--checkpoint-every", "20", storage_class=storage_class
     )
     cluster.apply_json(manifest, "-n", namespace)
     _, rank0_log = _started_with_a_checkpoint(cluster, namespace, job)
     before = _pod_uids(cluster, namespace, job)
     if how == "delete":
         cluster.kubectl_run("delete", "pod", f"{job}-1-0", "-n", namespace, "--wait=false")
-    elif how == "kill":
-        _kill_container(namespace, f"{job}-1-0")
     else:
-        _freeze_container(namespace, f"{job}-1-0")
+        _kill_container(namespace, f"{job}-1-0")
     status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
     after = _pod_uids(cluster, namespace, job)
     assert after.get(f"{job}-0-0") == before[f"{job}-0-0"], "rank 0 keeps its pod"

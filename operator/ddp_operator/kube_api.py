@@ -147,6 +147,38 @@ def _pods_path(namespace: str | None) -> str:
     return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods" if namespace else "/api/v1/pods"
 
 
+class PodLogStream:
+    """An open pod log: its lines (bytes decoded, newline dropped) as they arrive; ``close()`` from
+    another thread ends the iteration (a follower switching to a newer pod of the rank)."""
+
+    def __init__(self, response: Any) -> None:
+        self._response = response
+        self._closed = False
+
+    def lines(self) -> Iterator[str]:
+        pending = b""
+        try:
+            for chunk in self._response.stream(4096, decode_content=True):
+                pending += chunk
+                *complete, pending = pending.split(b"\n")
+                for line in complete:
+                    yield line.decode("utf-8", errors="replace")
+            if pending:
+                yield pending.decode("utf-8", errors="replace")
+        except Exception:  # the connection closed under the read: by close(), or the kubelet went
+            if not self._closed:
+                raise
+        finally:
+            self._response.release_conn()
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._response.shutdown()
+        except AttributeError:  # urllib3 before 2.3: closing the connection ends the read too
+            self._response.close()
+
+
 class KubeApi:
     """Blocking request primitives plus their asyncio wrappers on a bounded pool of `concurrency` threads."""
 
@@ -160,19 +192,23 @@ class KubeApi:
         )
 
     @classmethod
-    def connect(cls, kubeconfig: str | None = None, concurrency: int = 32) -> KubeApi:
-        """In-cluster service account when there is one and no kubeconfig was named, else the kubeconfig."""
+    def connect(
+        cls, kubeconfig: str | None = None, concurrency: int = 32, context: str | None = None
+    ) -> KubeApi:
+        """In-cluster service account when there is one and neither a kubeconfig nor a context was
+        named, else the kubeconfig ($KUBECONFIG or ~/.kube/config when None) and its ``context`` (None:
+        its current context)."""
         from kubernetes import client, config
 
         configuration = client.Configuration()
-        if kubeconfig is None:
+        if kubeconfig is None and context is None:
             try:
                 config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
             except config.ConfigException:
                 config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         else:
             config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, client_configuration=configuration
+                config_file=kubeconfig, context=context, client_configuration=configuration
             )
         # One connection per worker thread, so `concurrency` requests really are in flight together.
         configuration.connection_pool_maxsize = concurrency + 4
@@ -211,7 +247,7 @@ class KubeApi:
         query: Mapping[str, Any] | None = None,
         body: Any = None,
         content_type: str = "application/json",
-        timeout: float | tuple[float, float] | None = 60.0,
+        timeout: float | tuple[float, float | None] | None = 60.0,
     ) -> Any:
         """One request; returns the raw response (not read) or raises ApiError for a non-2xx answer."""
         headers = {"Accept": "application/json", "Content-Type": content_type}
@@ -365,6 +401,80 @@ class KubeApi:
                 yield event
         finally:
             response.response.release_conn()
+
+    # ---- what the job commands read (`ddpjob get|describe|logs|top|wait`, docs/cli.md) ----------
+
+    def get_job_blocking(self, namespace: str, name: str) -> JsonDict | None:
+        """The DDPJob as stored, None when there is none."""
+        try:
+            return self.request("GET", _job_path(namespace, name))
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def list_jobs_blocking(self, namespace: str | None) -> list[JsonDict]:
+        """Every DDPJob of ``namespace`` (None: of every namespace)."""
+        prefix = f"/apis/{DDP_GROUP}/{DDP_VERSION}"
+        path = (
+            f"{prefix}/namespaces/{quote(namespace, safe='')}/{DDP_PLURAL}"
+            if namespace
+            else f"{prefix}/{DDP_PLURAL}"
+        )
+        items: list[JsonDict] = self.request("GET", path).get("items") or []
+        return items
+
+    def list_events_blocking(
+        self, namespace: str, kind: str, name: str, uid: str | None = None
+    ) -> list[JsonDict]:
+        """The core/v1 Events about one object (its kind and name, and its UID when given: a deleted
+        and recreated job's Events are not its own)."""
+        selector = f"involvedObject.kind={kind},involvedObject.name={name}"
+        if uid:
+            selector += f",involvedObject.uid={uid}"
+        items: list[JsonDict] = (
+            self.request("GET", _child_path(namespace, "Event"), query={"fieldSelector": selector}).get(
+                "items"
+            )
+            or []
+        )
+        return items
+
+    def pod_log_stream(
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        *,
+        follow: bool,
+        since_time: str | None = None,
+        tail_lines: int | None = None,
+    ) -> PodLogStream:
+        """A container's log through the kubelet, each line with the kubelet's RFC 3339 timestamp;
+        with ``follow``, open until the container stops or ``close()``."""
+        query: dict[str, Any] = {
+            "container": container,
+            "timestamps": "true",
+            "follow": "true" if follow else None,
+            "sinceTime": since_time,
+            "tailLines": tail_lines,
+        }
+        response = self._send(
+            "GET",
+            f"{_child_path(namespace, 'Pod', pod)}/log",
+            query=query,
+            # No read timeout while following: a quiet rank writes nothing for minutes.
+            timeout=(10.0, None) if follow else 60.0,
+        )
+        return PodLogStream(response.response)
+
+    def pod_proxy_text(self, namespace: str, pod: str, port: int, path: str, timeout: float = 5.0) -> str:
+        """GET ``path`` of a pod's ``port`` through the apiserver's pod proxy (RBAC: pods/proxy get),
+        for a client that cannot reach the pod network."""
+        target = f"{_child_path(namespace, 'Pod')}/{quote(pod, safe='')}:{port}"
+        response = self._send("GET", f"{target}/proxy{path}", timeout=timeout)
+        text: str = response.read().decode("utf-8", errors="replace")
+        return text
 
     # ---- asyncio wrappers ----------------------------------------------------------------------
 

@@ -186,9 +186,8 @@ def accuracy_note(results: Sequence[RankResult]) -> str | None:
     return f"held-out accuracy: {rank_zero.eval_accuracy:.4f}{loss}"
 
 
-def render_summary(
-    results: Sequence[RankResult], outcome: str, attempts: int, extra: Sequence[str] = ()
-) -> str:
+def rank_table(results: Sequence[RankResult]) -> list[str]:
+    """The per-rank table, a line each: `ddpjob run`'s summary and `ddpjob top` print the same."""
     header = ("attempt", "rank", "pod", "exit", "steps", "samples", "allreduce", "p50", "compute", "loss")
     rows: list[tuple[str, ...]] = [header]
     for result in results:
@@ -210,6 +209,13 @@ def render_summary(
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def render_summary(
+    results: Sequence[RankResult], outcome: str, attempts: int, extra: Sequence[str] = ()
+) -> str:
+    lines = rank_table(results)
     lines.append(f"attempts: {attempts} (restarts: {max(attempts - 1, 0)})")
     lines.extend(extra)
     lines.append(f"outcome: {outcome}")

@@ -8,11 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddp_harness.kwok_logs import LOGS_KIND
 from ddp_harness.kwok_stages import FAKE_NODE_ANNOTATION, FAKE_NODE_ANNOTATION_VALUE
 from ddp_harness.processes import LOCALHOST as LOCALHOST
 from ddp_harness.processes import StateLayout
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# The certificate kwok serves its kubelet-like endpoints with (pki.py signs it for the node IP).
+KWOK_SERVING_CERT = "kwok-serving"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"
 
@@ -36,6 +39,8 @@ CONTROLLERS = (
     "disruption-controller",
     "resourcequota-controller",
     "pod-garbage-collector-controller",
+    # Folds aggregated ClusterRoles (the chart's DDPJob view and edit roles) into view, edit and admin.
+    "clusterrole-aggregation-controller",
     # Notices a fake node that stops heartbeating (a test can simulate node loss) and taints it;
     # the taint-eviction controller then evicts pods that do not tolerate the taint.
     "node-lifecycle-controller",
@@ -111,6 +116,11 @@ class Layout(StateLayout):
     @property
     def state_file(self) -> Path:
         return self.state_dir / "cluster.json"
+
+    @property
+    def pod_logs_dir(self) -> Path:
+        """The fake pods' container logs, which kwok serves (kwok_logs.py)."""
+        return self.state_dir / "pod-logs"
 
     @property
     def sa_public_key(self) -> Path:
@@ -297,6 +307,14 @@ def kwok_command(bin_dir: Path, layout: Layout, ports: Ports) -> list[str]:
         "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}={FAKE_NODE_ANNOTATION_VALUE}",
         f"--server-address={LOCALHOST}:{ports.kwok}",
+        # The apiserver reaches a node's "kubelet" at its InternalIP and daemonEndpoints port, over HTTPS
+        # verified against the CA, for pod logs (kwok_logs.py): the node-initialize stage writes this port,
+        # and kwok serves TLS beside plain HTTP on the same listener.
+        f"--node-port={ports.kwok}",
+        f"--tls-cert-file={layout.cert(KWOK_SERVING_CERT)}",
+        f"--tls-private-key-file={layout.key(KWOK_SERVING_CERT)}",
+        # Pod logs come from Logs objects (one per pod, made by the harness), which kwok watches.
+        f"--enable-crds={LOGS_KIND}",
         f"--cidr={POD_CIDR}",
         f"--node-ip={LOCALHOST}",
         # No lease renewals: nothing here evicts pods from a node whose lease expires.

@@ -634,6 +634,32 @@ def test_digits_trains_across_two_pods_with_equal_allreduce_bytes_and_succeeds(
         return None
 
     later = wait_for("ddp_allreduce_bytes_total growing on both ranks", grown, timeout=300)
+
+    # `ddpjob top` reads the same endpoints through the apiserver's pod proxy: each rank's row, with
+    # the steps its own endpoint counts (at least those of the reads above: they only grow).
+    def top_rows() -> dict[str, list[str]] | None:
+        shown = subprocess.run(
+            [sys.executable, "-m", "ddp_operator", "top", job, "--once", "-n", namespace,
+             "--kubeconfig", str(cluster.kubeconfig)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        lines = shown.stdout.splitlines()
+        header = next(
+            (i for i, line in enumerate(lines) if line.split()[:3] == ["attempt", "rank", "pod"]), None
+        )
+        if shown.returncode != 0 or header is None:
+            return None
+        rows = {
+            cells[2]: cells for cells in (line.split() for line in lines[header + 2 :]) if len(cells) >= 5
+        }
+        return rows if len(rows) == 2 and all(cells[4] != "-" for cells in rows.values()) else None
+
+    rows = wait_for("`ddpjob top --once` to show both ranks' figures", top_rows, timeout=120)
+    assert set(rows) == {p["metadata"]["name"] for p in pods}, rows
+    for pod, text in zip(pods, later, strict=True):
+        cells = rows[pod["metadata"]["name"]]
+        assert cells[1] == pod["metadata"]["labels"]["ddp.dev/rank"], cells
+        assert float(cells[4]) >= counter(text, "ddp_sync_steps_total"), (cells, "steps only grow")
     # Per sync step between two reads (the first step's one-off traffic stays out of it): every rank
     # reduces the same buckets, so the same payload.
     per_step = [

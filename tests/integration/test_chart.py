@@ -544,6 +544,52 @@ def test_install_creates_crd_rbac_and_deployment(
     )
 
 
+# (verb, the built-in role bound to a user, whether it may) for DDPJobs in the bound namespace.
+USER_ROLE_CASES = [
+    ("list", "view", True),
+    ("get", "view", True),
+    ("create", "view", False),
+    ("create", "edit", True),
+    ("delete", "admin", True),
+]
+
+
+def test_ddpjobs_fold_into_the_built_in_user_roles(
+    kube: Kube, release_factory: Callable[[dict[str, str]], Release]
+) -> None:
+    release_factory({})
+    namespace = f"users-{uuid.uuid4().hex[:6]}"
+    kube.run("create", "namespace", namespace)
+    try:
+        for role in sorted({role for _, role, _ in USER_ROLE_CASES}):
+            kube.run(
+                "create",
+                "rolebinding",
+                f"{role}-user",
+                f"--clusterrole={role}",
+                f"--user={role}-user",
+                "-n",
+                namespace,
+            )
+
+        def answers() -> list[tuple[str, str, bool]] | None:
+            found = [
+                (verb, role, kube.run(
+                    "auth", "can-i", verb, f"{names.PLURAL}.{names.API_GROUP}", f"--as={role}-user", "-n", namespace,
+                    check=False,
+                ).stdout.strip() == "yes")
+                for verb, role, _ in USER_ROLE_CASES
+            ]  # fmt: skip
+            return found if found == USER_ROLE_CASES else None
+
+        # The aggregation controller folds the chart's roles in a moment after the install.
+        wait_for("the chart's DDPJob roles aggregated into view, edit and admin", answers, timeout=60)
+        proxy = kube.run("auth", "can-i", "get", "pods/proxy", "--as=view-user", "-n", namespace, check=False)
+        assert proxy.stdout.strip() == "no", "view keeps pods/proxy out (docs/cli.md: `top` needs a grant)"
+    finally:
+        kube.delete_namespace(namespace)
+
+
 def test_install_refuses_bad_values(local_cluster: Any, kube: Kube) -> None:
     name = f"bad-{uuid.uuid4().hex[:6]}"
     result = local_cluster.helm_run(

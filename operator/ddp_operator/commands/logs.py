@@ -107,7 +107,9 @@ class Follower:
             self.session.namespace,
             pod.name,
             names.TRAINER_CONTAINER,
-            follow=True,
+            # An ended container's log is read to its end and closed: a follow stream may never end
+            # (a kubelet gone with its node; kwok keeps them open).
+            follow=not pod.terminated,
             since_time=jobview.since_time(last) if last else None,
             # --tail shapes the start only: a later pod of the rank is read whole.
             tail_lines=self.tail if not followed.last else None,
@@ -143,6 +145,17 @@ class Follower:
                 followed.pod, followed.stream = pod, None
             followed.pod = pod
             reading = followed.reader is not None and followed.reader.is_alive()
+            if (
+                reading
+                and pod.terminated
+                and pod.name not in followed.complete
+                and followed.stream is not None
+            ):
+                # Ended since its stream opened: that stream is closed and the rest read to its end.
+                followed.stream.close()
+                if followed.reader is not None:
+                    followed.reader.join(timeout=10)
+                reading = followed.reader is not None and followed.reader.is_alive()
             if not reading and jobview.log_ready(pod) and pod.name not in followed.complete:
                 try:
                     self._open(followed, pod)

@@ -5,7 +5,8 @@
 #   foreground:  venv -> lint, mypy -> unit -> lane A and lane B, side by side:
 #     lane A:    trainer tier ---------------------------------> e2e: Docker + the real node
 #     lane B:    (control-plane builds) integration tier ------> e2e: kind
-#   background:  (niced) Kubernetes, Kueue -> node binaries, kube-router, images, kind -> the kind cluster
+#   background:  (niced) Kubernetes, Kueue -> node binaries, kube-router -> kind -> the kind cluster
+#                (niced, beside it) Docker and both images -> the kind node's root filesystems
 #
 # The builds are mostly compiles and downloads; the tiers are mostly processes waiting on each other
 # (rendezvous rounds, kubelets' reports, decision windows): a tier alone keeps 2 cores about half busy,
@@ -33,22 +34,51 @@ step() { # lane name command... : timed
   record "$lane" "$name" $((SECONDS - started))
 }
 
-# One background chain; each stage leaves <stage>.done (or <stage>.failed) in $logs.
-builds() {
-  local stage
-  for stage in "control-plane:k8s-binaries kueue-binary" "e2e:node-binaries kube-router images kind" kind-cluster; do
-    local name=${stage%%:*} targets=${stage#*:} started=$SECONDS command
-    # The kind suite's cluster comes up (create, load both images) while the earlier tiers run.
-    # shellcheck disable=SC2206
-    if [[ $name == kind-cluster ]]; then command=(hack/kind-cluster.sh up "$KIND_CLUSTER" "$kind_kubeconfig")
-    else command=(nice -n 10 $MAKE --no-print-directory $targets); fi
-    if "${command[@]}" >"$logs/$name.log" 2>&1; then
-      echo "$((SECONDS - started))" >"$logs/$name.done"
-    else
-      echo "$((SECONDS - started))" >"$logs/$name.failed"
-      return 1
-    fi
+# Two background chains, so the network- and disk-bound builds (apt, debootstrap, pip into the image,
+# docker import) overlap the compiles instead of queueing behind them on a cold machine; each stage
+# leaves <stage>.done (or <stage>.failed) in $logs.
+stage() { # name command...
+  local name=$1 started=$SECONDS
+  shift
+  if "$@" >"$logs/$name.log" 2>&1; then
+    echo "$((SECONDS - started))" >"$logs/$name.done"
+  else
+    echo "$((SECONDS - started))" >"$logs/$name.failed"
+    return 1
+  fi
+}
+
+# The compiles: Kubernetes and Kueue, the node's and kube-router's binaries, then kind (its node image
+# needs both images, so it waits for the other chain) and the kind suite's cluster (create, load both
+# images) while the earlier tiers run.
+compiles() {
+  stage control-plane nice -n 10 $MAKE --no-print-directory k8s-binaries kueue-binary &&
+    stage node nice -n 10 $MAKE --no-print-directory node-binaries kube-router &&
+    await_stage assembly &&
+    stage kind nice -n 10 $MAKE --no-print-directory kind &&
+    stage kind-cluster hack/kind-cluster.sh up "$KIND_CLUSTER" "$kind_kubeconfig"
+}
+
+# The downloads and assembly: Docker and both images, then the kind node's root filesystems.
+assembly() {
+  stage images nice -n 10 $MAKE --no-print-directory images &&
+    stage kind-rootfs nice -n 10 hack/build-kind.sh rootfs &&
+    touch "$logs/assembly.done"
+}
+
+await_stage() { # name: inside a chain, until the other chain's stage is done (1 when it failed)
+  until [[ -e $logs/$1.done ]]; do
+    [[ -e $logs/images.failed || -e $logs/kind-rootfs.failed ]] && return 1
+    sleep 2
   done
+}
+
+builds() {
+  assembly &
+  local assembler=$! compiled=0
+  compiles || compiled=1
+  wait "$assembler" || return 1
+  return "$compiled"
 }
 
 wait_for_builds() { # lane stage
@@ -56,8 +86,12 @@ wait_for_builds() { # lane stage
   while [[ ! -e $logs/$name.done ]]; do
     if [[ -e $logs/$name.failed ]] || ! kill -0 "$builder" 2>/dev/null; then
       [[ -e $logs/$name.done ]] && break
-      echo "error: the background build '$name' failed; the end of its log ($logs/$name.log):" >&2
-      tail -n 60 "$logs/$name.log" >&2 || true
+      # The stage that failed: this one, or an earlier one of either chain that this one needed.
+      local failed=$logs/$name.failed
+      [[ -e $failed ]] || failed=$(ls "$logs"/*.failed 2>/dev/null | head -n 1)
+      failed=$(basename "${failed:-$name.failed}" .failed)
+      echo "error: the background build '$failed' failed (the $name builds cannot finish); the end of its log ($logs/$failed.log):" >&2
+      tail -n 60 "$logs/$failed.log" >&2 || true
       return 1
     fi
     sleep 2
@@ -67,7 +101,8 @@ wait_for_builds() { # lane stage
 
 lane_a() {
   step A "trainer tier" $MAKE --no-print-directory test-trainer
-  wait_for_builds A e2e
+  wait_for_builds A node
+  wait_for_builds A images
   step A "e2e tier: Docker and the real node" $MAKE --no-print-directory test-e2e-node
 }
 
@@ -120,7 +155,7 @@ record - "lanes A and B side by side" $((SECONDS - lanes_started))
 echo
 echo "=== make test: seconds per step (lane: A, B, or - for the shared steps; build logs: $logs)"
 cat "$logs/timings"
-for stage in control-plane e2e kind-cluster; do
+for stage in control-plane node images kind-rootfs kind kind-cluster; do
   record - "($stage builds, in the background)" "$(cat "$logs/$stage.done")"
   tail -n 1 "$logs/timings"
 done

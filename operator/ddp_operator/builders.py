@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from ddp_operator import names
 from ddp_operator.observe import format_time
-from ddp_operator.policies import recovery
+from ddp_operator.policies import recovery, straggler
 from ddp_operator.spec import RESTART_MODE_IN_PLACE, JobSpec
 
 # Long enough for rank 0 to finish a step and write a checkpoint after SIGTERM.
@@ -350,9 +350,11 @@ def build_rank_pod(
     pod_spec_patch: Mapping[str, Any] | None = None,
     replacement: int = 0,
     restart_budget: int | None = None,
+    avoid_nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """One rank pod of one attempt. ``pod_spec_patch`` (gang.py's, when the gang is scheduled through
-    the in-tree Workload API) is merged into the pod spec last: its fields are the operator's."""
+    the in-tree Workload API) is merged into the pod spec last: its fields are the operator's.
+    ``avoid_nodes``: nodes the job moved away from (status.avoidedNodes, policies.straggler)."""
     budget = recovery.launcher_budget(job, 0) if restart_budget is None else restart_budget
     template = copy.deepcopy(dict(job.template))
     template_meta: dict[str, Any] = template.get("metadata") or {}
@@ -410,10 +412,25 @@ def build_rank_pod(
     _add_port(trainer, names.RENDEZVOUS_PORT_NAME, job.rendezvous_port)
     if job.metrics.enabled:
         _add_port(trainer, names.METRICS_PORT_NAME, job.metrics.port)
+    _avoid_nodes(pod_spec, avoid_nodes)
     for key, value in (pod_spec_patch or {}).items():
         pod_spec[key] = copy.deepcopy(value)
 
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _avoid_nodes(pod_spec: dict[str, Any], avoided: Sequence[str]) -> None:
+    """Keep the pod off ``avoided`` whatever else the template asks: the NotIn expression joins every
+    required node selector term (terms are ORed, a term's expressions ANDed), or is the only term."""
+    expression = straggler.node_affinity(avoided)
+    if expression is None:
+        return
+    affinity = pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        term["matchExpressions"] = [*(term.get("matchExpressions") or []), copy.deepcopy(expression)]
+    required["nodeSelectorTerms"] = terms
 
 
 def build_event(

@@ -39,6 +39,7 @@ from ddp_operator.kube_api import (
 from ddp_operator.metrics import OperatorMetrics
 from ddp_operator.observe import PodObservation, newest_per_rank, parse_time
 from ddp_operator.podcache import JobKey, PodCache
+from ddp_operator.policies import straggler
 from ddp_operator.progress.pull import ProgressScraper, Target
 from ddp_operator.reconcile import decide, decide_invalid_spec
 from ddp_operator.spec import JobSpec, SpecError, parse_job
@@ -674,15 +675,25 @@ def _log_decision(key: JobKey, decision: Decision) -> None:
 
 
 def _rank_pods(job: JobSpec, decision: Decision, patch: Mapping[str, Any] | None) -> list[JsonDict]:
-    """The attempt's missing ranks and the replacements of lost pods, each with the gang's restart budget."""
+    """The attempt's missing ranks and the replacements of lost pods, each with the gang's restart budget,
+    kept off the nodes the job moved away from (the status the decision writes records them)."""
     attempt, budget = decision.create.attempt, decision.create.restart_budget
+    avoid = straggler.avoided_nodes(decision.report.status)
     pods = [
-        builders.build_rank_pod(job, rank, attempt, pod_spec_patch=patch, restart_budget=budget)
+        builders.build_rank_pod(
+            job, rank, attempt, pod_spec_patch=patch, restart_budget=budget, avoid_nodes=avoid
+        )
         for rank in decision.create.ranks
     ]
     return pods + [
         builders.build_rank_pod(
-            job, rank, attempt, pod_spec_patch=patch, replacement=replacement, restart_budget=budget
+            job,
+            rank,
+            attempt,
+            pod_spec_patch=patch,
+            replacement=replacement,
+            restart_budget=budget,
+            avoid_nodes=avoid,
         )
         for rank, replacement in decision.create.replacements
     ]

@@ -36,6 +36,10 @@ REASON_SUSPENDED: Final = "Suspended"
 REASON_POD_CREATE_FORBIDDEN: Final = "PodCreateForbidden"
 REASON_INVALID_SPEC: Final = "InvalidSpec"
 REASON_STRAGGLER: Final = "Straggler"
+# runPolicy.stragglerPolicy Replace replaced the straggler's pod; or would, but may not (rank 0's pod,
+# maxReplacements reached).
+REASON_STRAGGLER_REPLACED: Final = "StragglerReplaced"
+REASON_STRAGGLER_NOT_REPLACED: Final = "StragglerNotReplaced"
 REASON_QUEUED: Final = "Queued"
 # Events of a restart that kept the pods (docs/restarts.md), and of any restart once its cost is known.
 REASON_RESTARTED_IN_PLACE: Final = "RestartedInPlace"

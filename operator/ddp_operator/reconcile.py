@@ -38,6 +38,8 @@ from ddp_operator.decision import (
     REASON_RUNNING,
     REASON_SCHEDULED,
     REASON_STRAGGLER,
+    REASON_STRAGGLER_NOT_REPLACED,
+    REASON_STRAGGLER_REPLACED,
     REASON_SUSPENDED,
     CreateRefusal,
     Creates,
@@ -49,7 +51,7 @@ from ddp_operator.decision import (
 )
 from ddp_operator.kueue import QueueObservation, queued_message
 from ddp_operator.observe import PodObservation, format_time, int_field, parse_time, superseded
-from ddp_operator.policies import deadline, elastic, recovery, stall, success, ttl
+from ddp_operator.policies import deadline, elastic, recovery, stall, straggler, success, ttl
 from ddp_operator.policies import kueue as kueue_policy
 from ddp_operator.policies.attempt import judge_attempt
 from ddp_operator.policies.failure import (
@@ -62,7 +64,7 @@ from ddp_operator.policies.failure import (
 )
 from ddp_operator.policies.kueue import KueueActions
 from ddp_operator.progress.render import shown_straggler
-from ddp_operator.progress.tracker import ProgressObservation, persistence_left
+from ddp_operator.progress.tracker import ProgressObservation, StragglerSighting, persistence_left
 from ddp_operator.spec import JobSpec
 from ddp_operator.status import (
     Counts,
@@ -416,10 +418,27 @@ class _LiveAttempt:
         return old if isinstance(old, Mapping) and self.old.get("attempt") == self.attempt else None
 
     @cached_property
+    def sighting(self) -> StragglerSighting | None:
+        return self.progress.straggler if self.progress is not None else None
+
+    @cached_property
     def straggler_left(self) -> float | None:
         """Seconds until the slowest rank has been slow for the straggler window; 0: it has."""
-        sighting = self.progress.straggler if self.progress is not None else None
-        return persistence_left(sighting, self.rules.straggler_window_seconds, self.now)
+        return persistence_left(self.sighting, self.rules.straggler_window_seconds, self.now)
+
+    @cached_property
+    def straggler_pod(self) -> PodObservation | None:
+        """The pod that hosts the straggler's global rank (ranks.pod_of_rank), None without one."""
+        if self.sighting is None or self.progress is None:
+            return None
+        read, elastic_job = self.progress.rank_pods, self.job.elastic is not None
+        return ranks.pod_of_rank(self.sighting.rank, read, self.current, self.job.nproc_per_node, elastic_job)
+
+    @cached_property
+    def straggler_verdict(self) -> straggler.StragglerVerdict:
+        """runPolicy.stragglerPolicy on the straggler (policies.straggler)."""
+        policy, replaced = self.job.run_policy.straggler, straggler.replaced_so_far(self.old)
+        return straggler.verdict(policy, self.sighting, self.straggler_pod, self.now, replaced)
 
     @cached_property
     def stall_limit(self) -> int | None:
@@ -728,28 +747,35 @@ def _rule_root_image_refused(live: _LiveAttempt) -> Decision | None:
 
 def _straggler(live: _LiveAttempt) -> tuple[Mapping[str, Any] | None, tuple[PhaseEvent, ...]]:
     """status.straggler (progress.render.shown_straggler), and its Warning when the rank is new."""
-    sighting = live.progress.straggler if live.progress is not None else None
-    pod = (
-        ranks.pod_of_rank(
-            sighting.rank,
-            live.progress.rank_pods,
-            live.current,
-            live.job.nproc_per_node,
-            live.job.elastic is not None,
-        )
-        if sighting is not None and live.progress is not None
-        else None
+    before = live.old.get("straggler")
+    window = live.rules.straggler_window_seconds
+    named, notice = shown_straggler(live.sighting, live.straggler_left, live.straggler_pod, before, window)
+    notices: tuple[PhaseEvent, ...] = ()
+    if notice is not None:
+        notices = (PhaseEvent(type="Warning", reason=REASON_STRAGGLER, message=notice),)
+    shown, held = straggler.with_note(named, before, live.straggler_verdict.held)
+    if held is not None:
+        notices += (PhaseEvent(type="Warning", reason=REASON_STRAGGLER_NOT_REPLACED, message=held),)
+    return shown, notices
+
+
+def _rule_straggler(live: _LiveAttempt) -> Decision | None:
+    """runPolicy.stragglerPolicy Replace: the straggler's pod, slow for long enough, is replaced alone
+    away from its node, without spending backoffLimit (policies.straggler)."""
+    pod, sighting = live.straggler_verdict.replace, live.sighting
+    if pod is None or pod.rank is None or sighting is None:
+        return None
+    what = straggler.replacement_text(live.job.run_policy.straggler, sighting, pod)
+    slow = RankFailure(rank=pod.rank, finish_key=live.now.timestamp())
+    return _replace_alone(
+        live,
+        (pod.rank,),
+        slow,
+        REASON_STRAGGLER_REPLACED,
+        what,
+        Deletes(pods=(pod.name,)),
+        slow_node=pod.node,
     )
-    shown, notice = shown_straggler(
-        sighting,
-        live.straggler_left,
-        pod,
-        live.old.get("straggler"),
-        live.rules.straggler_window_seconds,
-    )
-    if notice is None:
-        return shown, ()
-    return shown, (PhaseEvent(type="Warning", reason=REASON_STRAGGLER, message=notice),)
 
 
 def _rule_progress(live: _LiveAttempt) -> Decision:
@@ -805,6 +831,7 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
             live.decision_window_left,
             live.stall_left,
             live.straggler_left,
+            live.straggler_verdict.left,
             # While queued, what Kueue says changes without a pod event: look again now and then.
             kueue.QUEUED_POLL_SECONDS if phase == names.PHASE_QUEUED else None,
         ),
@@ -861,6 +888,10 @@ def _rule_replace_lost(live: _LiveAttempt) -> Decision | None:
     )
 
 
+# A pod replaced alone: lost, or a straggler's (runPolicy.stragglerPolicy Replace).
+_REPLACED_REASONS: Final = {False: REASON_POD_REPLACED, True: REASON_STRAGGLER_REPLACED}
+
+
 def _replace_alone(
     live: _LiveAttempt,
     ranks: Sequence[int],
@@ -869,9 +900,13 @@ def _replace_alone(
     what: str,
     delete: Deletes,
     kueue_actions: KueueActions = kueue_policy.NONE,
+    *,
+    slow_node: str | None = None,
 ) -> Decision:
     """New pods for ``ranks`` alone (policies.recovery.replace_pods); the survivors restart in place and
-    wait for them on the rendezvous's next round. ``what``: what happened, for the Event."""
+    wait for them on the rendezvous's next round. ``what``: what happened, for the Event. ``slow_node``:
+    a straggler's replacement (policies.straggler): nothing failed, so no backoffLimit is spent, and the
+    job avoids that node from now on."""
     plan = recovery.replace_pods(
         live.job,
         ranks,
@@ -883,12 +918,19 @@ def _replace_alone(
         live.accounting.record,
         live.old.get("podReplacements"),
         (p.replacement for p in live.pods),
+        charged=slow_node is None,
+    )
+    budget = (
+        f"restart {plan.restarts} of {live.job.run_policy.backoff_limit}"
+        if slow_node is None
+        else "no restart spent"
     )
     message = (
         f"{what} in attempt {live.attempt}: replaced by "
         + ", ".join(names.pod_name(live.job.name, rank, live.attempt, n) for rank, n in plan.replacements)
-        + f"; the other ranks restart in place (restart {plan.restarts} of {live.job.run_policy.backoff_limit})"
+        + f"; the other ranks restart in place ({budget})"
     )
+    slow_status = {} if slow_node is None else straggler.status_after(live.old, slow_node)
     change = Transition(
         phase=str(live.old.get("phase") or names.PHASE_RUNNING),
         reason=str(condition_reason(live.old) or REASON_RUNNING),
@@ -902,6 +944,7 @@ def _replace_alone(
         goodput=live.goodput,
         pod_replacements=plan.pod_replacements,
         ranks_created=live.ranks_created,
+        **slow_status,
     )
     return _decision(
         live.job,
@@ -913,7 +956,9 @@ def _replace_alone(
         ),
         delete=delete,
         kueue=kueue_actions,
-        notices=(PhaseEvent(type="Warning", reason=REASON_POD_REPLACED, message=message),),
+        notices=(
+            PhaseEvent(type="Warning", reason=_REPLACED_REASONS[slow_node is not None], message=message),
+        ),
         requeue_after=_min_wait(live.active_left, live.stall_left),
     )
 
@@ -978,6 +1023,7 @@ _LIVE_RULES: Final = (
     _rule_startup_deadline,
     _rule_root_image_refused,
     _rule_stalled,
+    _rule_straggler,
 )
 
 

@@ -88,7 +88,11 @@ DECLARED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
             "cleanPodPolicy",
             "suspend",
             "restartMode",
+            "stragglerPolicy",
         }
+    ),
+    "spec.runPolicy.stragglerPolicy": frozenset(
+        {"action", "slowdownPercent", "sustainedSeconds", "maxReplacements"}
     ),
     "spec.template": frozenset({"metadata", "spec"}),
     "spec.checkpoint": frozenset({"volumeClaimTemplate", "mountPath"}),
@@ -126,6 +130,36 @@ def unknown_fields(manifest: Mapping[str, Any]) -> list[SpecError]:
 MIN_STALL_TIMEOUT_SECONDS: Final = 10
 
 
+StragglerAction = Literal["Report", "Replace"]
+STRAGGLER_ACTIONS: Final = ("Report", "Replace")
+STRAGGLER_REPLACE: Final = "Replace"
+# Defaults of runPolicy.stragglerPolicy (docs/restarts.md, "Stragglers"): a rank that makes every step
+# at least twice as long as it would be without it, for two minutes (eight reads at the operator's 15 s
+# interval; a checkpoint or a neighbour's burst lasts seconds), is worth a pod's start; at most two such
+# replacements a job, so a cluster-wide slowdown (every node slow) cannot churn pods.
+DEFAULT_STRAGGLER_SLOWDOWN_PERCENT: Final = 200
+DEFAULT_STRAGGLER_SUSTAINED_SECONDS: Final = 120
+DEFAULT_STRAGGLER_MAX_REPLACEMENTS: Final = 2
+# Below 1.5x the straggler is not even named (progress.tracker.STRAGGLER_THRESHOLD); shorter than a
+# minute is a few reads, within the noise of a loaded node.
+MIN_STRAGGLER_SLOWDOWN_PERCENT: Final = 150
+MIN_STRAGGLER_SUSTAINED_SECONDS: Final = 60
+
+
+@dataclass(frozen=True)
+class StragglerPolicy:
+    """What the operator does about a rank the others wait for (docs/restarts.md, "Stragglers")."""
+
+    action: StragglerAction = "Report"
+    slowdown_percent: int = DEFAULT_STRAGGLER_SLOWDOWN_PERCENT
+    sustained_seconds: int = DEFAULT_STRAGGLER_SUSTAINED_SECONDS
+    max_replacements: int = DEFAULT_STRAGGLER_MAX_REPLACEMENTS
+
+    @property
+    def slowdown(self) -> float:
+        return self.slowdown_percent / 100.0
+
+
 @dataclass(frozen=True)
 class RunPolicy:
     backoff_limit: int = DEFAULT_BACKOFF_LIMIT
@@ -137,6 +171,7 @@ class RunPolicy:
     clean_pod_policy: CleanPodPolicy = DEFAULT_CLEAN_POD_POLICY
     suspend: bool = False
     restart_mode: RestartMode = DEFAULT_RESTART_MODE
+    straggler: StragglerPolicy = field(default_factory=StragglerPolicy)
 
 
 @dataclass(frozen=True)
@@ -341,7 +376,26 @@ def _parse_run_policy(raw: Mapping[str, Any]) -> RunPolicy:
         ),
         suspend=_bool(raw, "suspend", path, False),
         restart_mode=cast(RestartMode, _enum(raw, "restartMode", path, RESTART_MODES, DEFAULT_RESTART_MODE)),
+        straggler=_parse_straggler_policy(_mapping(raw.get("stragglerPolicy"), f"{path}.stragglerPolicy")),
     )
+
+
+def _parse_straggler_policy(raw: Mapping[str, Any]) -> StragglerPolicy:
+    path = "spec.runPolicy.stragglerPolicy"
+    return StragglerPolicy(
+        action=cast(StragglerAction, _enum(raw, "action", path, STRAGGLER_ACTIONS, "Report")),
+        slowdown_percent=_required_int(
+            raw, "slowdownPercent", path, DEFAULT_STRAGGLER_SLOWDOWN_PERCENT,
+            minimum=MIN_STRAGGLER_SLOWDOWN_PERCENT, maximum=10000,
+        ),
+        sustained_seconds=_required_int(
+            raw, "sustainedSeconds", path, DEFAULT_STRAGGLER_SUSTAINED_SECONDS,
+            minimum=MIN_STRAGGLER_SUSTAINED_SECONDS, maximum=86400,
+        ),
+        max_replacements=_required_int(
+            raw, "maxReplacements", path, DEFAULT_STRAGGLER_MAX_REPLACEMENTS, minimum=1, maximum=100
+        ),
+    )  # fmt: skip
 
 
 def _parse_checkpoint(raw: Any) -> CheckpointSpec | None:
@@ -433,6 +487,25 @@ def _parse_elastic(spec: Mapping[str, Any], run_policy: RunPolicy) -> ElasticSpe
     return ElasticSpec(min_replicas=minimum, max_replicas=maximum, replacement_wait_seconds=wait)
 
 
+def _check_straggler_policy(run_policy: RunPolicy, queued: bool) -> None:
+    """Replace moves one rank's pod alone: a Recreate job never does, and a Kueue group would count
+    the replaced pod until its deletion is confirmed (the CRD refuses the first, this the second)."""
+    if run_policy.straggler.action != STRAGGLER_REPLACE:
+        return
+    if run_policy.restart_mode != RESTART_MODE_IN_PLACE:
+        raise SpecError(
+            "spec.runPolicy.stragglerPolicy.action",
+            "Replace replaces the slow rank's pod alone, which needs spec.runPolicy.restartMode InPlace "
+            "(its default); use Report, or InPlace",
+        )
+    if queued:
+        raise SpecError(
+            "spec.runPolicy.stragglerPolicy.action",
+            "Replace is not available to a job queued by Kueue (its pod group would count the replaced pod "
+            "until its deletion is confirmed); use Report, or drop the kueue.x-k8s.io/queue-name label",
+        )
+
+
 def parse_job(obj: Mapping[str, Any]) -> JobSpec:
     """A defaulted JobSpec from a DDPJob object (as the apiserver returns it, or as a user wrote it)."""
     metadata = _mapping(obj.get("metadata"), "metadata", required=True)
@@ -487,6 +560,7 @@ def parse_job(obj: Mapping[str, Any]) -> JobSpec:
     )
     scheduling = _parse_scheduling(spec.get("scheduling"))
     kueue = _parse_kueue(metadata, template)
+    _check_straggler_policy(run_policy, kueue is not None)
 
     generation = metadata.get("generation", 1)
     return JobSpec(

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from ddp_operator import names
 from ddp_operator.observe import PodObservation, format_time, int_field, parse_time
-from ddp_operator.policies import elastic
+from ddp_operator.policies import elastic, straggler
 from ddp_operator.spec import JobSpec
 
 
@@ -57,6 +57,9 @@ class Transition:
     last_restart: Mapping[str, Any] | None = None
     goodput: float | None = None
     pod_replacements: int | None = None
+    # A straggler's pod replaced (policies.straggler): the job's count of those and its nodes to avoid.
+    straggler_replacements: int | None = None
+    avoided_nodes: tuple[str, ...] | None = None
     # An elastic job's pods in the group as rank 0 last said, and the resizes so far; None: as the old
     # status says.
     group_replicas: int | None = None
@@ -115,6 +118,8 @@ class _Written:
     last_restart: dict[str, Any] | None = None
     goodput: Any = None
     pod_replacements: int | None = None
+    straggler_replacements: int | None = None
+    avoided_nodes: list[str] | None = None
     elastic: dict[str, int] | None = None
 
     def as_status(self) -> dict[str, Any]:
@@ -175,6 +180,16 @@ def build_status(job: JobSpec, old: Mapping[str, Any], change: Transition, now: 
         last_restart=dict(last_restart) if isinstance(last_restart, Mapping) else None,
         goodput=f"{change.goodput:.3f}" if change.goodput is not None else old.get("goodput"),
         pod_replacements=replaced if isinstance(replaced, int) and replaced else None,
+        straggler_replacements=(
+            change.straggler_replacements
+            if change.straggler_replacements is not None
+            else straggler.replaced_so_far(old)
+        )
+        or None,
+        avoided_nodes=list(
+            change.avoided_nodes if change.avoided_nodes is not None else straggler.avoided_nodes(old)
+        )
+        or None,
         elastic=shown_elastic,
     ).as_status()
 

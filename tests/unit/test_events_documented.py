@@ -19,7 +19,15 @@ pytestmark = pytest.mark.unit
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 PACKAGE = Path(decision.__file__).resolve().parent
 # The Events posted without a phase change: the operator's reasons that no condition carries.
-EVENT_ONLY = ("STRAGGLER", "RESTARTED_IN_PLACE", "RESIZED", "POD_REPLACED", "RECOVERED")
+EVENT_ONLY = (
+    "STRAGGLER",
+    "STRAGGLER_REPLACED",
+    "STRAGGLER_NOT_REPLACED",
+    "RESTARTED_IN_PLACE",
+    "RESIZED",
+    "POD_REPLACED",
+    "RECOVERED",
+)
 
 
 def documented_events() -> set[str]:

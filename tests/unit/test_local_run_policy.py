@@ -43,6 +43,7 @@ FIELDS: dict[str, tuple[bool, Any, str]] = {
     "startupDeadlineSeconds": (False, 60, ""),
     "ttlSecondsAfterFinished": (False, 60, ""),
     "cleanPodPolicy": (False, "All", ""),
+    "stragglerPolicy": (False, {"action": "Replace"}, ""),
 }
 
 

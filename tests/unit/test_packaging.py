@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from ddp_operator import cli
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -165,8 +167,12 @@ def test_ddpjob_from_the_wheel_alone_runs_run_and_operator(
         assert expected in result.stdout
     top = run(ddpjob, "--help")
     assert top.returncode == 0, top.stderr
-    # The harness's `cluster` is not a product command.
-    assert re.findall(r"^ {4}(\w+) +\w", top.stdout, re.MULTILINE) == ["run", "operator"], top.stdout
+    # The product's commands, and no other: the harness's `cluster` is not one.
+    assert re.findall(r"^ {4}(\w+) +\w", top.stdout, re.MULTILINE) == list(cli.SUBCOMMANDS), top.stdout
+    for command in cli.SUBCOMMANDS:
+        assert run(ddpjob, command, "--help").returncode == 0, (
+            f"`ddpjob {command} --help` from the wheel alone"
+        )
     where = run(str(python), "-c", "import ddp_operator; print(ddp_operator.__file__)")
     assert where.stdout.startswith(str(env_dir)), where.stdout + where.stderr
     harness = run(str(python), "-c", f"import {HARNESS_PACKAGE}")

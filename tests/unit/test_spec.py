@@ -239,6 +239,8 @@ def test_declared_fields_match_the_crd_schema() -> None:
     expected["spec"] = set(spec["properties"])
     for name in ("runPolicy", "template", "checkpoint", "metrics", "networkPolicy", "scheduling", "elastic"):
         expected[f"spec.{name}"] = set(spec["properties"][name]["properties"])
+    run_policy = spec["properties"]["runPolicy"]["properties"]
+    expected["spec.runPolicy.stragglerPolicy"] = set(run_policy["stragglerPolicy"]["properties"])
     assert {path: set(fields) for path, fields in DECLARED_FIELDS.items()} == expected
 
 

@@ -35,6 +35,8 @@ def with_every_field() -> dict[str, Any]:
         last_restart={"mode": "InPlace", "attempt": 2},
         goodput=0.5,
         pod_replacements=1,
+        straggler_replacements=1,
+        avoided_nodes=("node-3",),
         group_replicas=2,
         resizes=1,
         ranks_created=2,

@@ -37,6 +37,11 @@ RUN_POLICY: Final[Mapping[str, LocalSupport]] = {
     ),
     "ttlSecondsAfterFinished": LocalSupport(False, "no DDPJob object exists here, so none is deleted"),
     "cleanPodPolicy": LocalSupport(False, "no pod is kept: every process of the job ends with each attempt"),
+    "stragglerPolicy": LocalSupport(
+        False,
+        "the straggler is reported (its rank, slowdown and phase in the live line and the summary), "
+        "never replaced: Replace moves a pod to another node, and every local rank shares this machine",
+    ),
 }
 
 

@@ -384,9 +384,11 @@ def replace_pods(
     read: Mapping[str, Any] | None,
     replaced: object,
     numbers: Iterable[int],
+    *,
+    charged: bool = True,
 ) -> PodReplacement:
-    """Replace the lost pods of ``ranks`` alone: one restart against backoffLimit, after which the
-    survivors re-form once more.
+    """Replace the lost pods of ``ranks`` alone: one restart against backoffLimit (none when not
+    ``charged``: a straggler's pod, which did not fail), after which the survivors re-form once more.
 
     ``failure`` and ``cause``: what decided it; ``restarts``: status.restarts before it; ``last``:
     status.lastRestart; ``read``: the record this read of rank 0 brings (None: none); ``replaced``:
@@ -408,7 +410,7 @@ def replace_pods(
         exit_code=failure.exit_code,
         group_restarts=known + 1,
     )
-    after = restarts + 1
+    after = restarts + 1 if charged else restarts
     return PodReplacement(
         replacements=replacements,
         record=record,

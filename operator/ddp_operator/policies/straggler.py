@@ -1,0 +1,131 @@
+"""What to do about a straggler (docs/restarts.md, "Stragglers"): runPolicy.stragglerPolicy, shared by
+the operator and `ddpjob run`. Pure: the sighting (progress.tracker), the pod that hosts the rank
+(ranks.pod_of_rank) and the job's record in, a verdict out.
+
+Report (the default) names the rank and does nothing else. Replace replaces the slow rank's pod alone
+once it has slowed every step by ``slowdownPercent`` for ``sustainedSeconds``, placed away from its node
+(the node joins ``status.avoidedNodes``, which every later pod of the job avoids). A replacement for
+slowness spends no backoffLimit (nothing failed), but at most ``maxReplacements`` are made a job: when
+every node is slow (a shared network, a noisy cluster), replacing pods cannot help, and the bound keeps
+it from churning them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from ddp_operator.observe import PodObservation
+from ddp_operator.progress.render import describe_slow_rank
+from ddp_operator.progress.tracker import StragglerSighting
+from ddp_operator.spec import STRAGGLER_REPLACE, StragglerPolicy
+
+# The rendezvous' host: its pod is not replaced alone (policies.recovery), so neither for slowness.
+RENDEZVOUS_RANK: Final = 0
+# The status fields that record the policy's acts.
+STATUS_REPLACEMENTS: Final = "stragglerReplacements"
+STATUS_AVOIDED_NODES: Final = "avoidedNodes"
+# The CRD's bound on status.avoidedNodes: the oldest are forgotten past it.
+MAX_AVOIDED_NODES: Final = 100
+
+
+@dataclass(frozen=True)
+class StragglerVerdict:
+    """``replace``: the pod to replace alone (None: none now); ``held``: why a due replacement is not
+    made (rank 0's pod, the bound reached), for the job's Event; ``left``: seconds until one could be
+    due (None: none is in sight)."""
+
+    replace: PodObservation | None = None
+    held: str | None = None
+    left: float | None = None
+
+
+NONE: Final = StragglerVerdict()
+
+
+def replaced_so_far(status: Any) -> int:
+    value = status.get(STATUS_REPLACEMENTS) if hasattr(status, "get") else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def avoided_nodes(status: Any) -> tuple[str, ...]:
+    value = status.get(STATUS_AVOIDED_NODES) if hasattr(status, "get") else None
+    return tuple(str(n) for n in value if isinstance(n, str) and n) if isinstance(value, list) else ()
+
+
+def verdict(
+    policy: StragglerPolicy,
+    sighting: StragglerSighting | None,
+    pod: PodObservation | None,
+    now: datetime,
+    replaced: int,
+) -> StragglerVerdict:
+    """Whether the straggler's pod is due for a replacement now."""
+    if policy.action != STRAGGLER_REPLACE or sighting is None or sighting.slowdown < policy.slowdown:
+        return NONE
+    # Slow for long enough in this pod: a replacement is judged from its own start, not its
+    # predecessor's sighting (rank 0 names the rank, whichever pod hosts it).
+    since = sighting.since
+    began = (pod.started_at or pod.created_at) if pod is not None else None
+    if began is not None:
+        since = max(since, began)
+    left = policy.sustained_seconds - (now - since).total_seconds()
+    if left > 0:
+        return StragglerVerdict(left=left)
+    if pod is None or pod.rank is None or pod.deleting or pod.phase != "Running":
+        return NONE
+    if pod.rank == RENDEZVOUS_RANK:
+        return StragglerVerdict(
+            held=f"rank {sighting.rank}'s pod {pod.name} hosts the rendezvous and is not replaced alone: "
+            "the straggler is reported only"
+        )
+    if replaced >= policy.max_replacements:
+        return StragglerVerdict(
+            held=f"the job has replaced {replaced} straggler pod(s), runPolicy.stragglerPolicy.maxReplacements: "
+            "the straggler is reported only (when every node is slow, a new pod does not help)"
+        )
+    return StragglerVerdict(replace=pod)
+
+
+def with_note(
+    shown: Mapping[str, Any] | None, before: Any, held: str | None
+) -> tuple[Mapping[str, Any] | None, str | None]:
+    """``status.straggler`` with why Replace does not act (``held``) as its ``note``, and the text of
+    the Event that says so when the old status (``before``) did not: said once while it lasts."""
+    if shown is None or held is None:
+        return shown, None
+    said = isinstance(before, Mapping) and before.get("note") == held
+    return {**shown, "note": held}, None if said else held
+
+
+def replacement_text(policy: StragglerPolicy, sighting: StragglerSighting, pod: PodObservation) -> str:
+    """Why the straggler's pod is replaced, for the Event (the replaced pods are named after it)."""
+    return (
+        f"{describe_slow_rank(sighting.rank, sighting.slowdown, sighting.phase)} ({pod.name} on node "
+        f"{pod.node or 'unknown'}) for {policy.sustained_seconds}s or more (runPolicy.stragglerPolicy "
+        f"{policy.action}, slowdownPercent {policy.slowdown_percent}); its pod is replaced away from that node"
+    )
+
+
+def status_after(status: Any, node: str) -> dict[str, Any]:
+    """The status.py Transition fields a straggler replacement on ``node`` writes."""
+    return {
+        "straggler_replacements": replaced_so_far(status) + 1,
+        "avoided_nodes": with_node(avoided_nodes(status), node),
+    }
+
+
+def with_node(avoided: Sequence[str], node: str) -> tuple[str, ...]:
+    """``status.avoidedNodes`` once ``node`` joins it (no duplicates; the newest kept within the bound)."""
+    kept = [n for n in avoided if n != node] + ([node] if node else [])
+    return tuple(kept[-MAX_AVOIDED_NODES:])
+
+
+def node_affinity(avoided: Iterable[str]) -> dict[str, Any] | None:
+    """A required node affinity term that keeps a pod off ``avoided`` (None: no node to avoid)."""
+    nodes = sorted(set(avoided))
+    if not nodes:
+        return None
+    return {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": nodes}

@@ -1,0 +1,238 @@
+"""runPolicy.stragglerPolicy (docs/restarts.md, "Stragglers"): when a straggler's pod is replaced, why
+it is not, and what the decision and the replacement pod carry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.unit.kube_factories import RUNNING_STATUS, at, job_object, job_spec, observe, pod
+
+from ddp_operator import builders
+from ddp_operator.observe import PodObservation
+from ddp_operator.policies import straggler
+from ddp_operator.progress import tracker
+from ddp_operator.reconcile import decide
+from ddp_operator.spec import SpecError, StragglerPolicy, parse_job
+
+REPLACE = StragglerPolicy(action="Replace")
+
+
+def sighting(rank: int = 1, slowdown: float = 3.0, since: float = 0.0) -> tracker.StragglerSighting:
+    return tracker.StragglerSighting(rank=rank, slowdown=slowdown, since=at(since), phase="compute")
+
+
+def running(rank: int) -> PodObservation:
+    return observe(pod(rank))[0]
+
+
+# (policy, sighting, the pod, seconds now, replaced so far) -> (replaced pod's rank or None, held?, left)
+VERDICT_CASES = [
+    pytest.param(
+        StragglerPolicy(), sighting(), running(1), 600, 0, (None, False, None), id="report-never-acts"
+    ),
+    pytest.param(REPLACE, None, running(1), 600, 0, (None, False, None), id="no-straggler"),
+    pytest.param(
+        REPLACE, sighting(slowdown=1.8), running(1), 600, 0, (None, False, None), id="below-slowdown"
+    ),
+    pytest.param(REPLACE, sighting(), running(1), 100, 0, (None, False, 20.0), id="not-yet-sustained"),
+    pytest.param(REPLACE, sighting(), running(1), 120, 0, (1, False, None), id="sustained-exactly"),
+    pytest.param(REPLACE, sighting(slowdown=2.0), running(1), 600, 0, (1, False, None), id="at-the-slowdown"),
+    pytest.param(REPLACE, sighting(rank=0), running(0), 600, 0, (None, True, None), id="rank-0-held"),
+    pytest.param(REPLACE, sighting(), running(1), 600, 2, (None, True, None), id="bound-reached-held"),
+    pytest.param(
+        StragglerPolicy(action="Replace", max_replacements=3),
+        sighting(),
+        running(1),
+        600,
+        2,
+        (1, False, None),
+        id="bound-raised",
+    ),
+    pytest.param(REPLACE, sighting(), None, 600, 0, (None, False, None), id="pod-unknown"),
+    pytest.param(
+        REPLACE,
+        sighting(),
+        observe(pod(1, replacement=1, created=500))[0],
+        600,
+        1,
+        (None, False, 20.0),
+        id="a-replacement-judged-from-its-own-start",
+    ),
+    pytest.param(
+        REPLACE, sighting(), observe(pod(1, deleting_at=1))[0], 600, 0, (None, False, None), id="pod-going"
+    ),
+]
+
+
+@pytest.mark.parametrize(("policy", "seen", "host", "now", "replaced", "expected"), VERDICT_CASES)
+def test_verdict(
+    policy: StragglerPolicy,
+    seen: tracker.StragglerSighting | None,
+    host: PodObservation | None,
+    now: float,
+    replaced: int,
+    expected: tuple[int | None, bool, float | None],
+) -> None:
+    verdict = straggler.verdict(policy, seen, host, at(now), replaced)
+    got = (verdict.replace.rank if verdict.replace else None, verdict.held is not None, verdict.left)
+    assert got == expected
+
+
+def test_avoided_nodes_keep_order_without_duplicates_within_the_bound() -> None:
+    assert straggler.with_node(("a", "b"), "a") == ("b", "a")
+    many = tuple(f"n{i}" for i in range(straggler.MAX_AVOIDED_NODES))
+    assert straggler.with_node(many, "new") == (*many[1:], "new")
+
+
+# ---- the spec ------------------------------------------------------------------------------------------
+
+SPEC_ERRORS = [
+    pytest.param(
+        {"runPolicy": {"stragglerPolicy": {"action": "Move"}}}, "stragglerPolicy.action", id="unknown-action"
+    ),
+    pytest.param(
+        {"runPolicy": {"stragglerPolicy": {"action": "Replace"}, "restartMode": "Recreate"}},
+        "restartMode InPlace",
+        id="replace-needs-in-place",
+    ),
+    pytest.param(
+        {"runPolicy": {"stragglerPolicy": {"slowdownPercent": 120}}}, "slowdownPercent", id="slowdown-floor"
+    ),
+    pytest.param(
+        {"runPolicy": {"stragglerPolicy": {"sustainedSeconds": 5}}}, "sustainedSeconds", id="duration-floor"
+    ),
+    pytest.param(
+        {"runPolicy": {"stragglerPolicy": {"maxReplacements": 0}}}, "maxReplacements", id="bound-floor"
+    ),
+]
+
+
+@pytest.mark.parametrize(("spec", "named"), SPEC_ERRORS)
+def test_a_bad_straggler_policy_names_the_field(spec: dict[str, Any], named: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        parse_job(job_object(**spec))
+    assert named in str(refused.value)
+
+
+def test_replace_is_refused_for_a_kueue_job() -> None:
+    manifest = job_object(runPolicy={"stragglerPolicy": {"action": "Replace"}})
+    manifest["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    with pytest.raises(SpecError, match="Kueue"):
+        parse_job(manifest)
+
+
+def test_defaults() -> None:
+    policy = job_spec(runPolicy={"stragglerPolicy": {"action": "Replace"}}).run_policy.straggler
+    assert (policy.action, policy.slowdown, policy.sustained_seconds, policy.max_replacements) == (
+        "Replace",
+        2.0,
+        120,
+        2,
+    )
+
+
+# ---- the decision -----------------------------------------------------------------------------------
+
+
+def observed(seen: tracker.StragglerSighting) -> tracker.ProgressObservation:
+    return tracker.ProgressObservation(attempt=0, step=500, step_changed_at=at(599), straggler=seen)
+
+
+def replace_job(**policy: Any) -> Any:
+    return job_spec(replicas=3, runPolicy={"stragglerPolicy": {"action": "Replace", **policy}})
+
+
+def test_a_sustained_straggler_is_replaced_alone_away_from_its_node_spending_no_restart() -> None:
+    status = {**RUNNING_STATUS, "replicas": 3, "restarts": 1}
+    decision = decide(
+        replace_job(), status, observe(pod(0), pod(1), pod(2)), at(600), observed=observed(sighting())
+    )
+    assert decision.delete.pods == ("mnist-1-0",)
+    assert decision.create.replacements == ((1, 1),)
+    written = decision.report.status
+    assert written["restarts"] == 1, "a slow pod did not fail: no backoffLimit spent"
+    assert (written["stragglerReplacements"], written["avoidedNodes"], written["podReplacements"]) == (
+        1,
+        ["node-1"],
+        1,
+    )
+    assert written["lastRestart"]["cause"] == "StragglerReplaced" and written["lastRestart"]["rank"] == 1
+    (event,) = decision.report.notices
+    assert (
+        event.reason == "StragglerReplaced"
+        and "node-1" in event.message
+        and "no restart spent" in event.message
+    )
+
+
+def test_report_and_a_short_sighting_replace_nothing_and_wake_when_due() -> None:
+    pods = observe(pod(0), pod(1), pod(2))
+    status = {**RUNNING_STATUS, "replicas": 3}
+    reported = decide(job_spec(replicas=3), status, pods, at(600), observed=observed(sighting()))
+    assert reported.delete.pods == () and reported.create.replacements == ()
+    early = decide(replace_job(), status, pods, at(100), observed=observed(sighting()))
+    assert early.delete.pods == () and early.create.replacements == ()
+    assert early.requeue_after is not None and early.requeue_after <= 20.0, "looked at again when it is due"
+
+
+def test_past_the_bound_the_straggler_is_reported_with_a_note_and_one_event() -> None:
+    pods = observe(pod(0), pod(1, replacement=2), pod(2))
+    status = {
+        **RUNNING_STATUS,
+        "replicas": 3,
+        "stragglerReplacements": 2,
+        "avoidedNodes": ["node-7", "node-8"],
+    }
+    held = decide(replace_job(), status, pods, at(600), observed=observed(sighting()))
+    assert held.delete.pods == () and held.create.replacements == ()
+    note = held.report.status["straggler"]["note"]
+    assert "maxReplacements" in note
+    assert [n.reason for n in held.report.notices] == ["Straggler", "StragglerNotReplaced"]
+    again = decide(replace_job(), held.report.status, pods, at(615), observed=observed(sighting()))
+    assert again.report.notices == (), "said once while it lasts"
+    assert again.report.status["avoidedNodes"] == ["node-7", "node-8"], "kept"
+
+
+def test_rank_0_is_reported_only() -> None:
+    pods = observe(pod(0), pod(1), pod(2))
+    held = decide(
+        replace_job(), {**RUNNING_STATUS, "replicas": 3}, pods, at(600), observed=observed(sighting(rank=0))
+    )
+    assert held.delete.pods == () and "rendezvous" in held.report.status["straggler"]["note"]
+
+
+# ---- the pods built after it --------------------------------------------------------------------------
+
+AFFINITY_CASES = [
+    pytest.param(None, [[{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["a", "b"]}]], id="no-affinity"),
+    pytest.param(
+        {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["c"]}]},
+        ]},
+        [
+            [{"key": "zone", "operator": "In", "values": ["z1"]},
+             {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["a", "b"]}],
+            [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["a", "b"]}],
+        ],
+        id="merged-into-every-term",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("required", "expected"), AFFINITY_CASES)
+def test_a_pod_built_after_a_replacement_avoids_the_nodes(
+    required: dict[str, Any] | None, expected: list[list[dict[str, Any]]]
+) -> None:
+    template: dict[str, Any] = {"spec": {"containers": [{"name": "trainer", "image": "ddp-trainer:1"}]}}
+    if required is not None:
+        template["spec"]["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
+        }
+    built = builders.build_rank_pod(job_spec(template=template), 1, 0, replacement=1, avoid_nodes=("b", "a"))
+    terms = built["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert [t.get("matchExpressions") for t in terms] == expected
+    assert "affinity" not in builders.build_rank_pod(job_spec(), 1, 0)["spec"], "no node to avoid: untouched"

@@ -20,7 +20,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "run": ("ddp_operator.commands.run", "run a DDPJob manifest as local processes, no cluster needed"),
     "operator": ("ddp_operator.commands.operator", "run the DDPJob operator (kopf) against a cluster"),
     "get": ("ddp_operator.commands.get", "list DDPJobs with their phase, progress and straggler"),
-    "describe": ("ddp_operator.commands.describe", "show one DDPJob: conditions, last restart, rank pods, Events"),
+    "describe": (
+        "ddp_operator.commands.describe",
+        "show one DDPJob: conditions, last restart, rank pods, Events",
+    ),
     "logs": ("ddp_operator.commands.logs", "print or follow a rank's log across restarts and replaced pods"),
     "top": ("ddp_operator.commands.top", "each rank's figures from its pod's /metrics, refreshed"),
     "wait": ("ddp_operator.commands.wait", "wait for a DDPJob to reach a phase; exit 0 when it does"),

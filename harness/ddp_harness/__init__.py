@@ -8,9 +8,9 @@ command line; tests use `up`, `down` and the LocalCluster handle. Import cost is
 imports the kubernetes client.
 
 Layers, each importing only those below it: processes (processes, ports, state records) and hack
-(where the developer scripts are); the pure builders (manifests, node_manifests, kwok_stages, pki,
-binaries); netpol_enforcer (the NetworkPolicy enforcer); control_plane and then real_node; cluster (both
-together); cli."""
+(where the developer scripts are); the pure builders (manifests, node_manifests, kwok_stages,
+kwok_logs, pki, binaries); netpol_enforcer (the NetworkPolicy enforcer); control_plane and then
+real_node; cluster (both together); cli."""
 
 from ddp_harness.binaries import BinariesError, default_bin_dir, ensure_binaries
 from ddp_harness.cluster import GANG_SCHEDULING_FLAGS, ClusterOptions, attach, down, status, up

@@ -1,5 +1,6 @@
 """The local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok,
-started as processes on this machine, and the handle clients use to reach them.
+started as processes on this machine, and the handle clients use to reach them (with what a kubelet
+would serve: ``LocalCluster.write_pod_log`` gives a fake pod a log, which kwok serves, kwok_logs.py).
 
 Every component runs in its own process group, listens on 127.0.0.1 on a free port, and logs to its
 own file. What was started is recorded in the state directory's cluster.json, which `status` and
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddp_harness import manifests, processes
+from ddp_harness import kwok_logs, manifests, processes
 from ddp_harness.kwok_stages import NODE_LOST_ANNOTATION, ReportLatency, kwok_stages
 from ddp_harness.manifests import Layout, NodeShape, Ports
 from ddp_harness.pki import CLIENT_IDENTITIES, generate_pki
@@ -70,6 +71,21 @@ class ApiClient:
         self._ctx.load_cert_chain(str(layout.cert("admin")), str(layout.key("admin")))
 
     def request(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> tuple[int, Any]:
+        status, raw = self._send(method, path, body, timeout)
+        if isinstance(raw, str):
+            return status, raw
+        try:
+            return status, json.loads(raw) if raw else None
+        except json.JSONDecodeError:
+            return status, raw.decode(errors="replace")
+
+    def read_text(self, path: str, timeout: float = 10.0) -> tuple[int, str]:
+        """GET a path whose answer is text (a pod's log): the status and the body as it came."""
+        status, raw = self._send("GET", path, None, timeout)
+        return status, raw if isinstance(raw, str) else raw.decode(errors="replace")
+
+    def _send(self, method: str, path: str, body: Any, timeout: float) -> tuple[int, bytes | str]:
+        """The status and the raw body; (0, the error) when the apiserver could not be reached."""
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.server + path, data=data, method=method)
         req.add_header("Accept", "application/json")
@@ -77,21 +93,48 @@ class ApiClient:
             req.add_header("Content-Type", "application/json")
         try:
             with urllib.request.urlopen(req, context=self._ctx, timeout=timeout) as resp:
-                raw = resp.read()
-                status = resp.status
+                return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            status = exc.code
+            return exc.code, exc.read()
         except (urllib.error.URLError, OSError) as exc:  # not listening yet, reset, timed out
             return 0, str(exc)
-        try:
-            return status, json.loads(raw) if raw else None
-        except json.JSONDecodeError:
-            return status, raw.decode(errors="replace")
 
 
 def _http_ok(url: str, ctx: ssl.SSLContext | None = None) -> bool:
     return processes.http_status(url, ctx) == 200
+
+
+def _append(path: Path, data: str) -> None:
+    """Append in as few writes as the OS allows, so a concurrent reader rarely sees half a line (a
+    follow stream waits for the rest of a line; a plain read would return the half)."""
+    payload = data.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        while payload:
+            payload = payload[os.write(fd, payload) :]
+    finally:
+        os.close(fd)
+
+
+def _version_of(obj: dict[str, Any]) -> dict[str, str]:
+    return {"resourceVersion": obj["metadata"]["resourceVersion"]}
+
+
+def _install_kwok_crds(api: ApiClient, deadline: float, watch: Sequence[ComponentState]) -> None:
+    """Serve the CRD of kwok's Logs (pod logs, kwok_logs.py) before kwok starts: kwok watches those
+    objects from its start, and an informer whose first list failed backs off for a while."""
+    crd = kwok_logs.logs_crd()
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    code, answer = api.request("POST", crds, crd)
+    if code not in (201, 409):
+        raise ClusterError(f"creating the CRD {kwok_logs.LOGS_CRD_NAME} failed ({code}): {answer}")
+
+    def established() -> bool:
+        code, found = api.request("GET", f"{crds}/{kwok_logs.LOGS_CRD_NAME}")
+        conditions = (found.get("status") or {}).get("conditions") or [] if code == 200 else []
+        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+    processes.wait_for(f"the CRD {kwok_logs.LOGS_CRD_NAME} to be established", established, deadline, watch)
 
 
 # ---- the handle --------------------------------------------------------------------------------------
@@ -198,6 +241,65 @@ class LocalCluster:
 
     def api(self) -> ApiClient:
         return ApiClient(self.apiserver, self.layout)
+
+    # ---- what a kubelet serves ---------------------------------------------------------------------
+
+    def write_pod_log(self, namespace: str, pod: str, text: str, timeout_s: float = 30.0) -> Path:
+        """The pod's containers print ``text``: it is appended to the pod's log (every container shares
+        it) as stdout lines stamped now, a missing final newline implied ("" appends nothing), and every
+        log read through the apiserver returns it from then on, follow streams already open included.
+
+        The first write for a pod (by UID) makes the pod's Logs object (kwok_logs.py) and returns once
+        kwok serves the file, which needs the pod bound to a fake node; later writes only append. Raises
+        ClusterError when the pod does not exist or kwok does not serve its log within ``timeout_s``.
+        Returns the log file."""
+        api = self.api()
+        code, found = api.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}")
+        if code != 200:
+            raise ClusterError(f"no pod {namespace}/{pod} to write a log for ({code}): {found}")
+        uid = found["metadata"]["uid"]
+        log_file = kwok_logs.pod_log_file(self.layout.pod_logs_dir, namespace, pod, uid)
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        _append(log_file, kwok_logs.cri_records(text))
+        code, logs = api.request("GET", kwok_logs.logs_path(namespace, pod))
+        if code != 200 or kwok_logs.logs_target(logs) != (uid, str(log_file)):
+            self._serve_pod_log(api, found, log_file, logs if code == 200 else None, timeout_s)
+        return log_file
+
+    def _serve_pod_log(
+        self, api: ApiClient, pod: dict[str, Any], log_file: Path, stale: Any, timeout_s: float
+    ) -> None:
+        """Point kwok at the pod's log file (replacing the Logs object of an earlier pod of the same
+        name) and wait until a read through the apiserver returns the file's content."""
+        meta = pod["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        logs = kwok_logs.pod_logs(namespace, name, meta["uid"], log_file)
+        code = 404
+        if stale is not None:
+            replacing = {**logs, "metadata": {**logs["metadata"], **_version_of(stale)}}
+            code, answer = api.request("PUT", kwok_logs.logs_path(namespace, name), replacing)
+        if code == 404:  # none yet, or the garbage collector took the earlier pod's meanwhile
+            code, answer = api.request("POST", kwok_logs.logs_path(namespace), logs)
+        if code not in (200, 201):
+            raise ClusterError(
+                f"could not point kwok at the log of pod {namespace}/{name} ({code}): {answer}"
+            )
+        container = pod["spec"]["containers"][0]["name"]
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}/log?container={container}"
+        expected = kwok_logs.log_text(log_file.read_bytes().decode())
+        last: list[tuple[int, str]] = []
+
+        def served() -> bool:
+            last[:] = [api.read_text(path)]
+            return last[0] == (200, expected)
+
+        kwok = [c for c in self.state.components if c.name == "kwok"]
+        try:
+            processes.wait_for(
+                f"kwok to serve the log of pod {namespace}/{name}", served, time.monotonic() + timeout_s, kwok
+            )
+        except ClusterError as exc:
+            raise ClusterError(f"{exc}\nlast read (a pod bound to no node reads empty): {last}") from None
 
     def running_components(self) -> list[str]:
         return [c.name for c in self.state.components if processes.is_running(c)]
@@ -389,6 +491,7 @@ def start(
             [etcd, apiserver],
         )
         step(f"kube-apiserver ready on {manifests.apiserver_url(ports)}")
+        _install_kwok_crds(api, deadline, [etcd, apiserver])
 
         others = [starter.start(name) for name in COMPONENTS[2:]]
         for name in nodes:

@@ -1,7 +1,8 @@
 """Certificates for the local control plane, made with the `openssl` command (no Python crypto needed).
 
-One CA signs a serving certificate for the apiserver and one client certificate per component, so the
-audit log names who wrote what (the admin is `ddp-admin`, kwok is `kwok-controller`, ...)."""
+One CA signs a serving certificate for the apiserver and one for kwok's kubelet-like server (pod logs,
+kwok_logs.py), and one client certificate per component, so the audit log names who wrote what (the
+admin is `ddp-admin`, kwok is `kwok-controller`, ...)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ddp_harness.manifests import Layout
+from ddp_harness.manifests import KWOK_SERVING_CERT, Layout
 from ddp_harness.processes import LOCALHOST, StateLayout
 
 _EC_KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
@@ -102,6 +103,8 @@ def generate_pki(layout: Layout) -> None:
         "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
     )  # fmt: skip
     sign_leaf(layout, layout, "apiserver", "/CN=kube-apiserver", "serverAuth", APISERVER_SANS)
+    # kwok's kubelet-like server, which the apiserver dials at the fake nodes' InternalIP for pod logs.
+    sign_leaf(layout, layout, KWOK_SERVING_CERT, "/CN=kwok", "serverAuth", (f"IP:{LOCALHOST}",))
     for identity in CLIENT_IDENTITIES:
         organization = f"/O={identity.group}" if identity.group else ""
         sign_leaf(layout, layout, identity.name, f"{organization}/CN={identity.user}", "clientAuth")

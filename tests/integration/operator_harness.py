@@ -126,6 +126,13 @@ class Kube:
             )
         self.run("annotate", "pod", pod, "-n", namespace, "--overwrite", *args)
 
+    def write_pod_log(self, namespace: str, pod: str, text: str) -> None:
+        """The pod's containers print ``text``: each line goes to the pod's log as stdout, a missing
+        final newline implied, and `GET .../pods/<pod>/log` returns it from then on, follow streams
+        already open included. The first write for a pod returns once kwok serves its log, which needs
+        the pod bound to a fake node (LocalCluster.write_pod_log, ddp_harness/kwok_logs.py)."""
+        self.cluster.write_pod_log(namespace, pod, text)
+
     def events_for(self, namespace: str, name: str) -> list[dict[str, Any]]:
         items = self.json("get", "events", "-n", namespace)["items"]
         return [

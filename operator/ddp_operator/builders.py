@@ -420,17 +420,15 @@ def build_rank_pod(
 
 
 def _avoid_nodes(pod_spec: dict[str, Any], avoided: Sequence[str]) -> None:
-    """Keep the pod off ``avoided`` whatever else the template asks: the NotIn expression joins every
-    required node selector term (terms are ORed, a term's expressions ANDed), or is the only term."""
-    expression = straggler.node_affinity(avoided)
-    if expression is None:
+    """Steer the pod off ``avoided``: a preferred node affinity term beside the template's own, not a
+    required one, so a job whose only fitting node is the slow one is slowed, never stranded (the
+    straggler bound, policies.straggler, ends the loop that would follow)."""
+    term = straggler.avoid_term(avoided)
+    if term is None:
         return
     affinity = pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
-    required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
-    terms = required.get("nodeSelectorTerms") or [{}]
-    for term in terms:
-        term["matchExpressions"] = [*(term.get("matchExpressions") or []), copy.deepcopy(expression)]
-    required["nodeSelectorTerms"] = terms
+    preferred = affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+    preferred.append(term)
 
 
 def build_event(

@@ -204,35 +204,39 @@ def test_rank_0_is_reported_only() -> None:
 
 # ---- the pods built after it --------------------------------------------------------------------------
 
+AVOID = {
+    "weight": 100,
+    "preference": {
+        "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["a", "b"]}]
+    },
+}
 AFFINITY_CASES = [
-    pytest.param(None, [[{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["a", "b"]}]], id="no-affinity"),
+    pytest.param(None, [AVOID], id="no-affinity"),
     pytest.param(
-        {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]},
-            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["c"]}]},
-        ]},
-        [
-            [{"key": "zone", "operator": "In", "values": ["z1"]},
-             {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["a", "b"]}],
-            [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["a", "b"]}],
-        ],
-        id="merged-into-every-term",
+        {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 5, "preference": {"matchExpressions": [
+            {"key": "zone", "operator": "In", "values": ["z1"]}]}}],
+         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["gpu"]}]}]}},
+        [{"weight": 5, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}},
+         AVOID],
+        id="beside-the-templates-own",
     ),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("required", "expected"), AFFINITY_CASES)
-def test_a_pod_built_after_a_replacement_avoids_the_nodes(
-    required: dict[str, Any] | None, expected: list[list[dict[str, Any]]]
+@pytest.mark.parametrize(("node_affinity", "expected"), AFFINITY_CASES)
+def test_a_pod_built_after_a_replacement_prefers_other_nodes(
+    node_affinity: dict[str, Any] | None, expected: list[dict[str, Any]]
 ) -> None:
     template: dict[str, Any] = {"spec": {"containers": [{"name": "trainer", "image": "ddp-trainer:1"}]}}
-    if required is not None:
-        template["spec"]["affinity"] = {
-            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
-        }
+    if node_affinity is not None:
+        template["spec"]["affinity"] = {"nodeAffinity": node_affinity}
     built = builders.build_rank_pod(job_spec(template=template), 1, 0, replacement=1, avoid_nodes=("b", "a"))
-    terms = built["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"
-    ]
-    assert [t.get("matchExpressions") for t in terms] == expected
+    affinity = built["spec"]["affinity"]["nodeAffinity"]
+    assert affinity["preferredDuringSchedulingIgnoredDuringExecution"] == expected
+    if node_affinity is not None:
+        required = node_affinity["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert affinity["requiredDuringSchedulingIgnoredDuringExecution"] == required, (
+            "the template's own kept"
+        )
     assert "affinity" not in builders.build_rank_pod(job_spec(), 1, 0)["spec"], "no node to avoid: untouched"

@@ -123,9 +123,15 @@ def with_node(avoided: Sequence[str], node: str) -> tuple[str, ...]:
     return tuple(kept[-MAX_AVOIDED_NODES:])
 
 
-def node_affinity(avoided: Iterable[str]) -> dict[str, Any] | None:
-    """A required node affinity term that keeps a pod off ``avoided`` (None: no node to avoid)."""
+# The highest weight a preferred scheduling term may have: the scheduler weighs it above the
+# template's own preferences (1..100) when it can.
+AVOID_WEIGHT: Final = 100
+
+
+def avoid_term(avoided: Iterable[str]) -> dict[str, Any] | None:
+    """A preferred node affinity term that steers a pod off ``avoided`` (None: no node to avoid)."""
     nodes = sorted(set(avoided))
     if not nodes:
         return None
-    return {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": nodes}
+    expression = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": nodes}
+    return {"weight": AVOID_WEIGHT, "preference": {"matchExpressions": [expression]}}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages the test tiers need, only when they are missing:
-#   promtool (Debian's `prometheus`) checks the exposition format of our metrics;
+#   promtool (Debian's `prometheus`) checks the exposition format of our metrics and the chart's alert
+#   rules (tests/integration/test_chart_alerts.py);
 #   openssl makes the local control plane's certificates.
 set -euo pipefail
 

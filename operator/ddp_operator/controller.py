@@ -150,6 +150,8 @@ class Controller:
         self._instance = socket.gethostname()
         self.leadership = leadership
         self.metrics = metrics(self.phase_counts) if metrics is not None else None
+        if self.metrics is not None:
+            self.metrics.follow_leadership(leadership)
         self.scraper = scraper(self.kick) if scraper is not None else None
         # The scheduling.k8s.io version of the in-tree gang API the cluster serves (discovery at start).
         self.gang_version: str | None = None

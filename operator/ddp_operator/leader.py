@@ -145,6 +145,8 @@ class LeaderElector:
                     logger.info("leader election: released Lease %s/%s", self.namespace, self.name)
             except ApiError as error:
                 logger.warning("leader election: could not release the Lease: %s", error)
+            # No longer renewed, so no longer ours to act on (ddpjob_operator_leader reads this event).
+            self.leading.clear()
 
     def _run(self) -> None:
         logger.info(

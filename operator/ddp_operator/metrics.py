@@ -8,6 +8,7 @@ the controller's job cache instead of being incremented and decremented, so it c
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +89,18 @@ class OperatorMetrics:
             buckets=TIME_TO_RUNNING_BUCKETS,
             registry=self.registry,
         )
+        self.leader = Gauge(
+            "ddpjob_operator_leader",
+            "1 while this operator process holds the leader Lease (always, without leader election), "
+            "0 while it waits for it.",
+            registry=self.registry,
+        )
+        self.follow_leadership(None)
+
+    def follow_leadership(self, leadership: threading.Event | None) -> None:
+        """`ddpjob_operator_leader` reads the elector's event at scrape time (None: no election, so
+        this process acts), so it cannot disagree with leader.py, which alone sets and clears it."""
+        self.leader.set_function(lambda: 1.0 if leadership is None or leadership.is_set() else 0.0)
 
     def observe_restarts(self, key: tuple[str, str], report: Report) -> None:
         """What a written status says of restarts: a gang torn down, a restart's cost, the goodput."""

@@ -6,7 +6,8 @@ import argparse
 import asyncio
 import shutil
 import subprocess
-from typing import Any
+import threading
+from typing import Any, cast
 
 import pytest
 
@@ -216,6 +217,35 @@ def test_metrics_pass_promtool_and_report_every_phase() -> None:
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _leader_sample(metrics: OperatorMetrics) -> str:
+    (line,) = [
+        line
+        for line in metrics.exposition().decode().splitlines()
+        if line.startswith("ddpjob_operator_leader ")
+    ]
+    return line
+
+
+def test_leader_gauge_follows_the_electors_event() -> None:
+    """ddpjob_operator_leader (the chart's DDPOperatorNotLeading alert) is read from the event the
+    elector sets and clears, through the controller that owns both."""
+    from ddp_operator.controller import Controller
+    from ddp_operator.kube_api import KubeApi
+
+    leading = threading.Event()
+    controller = Controller(cast(KubeApi, object()), leadership=leading, metrics=OperatorMetrics)
+    assert controller.metrics is not None
+    assert _leader_sample(controller.metrics) == "ddpjob_operator_leader 0.0"
+    leading.set()
+    assert _leader_sample(controller.metrics) == "ddpjob_operator_leader 1.0"
+    leading.clear()  # the elector's stop(): the Lease released
+    assert _leader_sample(controller.metrics) == "ddpjob_operator_leader 0.0"
+    # Without leader election the one process acts from the start.
+    unelected = Controller(cast(KubeApi, object()), metrics=OperatorMetrics)
+    assert unelected.metrics is not None
+    assert _leader_sample(unelected.metrics) == "ddpjob_operator_leader 1.0"
 
 
 def _policy(port: int, peers: list[dict[str, Any]]) -> dict[str, Any]:

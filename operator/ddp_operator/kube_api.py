@@ -169,14 +169,20 @@ class PodLogStream:
             if not self._closed:
                 raise
         finally:
+            self._closed = True
             self._response.release_conn()
 
     def close(self) -> None:
+        """End the read; nothing when it has ended already (its connection is back in the pool)."""
+        if self._closed:
+            return
         self._closed = True
         try:
             self._response.shutdown()
         except AttributeError:  # urllib3 before 2.3: closing the connection ends the read too
             self._response.close()
+        except RuntimeError:  # the read ended meanwhile and released its connection: nothing to end
+            pass
 
 
 class KubeApi:

@@ -55,6 +55,14 @@ KOPF_CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
 }
 KOPF_NAMESPACE_RULES: dict[tuple[str, str], set[str]] = {("", "namespaces"): {"list", "watch"}}
+# What the people who run jobs get through view/edit/admin (templates/rbac-users.yaml, docs/helm.md).
+USER_VIEW_RULES: dict[tuple[str, str], set[str]] = {
+    ("ddp.dev", "ddpjobs"): {"get", "list", "watch"},
+    ("ddp.dev", "ddpjobs/status"): {"get", "list", "watch"},
+}
+USER_EDIT_RULES: dict[tuple[str, str], set[str]] = {
+    ("ddp.dev", "ddpjobs"): {"create", "update", "patch", "delete", "deletecollection"},
+}
 
 
 def find_helm() -> Path | None:
@@ -146,6 +154,9 @@ def test_defaults_run_one_hardened_cluster_wide_operator(helm: Path) -> None:
     docs = render(helm, {})
     assert kinds(docs) == sorted(
         [
+            "ClusterRole",
+            "ClusterRole",
+            # DDPJobs folded into the built-in view/edit/admin roles (templates/rbac-users.yaml).
             "ClusterRole",
             "ClusterRole",
             "ClusterRoleBinding",
@@ -273,6 +284,9 @@ def test_rbac_grants_exactly_the_operators_verbs(
     if namespaced_roles:
         kopf_expected.update(KOPF_NAMESPACE_RULES)
     assert rules_of(cluster_roles.pop("rel-ddp-operator-kopf")) == kopf_expected
+    # The roles for the people who run jobs, folded into view/edit/admin (none binds the operator).
+    assert rules_of(cluster_roles.pop("rel-ddp-operator-view")) == USER_VIEW_RULES
+    assert rules_of(cluster_roles.pop("rel-ddp-operator-edit")) == USER_EDIT_RULES
     roles = [
         doc
         for doc in docs
@@ -584,7 +598,17 @@ def test_ddpjobs_fold_into_the_built_in_user_roles(
 
         # The aggregation controller folds the chart's roles in a moment after the install.
         wait_for("the chart's DDPJob roles aggregated into view, edit and admin", answers, timeout=60)
-        proxy = kube.run("auth", "can-i", "get", "pods/proxy", "--as=view-user", "-n", namespace, check=False)
+        proxy = kube.run(
+            "auth",
+            "can-i",
+            "get",
+            "pods",
+            "--subresource=proxy",
+            "--as=view-user",
+            "-n",
+            namespace,
+            check=False,
+        )
         assert proxy.stdout.strip() == "no", "view keeps pods/proxy out (docs/cli.md: `top` needs a grant)"
     finally:
         kube.delete_namespace(namespace)

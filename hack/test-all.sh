@@ -5,8 +5,8 @@
 #   foreground:  venv -> lint, mypy -> unit -> lane A and lane B, side by side:
 #     lane A:    trainer tier ---------------------------------> e2e: Docker + the real node
 #     lane B:    (control-plane builds) integration tier ------> e2e: kind
-#   background:  (niced) Kubernetes, Kueue -> node binaries, kube-router -> kind -> the kind cluster
-#                (niced, beside it) Docker and both images -> the kind node's root filesystems
+#   background:  Kubernetes, Kueue -> node binaries, kube-router -> kind -> the kind cluster
+#                (beside it) Docker and both images -> the kind node's root filesystems
 #
 # The builds are mostly compiles and downloads; the tiers are mostly processes waiting on each other
 # (rendezvous rounds, kubelets' reports, decision windows): a tier alone keeps 2 cores about half busy,
@@ -52,17 +52,17 @@ stage() { # name command...
 # needs both images, so it waits for the other chain) and the kind suite's cluster (create, load both
 # images) while the earlier tiers run.
 compiles() {
-  stage control-plane nice -n 10 $MAKE --no-print-directory k8s-binaries kueue-binary &&
-    stage node nice -n 10 $MAKE --no-print-directory node-binaries kube-router &&
+  stage control-plane $MAKE --no-print-directory k8s-binaries kueue-binary &&
+    stage node $MAKE --no-print-directory node-binaries kube-router &&
     await_stage assembly &&
-    stage kind nice -n 10 $MAKE --no-print-directory kind &&
+    stage kind $MAKE --no-print-directory kind &&
     stage kind-cluster hack/kind-cluster.sh up "$KIND_CLUSTER" "$kind_kubeconfig"
 }
 
 # The downloads and assembly: Docker and both images, then the kind node's root filesystems.
 assembly() {
-  stage images nice -n 10 $MAKE --no-print-directory images &&
-    stage kind-rootfs nice -n 10 hack/build-kind.sh rootfs &&
+  stage images $MAKE --no-print-directory images &&
+    stage kind-rootfs hack/build-kind.sh rootfs &&
     touch "$logs/assembly.done"
 }
 

@@ -155,19 +155,19 @@ def describe(
     ]
     if message:
         lines.append(f"Message:     {message}")
-    elastic = status.get("elastic")
-    if isinstance(elastic, Mapping):
-        lines.append(f"Elastic:     {_fields(elastic)}")
-    progress = status.get("progress")
-    if isinstance(progress, Mapping):
-        lines.append(f"Progress:    {_fields(progress)}")
-    if status.get("goodput") is not None:
-        lines.append(
-            f"Goodput:     {status['goodput']} of the wall time since {status.get('startTime', '-')}"
-        )
-    straggler = status.get("straggler")
-    if isinstance(straggler, Mapping):
-        lines.append(f"Straggler:   {_fields(straggler)}")
+    for label, key in (
+        ("Elastic", "elastic"),
+        ("Progress", "progress"),
+        ("Goodput", "goodput"),
+        ("Straggler", "straggler"),
+    ):
+        value = status.get(key)
+        if key == "goodput" and value is not None:
+            value = f"{value} of the wall time since {status.get('startTime', '-')}"
+        elif isinstance(value, Mapping):
+            value = _fields(value)
+        if isinstance(value, str):
+            lines.append(f"{label + ':':<13}{value}")
     restart = status.get("lastRestart")
     if isinstance(restart, Mapping):
         lines.append(f"Last restart: {_fields(restart, skip=('note',))}")

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 from tests.integration.operator_harness import REPO
-from tests.integration.test_chart import CHART, find_helm, render, run_helm, set_args
+from tests.integration.test_chart import CHART, helm, render, run_helm, set_args
 
-from ddp_harness.binaries import default_bin_dir
+__all__ = ["helm"]  # the fixture, imported for pytest
 
 pytestmark = pytest.mark.integration
 
@@ -38,14 +38,6 @@ JOB_ALERTS = {
 OPERATOR_ALERTS = {"DDPOperatorDown", "DDPOperatorNotLeading"}
 # Series no exporter of ours exports: Prometheus's own, per scrape target.
 PROMETHEUS_SERIES = {"up"}
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    binary = find_helm()
-    if binary is None:
-        pytest.skip(f"no helm binary in {default_bin_dir()} or on PATH (hack/build-k8s.sh builds it)")
-    return binary
 
 
 @pytest.fixture(scope="module")

@@ -23,21 +23,27 @@ pytestmark = pytest.mark.integration
 __all__ = ["kube", "namespace", "operators"]  # fixtures, imported for pytest
 
 
+def ddpjob_command(kube: Kube, namespace: str, *args: str) -> list[str]:
+    """`ddpjob ARGS...` against the local cluster's namespace, with this interpreter."""
+    return [
+        sys.executable,
+        "-m",
+        "ddp_operator",
+        *args,
+        "--kubeconfig",
+        str(kube.kubeconfig),
+        "-n",
+        namespace,
+    ]
+
+
 class Command:
     """`ddpjob ARGS...` against the local cluster, as a child process whose output is collected."""
 
     def __init__(self, kube: Kube, namespace: str, *args: str) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "ddp_operator",
-            *args,
-            "--kubeconfig",
-            str(kube.kubeconfig),
-            "-n",
-            namespace,
-        ]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            ddpjob_command(kube, namespace, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         self.out: list[str] = []
         self.err: list[str] = []
         self._readers = [
@@ -69,17 +75,9 @@ class Command:
 
 
 def run(kube: Kube, namespace: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "ddp_operator",
-        *args,
-        "--kubeconfig",
-        str(kube.kubeconfig),
-        "-n",
-        namespace,
-    ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        ddpjob_command(kube, namespace, *args), capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def started(

@@ -20,6 +20,7 @@ BENCHMARKS = (
     "bench_gang_admission.py",
     "bench_inplace_restart.py",
     "bench_state_snapshot.py",
+    "bench_health_check.py",
 )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from ddp_trainer import health
 from ddp_trainer.straggler import parse_stall_timeout
 
 Backend = Literal["auto", "nccl", "gloo"]
@@ -36,6 +37,10 @@ DEFAULT_REPLACEMENT_WAIT: Final = 60
 MIN_MEMBERS_ENV: Final = "DDP_MIN_MEMBERS"
 DEPRECATED_MIN_MEMBERS_ENV: Final = "DDP_MIN_NODES"
 DEFAULT_MNIST_URL: Final = "https://ossci-datasets.s3.amazonaws.com/mnist/"
+# The gang health check (docs/trainer.md, "Health check"): off unless the operator turns it on.
+HEALTH_CHECK_ENV: Final = "DDP_HEALTH_CHECK"
+HEALTH_CHECK_BYTES_ENV: Final = "DDP_HEALTH_CHECK_BYTES"
+HEALTH_CHECK_SWITCH: Final[Mapping[str, bool]] = {"on": True, "off": False}
 # Set by the trainer on the local workers it launches when NPROC_PER_NODE > 1.
 WORKER_MARKER: Final = "DDP_TRAINER_WORKER"
 
@@ -91,6 +96,10 @@ class DistEnv:
     min_members: int | None = None
     # DDP_REPLACEMENT_WAIT_SECONDS: an elastic round's wait for more pods once min_members have joined.
     replacement_wait: int = DEFAULT_REPLACEMENT_WAIT
+    # DDP_HEALTH_CHECK (on/off, default off) and DDP_HEALTH_CHECK_BYTES: the gang health check before
+    # the first step and when a new member joins (ddp_trainer.health).
+    health_check: bool = False
+    health_check_bytes: int = health.DEFAULT_BYTES
 
     @property
     def elastic(self) -> bool:
@@ -159,6 +168,7 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
         ) from None
     restart_mode, restart_budget = _restarts(env)
     min_members, replacement_wait = _elastic(env, nnodes, restart_mode)
+    health_check, health_check_bytes = _health_check(env)
     job_name = env.get("DDPJOB_NAME") or None
     run_id = (env.get("DDP_RUN_ID") or "").strip() or f"{job_name or 'ddp-trainer'}-{attempt}"
     return DistEnv(
@@ -183,6 +193,8 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
         run_id=run_id,
         min_members=min_members,
         replacement_wait=replacement_wait,
+        health_check=health_check,
+        health_check_bytes=health_check_bytes,
     )
 
 
@@ -223,6 +235,24 @@ def _elastic(env: Mapping[str, str], nnodes: int, restart_mode: RestartMode) -> 
             f"set DDP_RESTART_MODE=InPlace, or unset {variable} for a fixed-size job",
         )
     return min_members, wait
+
+
+def _health_check(env: Mapping[str, str]) -> tuple[bool, int]:
+    """DDP_HEALTH_CHECK (on/off, case-insensitive; unset: off) and DDP_HEALTH_CHECK_BYTES, checked
+    whether the check is on or not, so that a bad size is found before anyone turns it on."""
+    text = (env.get(HEALTH_CHECK_ENV) or "off").strip().lower()
+    if text not in HEALTH_CHECK_SWITCH:
+        raise ConfigError(
+            HEALTH_CHECK_ENV, f"must be on or off, got {text!r}", f"set {HEALTH_CHECK_ENV} to on or off"
+        )
+    fix = (
+        f"set {HEALTH_CHECK_BYTES_ENV} to the bytes of the check's buffer, "
+        f"{health.FEWEST_BYTES}..{health.MOST_BYTES}, or unset it ({health.DEFAULT_BYTES})"
+    )
+    nbytes = _int(env, HEALTH_CHECK_BYTES_ENV, fix, default=health.DEFAULT_BYTES, minimum=health.FEWEST_BYTES)
+    if nbytes > health.MOST_BYTES:
+        raise ConfigError(HEALTH_CHECK_BYTES_ENV, f"must be <= {health.MOST_BYTES}, got {nbytes}", fix)
+    return HEALTH_CHECK_SWITCH[text], nbytes
 
 
 def _min_members_variable(env: Mapping[str, str]) -> str | None:
@@ -340,16 +370,18 @@ def resolve_backend(requested: Backend, cuda_available: bool) -> Literal["nccl",
 
 # Where a rank can be made to fail on purpose (testing): before the check-in barrier of the rendezvous,
 # before the checkpoint broadcast, before DDP's constructor (which broadcasts the parameters), at a
-# training step, before the final barrier.
-FAULT_POINTS: Final = ("rendezvous", "resume", "ddp", "step", "final-barrier")
+# training step, before the final barrier, at the start of the health check.
+FAULT_POINTS: Final = ("rendezvous", "resume", "ddp", "step", "final-barrier", "health")
 # How: vanish (SIGKILL, like a lost node), exit with a code through the normal exit path (this rank's
 # own failure: its exit record is written; steps only), exit with a code without writing an exit
 # record (a crash in native code), raise a ValueError (a bug in the rank's own code), or feed the model
-# a batch of the wrong shape (a RuntimeError from torch that is not about a peer; steps only).
-FAULT_ACTIONS: Final = ("kill", "exit", "crash", "value-error", "bad-shape")
-# Actions that take a code (ACTION=CODE), and actions that only a training step can take.
-_CODED_ACTIONS: Final = ("exit", "crash")
+# a batch of the wrong shape (a RuntimeError from torch that is not about a peer; steps only), or, in
+# the health check only, be slow: sleep CODE milliseconds before each of its sends (a slow link).
+FAULT_ACTIONS: Final = ("kill", "exit", "crash", "value-error", "bad-shape", "slow")
+# Actions that take a code (ACTION=CODE), and actions that only one point can take.
+_CODED_ACTIONS: Final = ("exit", "crash", "slow")
 _STEP_ACTIONS: Final = ("exit", "bad-shape")
+_HEALTH_ACTIONS: Final = ("slow",)
 
 
 @dataclass(frozen=True)
@@ -360,7 +392,7 @@ class InjectedFault:
     point: str
     action: str
     step: int | None = None
-    code: int | None = None  # for "exit" and "crash"
+    code: int | None = None  # for "exit" and "crash"; milliseconds for "slow"
     # ":once": only in the job's first run (attempt 0, before any in-place restart), so the restart it
     # causes can get past it; otherwise it goes off every time a run reaches its point.
     once: bool = False
@@ -371,6 +403,8 @@ class InjectedFault:
     def describe(self) -> str:
         where = f"step {self.step}" if self.point == "step" else self.point
         what = f"{self.action} {self.code}" if self.action in _CODED_ACTIONS else self.action
+        if self.action == "slow":
+            what = f"slow by {self.code} ms in each send"
         return f"{what} at {where}"
 
 
@@ -442,10 +476,11 @@ def _non_negative_float(text: str) -> float:
 
 def parse_injected_fault(text: str) -> InjectedFault:
     """``RANK:POINT:ACTION[:once]``, POINT one of FAULT_POINTS (``step=N`` for a step), ACTION one of
-    FAULT_ACTIONS (``exit=CODE``, ``crash=CODE``); ``once``: only in the job's first run."""
+    FAULT_ACTIONS (``exit=CODE``, ``crash=CODE``, ``slow=MS``); ``once``: only in the job's first run."""
     usage = (
         f"expected RANK:POINT:ACTION[:once] with POINT in {', '.join(FAULT_POINTS)} (step=N) and ACTION in "
-        f"{', '.join(FAULT_ACTIONS)} (exit=CODE, crash=CODE; exit and bad-shape at a step), got {text!r}"
+        f"{', '.join(FAULT_ACTIONS)} (exit=CODE, crash=CODE, slow=MS; exit and bad-shape at a step, slow "
+        f"at health), got {text!r}"
     )
     parts = text.split(":")
     once = len(parts) == 4 and parts[3] == "once"
@@ -469,6 +504,7 @@ def parse_injected_fault(text: str) -> InjectedFault:
         and (step is not None) == (point == "step")
         and (code is not None) == (action in _CODED_ACTIONS)
         and (action not in _STEP_ACTIONS or point == "step")
+        and (action not in _HEALTH_ACTIONS or point == "health")
     )
     if not valid:
         raise argparse.ArgumentTypeError(usage)
@@ -609,10 +645,11 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         type=parse_injected_fault,
         default=None,
         metavar="RANK:POINT:ACTION",
-        help="testing: global rank RANK fails at POINT (rendezvous, resume, ddp, step=N, final-barrier) "
-        "by ACTION (kill: SIGKILL itself; exit=CODE: exit with CODE through the normal exit path, at a "
-        "step; crash=CODE: exit without an exit record; value-error: raise ValueError; bad-shape: a "
-        "batch of the wrong shape, at a step)",
+        help="testing: global rank RANK fails at POINT (rendezvous, resume, ddp, step=N, final-barrier, "
+        "health) by ACTION (kill: SIGKILL itself; exit=CODE: exit with CODE through the normal exit path, "
+        "at a step; crash=CODE: exit without an exit record; value-error: raise ValueError; bad-shape: a "
+        "batch of the wrong shape, at a step; slow=MS: sleep MS milliseconds before each of its sends "
+        "in the health check)",
     )
     return parser
 

@@ -1,7 +1,8 @@
 """Testing aid (``--inject-fault RANK:POINT:ACTION``, docs/trainer.md): one rank fails on purpose.
 
-Every way a rank is made to fail lives here; the trainer only says where it is (``inject``) and hands
-each batch through ``misshape``. A fault goes off once, at its point, on its rank.
+Every way a rank is made to fail lives here; the trainer only says where it is (``inject``), hands
+each batch through ``misshape`` and asks the health check's delay of ``send_delay``. A fault goes off
+once, at its point, on its rank.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def _armed(fault: InjectedFault | None, rank: int, point: str, step: int | None)
 
 
 def inject(fault: InjectedFault | None, rank: int, point: str, step: int | None = None) -> None:
-    """Fail here if this rank was told to ("bad-shape" is ``misshape``'s)."""
-    if fault is None or not _armed(fault, rank, point, step) or fault.action == "bad-shape":
+    """Fail here if this rank was told to ("bad-shape" is ``misshape``'s, "slow" ``send_delay``'s)."""
+    if fault is None or not _armed(fault, rank, point, step) or fault.action in ("bad-shape", "slow"):
         return
     _log(f"rank {rank}: injected fault: {fault.describe()}")
     if fault.action == "kill":
@@ -61,3 +62,17 @@ def misshape(fault: InjectedFault | None, rank: int, step: int, inputs: torch.Te
         return inputs
     _log(f"rank {rank}: injected fault: a batch of the wrong shape at step {step}")
     return inputs[..., :-1]
+
+
+def send_delay(fault: InjectedFault | None, rank: int) -> float:
+    """``slow=MS`` at ``health``: the seconds this rank sleeps before each send of the health check
+    (a rank with a slow link to everyone), 0 for every other rank."""
+    if (
+        fault is None
+        or fault.action != "slow"
+        or fault.code is None
+        or not _armed(fault, rank, "health", None)
+    ):
+        return 0.0
+    _log(f"rank {rank}: injected fault: {fault.describe()}")
+    return fault.code / 1000.0

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ddp_trainer.health import NO_SLOW_RANK, HealthResult
 from ddp_trainer.restarts import RestartLedger, RestartRecord
 from ddp_trainer.straggler import NO_STRAGGLER, PHASES, Straggler, Window, own_stalls
 
@@ -375,6 +376,75 @@ def resumed_timestamp_gauge(rank: int, registry: CollectorRegistry | None) -> Ga
         registry=registry,
         multiprocess_mode="mostrecent",
     ).labels(rank=str(rank))
+
+
+@dataclass(frozen=True)
+class HealthMetrics:
+    """One rank's series of the gang health check (docs/metrics.md, "Health check"): the group's
+    verdict, the same on every rank, and this rank's own link and wall time."""
+
+    busbw: Gauge
+    allreduce_seconds: Gauge
+    link_bandwidth: Gauge  # the parent: one child, this rank's link to the next rank
+    slow_rank: Gauge
+    slow_link: Gauge
+    seconds: Gauge
+    timestamp: Gauge
+    rank: int
+
+    def show(self, result: HealthResult, seconds: float, timestamp: float) -> None:
+        self.busbw.set(result.busbw)
+        self.allreduce_seconds.set(result.allreduce_seconds)
+        peer = str(result.link_peer(self.rank))
+        self.link_bandwidth.labels(rank=str(self.rank), peer=peer).set(result.links[self.rank])
+        self.slow_rank.set(result.slow_rank)
+        self.slow_link.set(NO_SLOW_RANK if result.slow_link is None else result.slow_link)
+        self.seconds.set(seconds)
+        self.timestamp.set(timestamp)
+
+
+def create_health_metrics(rank: int, registry: CollectorRegistry | None) -> HealthMetrics:
+    """The health check's series, created when a check has run (absent while the check is off)."""
+    label = {"rank": str(rank)}
+
+    def gauge(name: str, doc: str) -> Gauge:
+        return Gauge(name, doc, ["rank"], registry=registry, multiprocess_mode="mostrecent").labels(**label)
+
+    return HealthMetrics(
+        busbw=gauge(
+            "ddp_health_busbw_bytes_per_second",
+            "The health check's all-reduce bus bandwidth: bytes x 2(n-1)/n over the median iteration's "
+            "time (NCCL tests' convention); the same on every rank.",
+        ),
+        allreduce_seconds=gauge(
+            "ddp_health_allreduce_seconds",
+            "The health check's median all-reduce time of DDP_HEALTH_CHECK_BYTES (the slowest rank's).",
+        ),
+        link_bandwidth=Gauge(
+            "ddp_health_link_bandwidth_bytes_per_second",
+            "Bytes per second of this rank's link to rank peer (the next rank), from a timed ping-pong.",
+            ["rank", "peer"],
+            registry=registry,
+            multiprocess_mode="mostrecent",
+        ),
+        slow_rank=gauge(
+            "ddp_health_slow_rank",
+            "The rank whose links are all far below the group's median in the last health check "
+            "(-1: none); the same on every rank.",
+        ),
+        slow_link=gauge(
+            "ddp_health_slow_link",
+            "The slowest link when far below the median of links: its first rank r (link r <-> r+1), "
+            "-1: none; the same on every rank.",
+        ),
+        seconds=gauge(
+            "ddp_health_check_seconds", "Wall-clock seconds this rank spent in the last health check."
+        ),
+        timestamp=gauge(
+            "ddp_health_check_timestamp_seconds", "Unix time at which this rank's last health check ended."
+        ),
+        rank=rank,
+    )
 
 
 def _optional(value: int | None) -> float | None:

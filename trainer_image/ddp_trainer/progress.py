@@ -2,7 +2,8 @@
 
 Rank 0 prints ``progress`` lines every ``--progress-every`` steps and a ``final`` line at the end;
 ``stopped`` says where a SIGTERM stopped the job and ``params`` (one per rank) carries a digest of the
-parameters so that tools and tests can check that every rank holds the same model. ``ddpjob run``
+parameters so that tools and tests can check that every rank holds the same model; ``health`` is the
+gang health check's verdict (docs/trainer.md, "Health check"). ``ddpjob run``
 parses these lines with :func:`parse_status_line`; this module imports nothing heavy.
 """
 
@@ -13,7 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-STATUS_KINDS: Final = frozenset({"progress", "final", "stopped", "params", "resumed", "resized", "launcher"})
+STATUS_KINDS: Final = frozenset(
+    {"progress", "final", "stopped", "params", "resumed", "resized", "launcher", "health"}
+)
 NOT_AVAILABLE: Final = "na"
 
 

@@ -37,16 +37,19 @@ from ddp_trainer.exitcodes import (
     PeerLostError,
     exit_code_for,
 )
-from ddp_trainer.faults import InjectedExitError, inject, misshape
+from ddp_trainer.faults import InjectedExitError, inject, misshape, send_delay
+from ddp_trainer.health import mark_joined, pod_is_new
+from ddp_trainer.health_check import check_links
 from ddp_trainer.library import Instrumentation, instrument
 from ddp_trainer.metrics import (
     MetricsEndpoint,
+    create_health_metrics,
     kept_step_seconds_gauge,
     open_endpoint,
     resumed_timestamp_gauge,
 )
 from ddp_trainer.progress import FinalResult, Progress, format_status_line
-from ddp_trainer.resume import StepBook
+from ddp_trainer.resume import PROGRESS_DIR_ENV, StepBook
 from ddp_trainer.snapshot import SNAPSHOT_DIR_ENV, StateSnapshots, load_slot, newest_slot
 from ddp_trainer.teardown import THREADS_OUTLIVED_GROUP, GroupSession, process_group_session
 from ddp_trainer.workloads import Workload, build_workload
@@ -295,6 +298,7 @@ class Trainer:
             settle_buckets(
                 ddp, lambda: loss_fn(ddp(features[head].to(ctx.device)), labels[head].to(ctx.device))
             )
+        self._check_health()
         sampler: DistributedSampler[Any] = DistributedSampler(
             workload.train, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=config.seed
         )
@@ -323,6 +327,36 @@ class Trainer:
             run.metrics.close()  # lets go of the model; the endpoint stays up for the linger
         self._linger()
         return EXIT_OK
+
+    def _check_health(self) -> None:
+        """The gang health check (DDP_HEALTH_CHECK, ddp_trainer.health), when a member is new to the group.
+
+        Every run of a worker forms a group and passes here, before its first step: a job's start, a
+        recreated gang, and every in-place round. A round re-formed of the same pods (a worker restarted
+        where it was) measures the links it already measured, so it checks only when some pod is new: a
+        replacement, or an elastic grow's. Here, after DDP's construction and its bucket re-layout and
+        before the sampler and the loop, the check's buffers of zeros touch neither the training's
+        random stream nor the buckets.
+        """
+        env, ctx = self.env, self.ctx
+        if not env.health_check or ctx.world_size < 2:
+            return
+        directory = os.environ.get(PROGRESS_DIR_ENV)
+        progress_dir = Path(directory) if directory else None
+        with self._collective("the health check"):
+            new = torch.tensor([1.0 if pod_is_new(progress_dir) else 0.0], device=ctx.device)
+            dist.all_reduce(new, op=dist.ReduceOp.MAX)
+            if new.item() == 0:
+                return
+            inject(self.config.inject_fault, ctx.rank, "health")
+            delay = send_delay(self.config.inject_fault, ctx.rank)
+            started = time.perf_counter()
+            result = check_links(ctx.rank, ctx.world_size, ctx.device, env.health_check_bytes, delay)
+            seconds = time.perf_counter() - started
+        mark_joined(progress_dir)
+        create_health_metrics(ctx.rank, self.endpoint.registry).show(result, seconds, time.time())
+        if self.is_rank0:
+            print(format_status_line("health", result.status_fields(seconds)), flush=True)
 
     def _restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> _Place:
         """The newest checkpoint's model, optimizer and place in the data, or the start."""

@@ -13,16 +13,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# A make that records when each target list starts and ends; ``FAIL`` names one that exits 3.
+# A make that records when each target list starts and ends; ``FAIL`` names one that exits 3. Steps
+# that must overlap wait for the other to start (``await``), so a layout that ran them one after the
+# other fails this test by the wait running out, however loaded the machine is.
 FAKE_MAKE = """#!/usr/bin/env bash
 shift
 trace() { echo "$(date +%s%N) $1 $TARGETS" >>"$TRACE"; }
+await() {
+  for _ in $(seq 1200); do grep -q " start $1\\$" "$TRACE" && return 0; sleep 0.05; done
+  echo "$TARGETS never ran beside $1" >&2; exit 4
+}
 TARGETS="$*"
 trace start
 case "$TARGETS" in
-  "k8s-binaries kueue-binary") sleep 0.6 ;;
-  images) sleep 0.8 ;;
-  test-trainer) sleep 0.6 ;;
+  "k8s-binaries kueue-binary") await images ;;
+  images) await "k8s-binaries kueue-binary" ;;
+  test-trainer) await test-integration ;;
   *) sleep 0.2 ;;
 esac
 [[ "$TARGETS" == "${FAIL:-}" ]] && { echo "stand-in failure of $TARGETS"; exit 3; }

@@ -624,12 +624,7 @@ class KubeApi:
 
     async def get_job(self, namespace: str, name: str) -> JsonDict | None:
         """The DDPJob as stored, None when there is none."""
-        try:
-            result: JsonDict = await self._run(lambda: self.request("GET", _job_path(namespace, name)))
-        except ApiError as error:
-            if error.status == 404:
-                return None
-            raise
+        result: JsonDict | None = await self._run(self.get_job_blocking, namespace, name)
         return result
 
     async def delete_job(self, namespace: str, name: str, uid: str) -> None:

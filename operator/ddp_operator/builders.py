@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from ddp_operator import names
 from ddp_operator.observe import format_time
-from ddp_operator.policies import recovery, straggler
+from ddp_operator.policies import recovery, straggler, topology
 from ddp_operator.spec import RESTART_MODE_IN_PLACE, JobSpec
 
 # Long enough for rank 0 to finish a step and write a checkpoint after SIGTERM.
@@ -339,7 +339,11 @@ def kueue_pod_metadata(job: JobSpec) -> tuple[dict[str, str], dict[str, str]]:
     }
     if job.kueue.priority_class is not None:
         labels[names.KUEUE_PRIORITY_CLASS_LABEL] = job.kueue.priority_class
-    return labels, {names.KUEUE_POD_GROUP_TOTAL_COUNT_ANNOTATION: str(job.replicas)}
+    annotations = {
+        names.KUEUE_POD_GROUP_TOTAL_COUNT_ANNOTATION: str(job.replicas),
+        **topology.kueue_annotations(job),
+    }
+    return labels, annotations
 
 
 def build_rank_pod(
@@ -413,6 +417,7 @@ def build_rank_pod(
     if job.metrics.enabled:
         _add_port(trainer, names.METRICS_PORT_NAME, job.metrics.port)
     _avoid_nodes(pod_spec, avoid_nodes)
+    _near_other_ranks(pod_spec, topology.affinity_term(job))
     for key, value in (pod_spec_patch or {}).items():
         pod_spec[key] = copy.deepcopy(value)
 
@@ -429,6 +434,15 @@ def _avoid_nodes(pod_spec: dict[str, Any], avoided: Sequence[str]) -> None:
     affinity = pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
     preferred = affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
     preferred.append(term)
+
+
+def _near_other_ranks(pod_spec: dict[str, Any], term: Mapping[str, Any] | None) -> None:
+    """The affinity path of spec.scheduling.topology (policies.topology): a preferred pod affinity
+    term beside the template's own."""
+    if term is None:
+        return
+    affinity = pod_spec.setdefault("affinity", {}).setdefault("podAffinity", {})
+    affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(dict(term))
 
 
 def build_event(

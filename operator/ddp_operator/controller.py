@@ -39,7 +39,7 @@ from ddp_operator.kube_api import (
 from ddp_operator.metrics import OperatorMetrics
 from ddp_operator.observe import PodObservation, newest_per_rank, parse_time
 from ddp_operator.podcache import JobKey, PodCache
-from ddp_operator.policies import straggler
+from ddp_operator.policies import straggler, topology
 from ddp_operator.progress.pull import ProgressScraper, Target
 from ddp_operator.reconcile import decide, decide_invalid_spec
 from ddp_operator.spec import JobSpec, SpecError, parse_job
@@ -155,6 +155,12 @@ class Controller:
         self.scraper = scraper(self.kick) if scraper is not None else None
         # The scheduling.k8s.io version of the in-tree gang API the cluster serves (discovery at start).
         self.gang_version: str | None = None
+        # Whether the apiserver keeps a PodGroup's topology constraint (gang.topology_probe), asked the
+        # first time a job needs to know.
+        self.gang_topology: bool | None = None
+        # Node labels by node name, for status.topology (policies.topology); a node's labels are read
+        # once (a topology label does not move while a node lives).
+        self._node_labels: dict[str, dict[str, str]] = {}
         self._starting: asyncio.Task[None] | None = None
         # Kueue groups of deleted jobs whose Kueue Workload was deleted: (namespace, group, job UID).
         self._released_groups: set[tuple[str, str, str]] = set()
@@ -322,6 +328,7 @@ class Controller:
         decision = decide(job, status, pods, self.clock(), state.refusal, self.rules, observed, queue)
         _log_decision(key, decision)
         await self.execute(key, state, job, decision)
+        await self._record_placement(key, job, decision, pods)
         self._follow_progress(key, job, decision, pods)
         # Pods of an earlier job of this name still in its Kueue group (the job was re-created).
         self._release_orphaned_groups(key)
@@ -353,6 +360,42 @@ class Controller:
         view = kueue.observe_queue(group, job.kueue.queue_name, workload, local_queue)
         state.queue_view = (now, view)
         return view
+
+    async def _record_placement(
+        self, key: JobKey, job: JobSpec, decision: Decision, pods: Sequence[PodObservation]
+    ) -> None:
+        """status.topology once every rank of the attempt is bound (policies.topology): best effort,
+        as it only reports (a node that cannot be read leaves the field as it was)."""
+        asked = job.scheduling.topology
+        if asked is None or decision.phase not in (names.PHASE_STARTING, names.PHASE_RUNNING):
+            return
+        current = {
+            rank: p
+            for rank, p in newest_per_rank(pods, decision.report.status.get("attempt")).items()
+            if not p.deleting
+        }
+        if len(current) < job.min_replicas or any(not p.node for p in current.values()):
+            return
+        domains: dict[int, str] = {}
+        for rank, pod in current.items():
+            labels = self._node_labels.get(pod.node)
+            if labels is None:
+                try:
+                    labels = await self.api.node_labels(pod.node)
+                except ApiError as error:
+                    logger.debug("job=%s/%s node %s unreadable: %s", *key, pod.node, error)
+                    return
+                if labels is None:
+                    return
+                self._node_labels[pod.node] = labels
+            domains[rank] = labels.get(asked.key, "")
+        path = topology.job_path(job) or topology.PATH_POD_GROUP
+        shown = topology.status_of(asked.key, path, topology.placement(domains))
+        state = self.jobs.get(key)
+        if state is None or (state.body.get("status") or {}).get("topology") == shown:
+            return
+        stored = await self.api.patch_job_status(job.namespace, job.name, {"topology": shown})
+        self._store(key, stored, Freshness.answered)
 
     def _follow_progress(
         self, key: JobKey, job: JobSpec, decision: Decision, pods: Sequence[PodObservation]
@@ -579,7 +622,12 @@ class Controller:
         unavailable = gang.unavailable_reason(job, self.gang_version)
         if unavailable is not None:
             return CreateRefusal(False, "the gang", attempt, unavailable, reason=REASON_INVALID_SPEC)
-        objects = gang.gang_objects(job, attempt, self.gang_version)
+        in_tree_gang = gang.wants_gang(job, self.gang_version)
+        in_tree_topology = await self._gang_topology(job) if in_tree_gang else False
+        placing = topology.plan(job, in_tree_gang=in_tree_gang, in_tree_topology=in_tree_topology)
+        if placing.refusal is not None:
+            return CreateRefusal(False, "the gang", attempt, placing.refusal, reason=REASON_INVALID_SPEC)
+        objects = gang.gang_objects(job, attempt, self.gang_version, topology_served=in_tree_topology)
         patch = None
         if objects is not None:
             # The gang first: a pod naming a PodGroup that does not exist yet waits for it anyway, but
@@ -603,6 +651,23 @@ class Controller:
         if report.error is not None:
             raise report.error
         return None
+
+    async def _gang_topology(self, job: JobSpec) -> bool:
+        """Whether the in-tree PodGroup's topology constraint is served; asked once, with a dry-run
+        create in the namespace of the first job that needs to know (where the operator may create
+        PodGroups), and only for a job that asks for a required topology without Kueue."""
+        if (
+            self.gang_topology is not None
+            or topology.job_path(job) is not None
+            or job.scheduling.topology is None
+        ):
+            return bool(self.gang_topology)
+        assert self.gang_version is not None  # wants_gang
+        # An error here is retried like any other create's: a job is never refused for a failed probe.
+        answer = await self.api.dry_run_create(gang.topology_probe(self.gang_version, job.namespace))
+        self.gang_topology = gang.topology_kept(answer)
+        logger.info("in-tree topology constraint: %s", "served" if self.gang_topology else "not served")
+        return self.gang_topology
 
     async def _create_gang(
         self,

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from ddp_operator import names
 from ddp_operator.builders import owner_reference
+from ddp_operator.policies import topology
 from ddp_operator.spec import JobSpec
 
 GROUP: Final = "scheduling.k8s.io"
@@ -83,7 +84,7 @@ def _metadata(job: JobSpec, name: str, attempt: int) -> dict[str, Any]:
     }
 
 
-def _v1alpha2(job: JobSpec, attempt: int) -> GangObjects:
+def _v1alpha2(job: JobSpec, attempt: int, *, topology_served: bool) -> GangObjects:
     api_version = f"{GROUP}/v1alpha2"
     workload_name = names.gang_workload_name(job.name, attempt)
     pod_group_name = names.gang_pod_group_name(job.name, attempt)
@@ -99,7 +100,7 @@ def _v1alpha2(job: JobSpec, attempt: int) -> GangObjects:
             "podGroupTemplates": [{"name": names.GANG_POD_GROUP_TEMPLATE, "schedulingPolicy": policy}],
         },
     }
-    pod_group = {
+    pod_group: dict[str, Any] = {
         "apiVersion": api_version,
         "kind": POD_GROUP_KIND,
         "metadata": _metadata(job, pod_group_name, attempt),
@@ -113,17 +114,48 @@ def _v1alpha2(job: JobSpec, attempt: int) -> GangObjects:
             "schedulingPolicy": policy,
         },
     }
+    constraints = topology.pod_group_constraints(job) if topology_served else None
+    if constraints is not None:
+        pod_group["spec"]["schedulingConstraints"] = constraints
     patch = {"schedulingGroup": {"podGroupName": pod_group_name}}
     return GangObjects(api_version, workload, pod_group, patch)
 
 
-def gang_objects(job: JobSpec, attempt: int, version: str | None) -> GangObjects | None:
+def gang_objects(
+    job: JobSpec, attempt: int, version: str | None, *, topology_served: bool = False
+) -> GangObjects | None:
     """The Workload, PodGroup and pod spec patch of one attempt, or None when the job does not use the
     in-tree gang here (``gang: None``, or no supported version served). ``version`` is
-    served_version()'s answer for this cluster."""
+    served_version()'s answer for this cluster, ``topology_served`` topology_kept()'s."""
     if not wants_gang(job, version):
         return None
-    return _v1alpha2(job, attempt)
+    return _v1alpha2(job, attempt, topology_served=topology_served)
+
+
+# The node label the probe asks for: any valid key does, the probe object is never stored.
+_PROBE_KEY: Final = "topology.kubernetes.io/zone"
+
+
+def topology_probe(version: str, namespace: str) -> dict[str, Any]:
+    """A PodGroup to create with ``dryRun=All``: the apiserver drops ``schedulingConstraints`` when its
+    TopologyAwareWorkloadScheduling gate is off, so what comes back says whether the in-tree
+    topology constraint is served (discovery cannot see feature gates)."""
+    return {
+        "apiVersion": f"{GROUP}/{version}",
+        "kind": POD_GROUP_KIND,
+        "metadata": {"name": "ddp-operator-topology-probe", "namespace": namespace},
+        # No podGroupTemplateRef: the apiserver's PodGroup admission then needs no Workload.
+        "spec": {
+            "schedulingPolicy": {"gang": {"minCount": 1}},
+            "schedulingConstraints": {"topology": [{"key": _PROBE_KEY}]},
+        },
+    }
+
+
+def topology_kept(created: Mapping[str, Any]) -> bool:
+    """Whether the apiserver kept the probe's topology constraint (topology_probe)."""
+    constraints = (created.get("spec") or {}).get("schedulingConstraints") or {}
+    return any(term.get("key") == _PROBE_KEY for term in constraints.get("topology") or ())
 
 
 def pod_group_scheduled(pod_group: Mapping[str, Any]) -> tuple[bool | None, str]:

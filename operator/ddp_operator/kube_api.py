@@ -493,6 +493,15 @@ class KubeApi:
             for version in group.get("versions") or []
         ]
 
+    async def dry_run_create(self, obj: Mapping[str, Any]) -> JsonDict:
+        """What the apiserver would store for ``obj`` (a create with ``dryRun=All``: nothing is kept)."""
+        meta = obj["metadata"]
+        path = _child_path(meta["namespace"], obj["kind"])
+        answer: JsonDict = await self._run(
+            lambda: self.request("POST", path, query={"dryRun": "All"}, body=obj)
+        )
+        return answer
+
     async def warm_up(self) -> None:
         """Start every worker thread and open its connection now (best effort).
 
@@ -566,6 +575,19 @@ class KubeApi:
             *(self._run(self.delete_blocking, namespace, kind, n, grace_seconds) for n in names)
         )
         return list(zip(names, results, strict=True))
+
+    async def node_labels(self, name: str) -> dict[str, str] | None:
+        """A node's labels, None when the node is gone."""
+        try:
+            node: JsonDict = await self._run(
+                lambda: self.request("GET", f"/api/v1/nodes/{quote(name, safe='')}")
+            )
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        return {str(key): str(value) for key, value in labels.items()}
 
     async def get_child(self, namespace: str, kind: str, name: str) -> JsonDict | None:
         """One object, None when it (or its API) is not there."""

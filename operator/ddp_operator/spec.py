@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast
@@ -98,7 +99,8 @@ DECLARED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
     "spec.checkpoint": frozenset({"volumeClaimTemplate", "mountPath"}),
     "spec.metrics": frozenset({"enabled", "port"}),
     "spec.networkPolicy": frozenset({"enabled"}),
-    "spec.scheduling": frozenset({"gang"}),
+    "spec.scheduling": frozenset({"gang", "topology"}),
+    "spec.scheduling.topology": frozenset({"required", "preferred"}),
     "spec.elastic": frozenset({"minReplicas", "maxReplicas", "replacementWaitSeconds"}),
 }
 
@@ -194,12 +196,22 @@ class NetworkPolicySpec:
 
 
 @dataclass(frozen=True)
+class TopologySpec:
+    """Where the gang must (``required``) or should land: in one domain of the node label ``key``
+    (docs/scheduling.md, "Topology"; policies/topology.py translates it)."""
+
+    key: str
+    required: bool
+
+
+@dataclass(frozen=True)
 class SchedulingSpec:
     """How the gang is scheduled (docs/scheduling.md). ``gang``: ``Workload`` asks the scheduler for
     the whole gang through the in-tree Workload/PodGroup API, ``Auto`` does so when the cluster serves
-    that API, ``None`` never does."""
+    that API, ``None`` never does. ``topology``: spec.scheduling.topology, None when not set."""
 
     gang: GangMode = DEFAULT_GANG_MODE
+    topology: TopologySpec | None = None
 
 
 @dataclass(frozen=True)
@@ -416,10 +428,38 @@ def _parse_checkpoint(raw: Any) -> CheckpointSpec | None:
     return CheckpointSpec(volume_claim_template=copy.deepcopy(dict(claim)), mount_path=mount_path)
 
 
+# A node label key: an optional DNS-subdomain prefix and "/", then a name of at most 63 characters.
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+
+
+def _parse_topology(raw: Any) -> TopologySpec | None:
+    if raw is None:
+        return None
+    topology = _mapping(raw, "spec.scheduling.topology")
+    given = [
+        (field_name, topology[field_name])
+        for field_name in ("required", "preferred")
+        if field_name in topology
+    ]
+    if len(given) != 1:
+        raise SpecError(
+            "spec.scheduling.topology",
+            "needs exactly one of required or preferred (a node label key such as topology.kubernetes.io/rack)",
+        )
+    field_name, key = given[0]
+    path = f"spec.scheduling.topology.{field_name}"
+    if not isinstance(key, str) or len(key) > 317 or not _LABEL_KEY.match(key):
+        raise SpecError(path, f"must be a node label key such as topology.kubernetes.io/rack, got {key!r}")
+    return TopologySpec(key=key, required=field_name == "required")
+
+
 def _parse_scheduling(raw: Any) -> SchedulingSpec:
     scheduling = _mapping(raw, "spec.scheduling")
     return SchedulingSpec(
-        gang=cast(GangMode, _enum(scheduling, "gang", "spec.scheduling", GANG_MODES, DEFAULT_GANG_MODE))
+        gang=cast(GangMode, _enum(scheduling, "gang", "spec.scheduling", GANG_MODES, DEFAULT_GANG_MODE)),
+        topology=_parse_topology(scheduling.get("topology")),
     )
 
 

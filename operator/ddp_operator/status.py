@@ -121,6 +121,8 @@ class _Written:
     straggler_replacements: int | None = None
     avoided_nodes: list[str] | None = None
     elastic: dict[str, int] | None = None
+    # Where the ranks landed (policies.topology); observed and written by the controller, kept here.
+    topology: dict[str, Any] | None = None
 
     def as_status(self) -> dict[str, Any]:
         values = ((key, getattr(self, name)) for name, key in _FIELD_KEYS)
@@ -191,6 +193,7 @@ def build_status(job: JobSpec, old: Mapping[str, Any], change: Transition, now: 
         )
         or None,
         elastic=shown_elastic,
+        topology=old.get("topology") if job.scheduling.topology is not None else None,
     ).as_status()
 
 

@@ -53,6 +53,8 @@ OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
 }
 KOPF_CLUSTER_RULES: dict[tuple[str, str], set[str]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    # The topology label of the nodes a job's ranks landed on (status.topology).
+    ("", "nodes"): {"get"},
 }
 KOPF_NAMESPACE_RULES: dict[tuple[str, str], set[str]] = {("", "namespaces"): {"list", "watch"}}
 # What the people who run jobs get through view/edit/admin (templates/rbac-users.yaml, docs/helm.md).

@@ -241,6 +241,8 @@ def test_declared_fields_match_the_crd_schema() -> None:
         expected[f"spec.{name}"] = set(spec["properties"][name]["properties"])
     run_policy = spec["properties"]["runPolicy"]["properties"]
     expected["spec.runPolicy.stragglerPolicy"] = set(run_policy["stragglerPolicy"]["properties"])
+    scheduling = spec["properties"]["scheduling"]["properties"]
+    expected["spec.scheduling.topology"] = set(scheduling["topology"]["properties"])
     assert {path: set(fields) for path, fields in DECLARED_FIELDS.items()} == expected
 
 

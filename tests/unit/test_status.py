@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from tests.unit.test_crd_schema import root_schema
 from tests.unit.test_elastic import elastic_job
 
 from ddp_operator import status
+from ddp_operator.spec import SchedulingSpec, TopologySpec
 
 pytestmark = pytest.mark.unit
 
@@ -41,7 +43,12 @@ def with_every_field() -> dict[str, Any]:
         resizes=1,
         ranks_created=2,
     )
-    return status.build_status(elastic_job(1, 3), {}, change, at(5))
+    # The placement is the controller's observation, carried by the build (policies.topology).
+    placed = {"topology": {"key": "rack", "path": "PodGroup", "domains": [], "ringCrossings": 0}}
+    job = dataclasses.replace(
+        elastic_job(1, 3), scheduling=SchedulingSpec(topology=TopologySpec(key="rack", required=True))
+    )
+    return status.build_status(job, placed, change, at(5))
 
 
 def test_the_build_with_every_field_set_writes_every_compared_key() -> None:

@@ -31,12 +31,16 @@ from ddp_harness.processes import (
 # docs/scheduling.md). The controller-manager's gate runs its podgroup-protection-controller, which
 # removes the finalizer the apiserver puts on every PodGroup: without it no PodGroup, nor a namespace
 # holding one, can ever be deleted. The kubelets need nothing.
+# TopologyAwareWorkloadScheduling: a PodGroup's schedulingConstraints.topology (the apiserver drops the
+# field without it; the scheduler places the group in one domain of the key).
 GANG_SCHEDULING_FLAGS: Mapping[str, Sequence[str]] = {
     "kube-apiserver": (
-        "--feature-gates=GenericWorkload=true",
+        "--feature-gates=GenericWorkload=true,TopologyAwareWorkloadScheduling=true",
         "--runtime-config=scheduling.k8s.io/v1alpha2=true",
     ),
-    "kube-scheduler": ("--feature-gates=GenericWorkload=true,GangScheduling=true",),
+    "kube-scheduler": (
+        "--feature-gates=GenericWorkload=true,GangScheduling=true,TopologyAwareWorkloadScheduling=true",
+    ),
     "kube-controller-manager": ("--feature-gates=GenericWorkload=true",),
 }
 

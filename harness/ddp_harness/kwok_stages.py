@@ -266,18 +266,28 @@ def _per_node(
     nodes: Sequence[str],
     latency: ReportLatency | None,
 ) -> list[dict[str, Any]]:
-    """One stage, or one per node with that node's report latency."""
+    """One stage, or one per node with that node's report latency, and one for every node created
+    later (a test's own pool of nodes), with a latency of its own."""
     if latency is None or not nodes:
         return [_stage(name, "Pod", selector, next_)]
     return [
+        *(
+            _stage(
+                f"{name}-{node}",
+                "Pod",
+                [*selector, {"key": ".spec.nodeName", "operator": "In", "values": [node]}],
+                next_,
+                delay=latency.delay(index),
+            )
+            for index, node in enumerate(nodes)
+        ),
         _stage(
-            f"{name}-{node}",
+            f"{name}-later-nodes",
             "Pod",
-            [*selector, {"key": ".spec.nodeName", "operator": "In", "values": [node]}],
+            [*selector, {"key": ".spec.nodeName", "operator": "NotIn", "values": list(nodes)}],
             next_,
-            delay=latency.delay(index),
-        )
-        for index, node in enumerate(nodes)
+            delay=latency.delay(len(nodes)),
+        ),
     ]
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from tests.integration.kueue_harness import MANAGED_NAMESPACE_LABEL, ensure_built, start_kueue
 from tests.integration.operator_harness import REPO, OperatorProcess, ddpjob, wait_for
+from tests.integration.topology_nodes import RACK_LABEL, Pool, node_pool
 
 from ddp_harness import (
     EXIT_CODE_ANNOTATION,
@@ -546,3 +547,107 @@ def test_kueue_admission_and_the_in_tree_gang_combine(gated_cluster: LocalCluste
                     kueue.kubectl(*args, check=False)
         finally:
             kueue.stop()
+
+
+# ---- topology (docs/scheduling.md#topology) -------------------------------------------------------
+
+
+def _racks(cluster: LocalCluster, pool: Pool, namespace: str, job: str) -> dict[int, str]:
+    """The rack of each bound rank pod of the job (the newest pod per rank)."""
+    racks: dict[int, str] = {}
+    for pod in sorted(
+        _pods(cluster, namespace, names.label_selector(job)), key=lambda p: p["metadata"]["creationTimestamp"]
+    ):
+        node = pod["spec"].get("nodeName")
+        if node and not pod["metadata"].get("deletionTimestamp"):
+            racks[int(pod["metadata"]["labels"][names.LABEL_RANK])] = pool.label_of(node, RACK_LABEL)
+    return racks
+
+
+def _topology_job(pool: Pool, name: str, replicas: int, topology: dict[str, str]) -> dict[str, Any]:
+    job = ddpjob(name, replicas, gpus=1, scheduling={"gang": "Workload", "topology": topology})
+    job["spec"]["template"]["spec"].update(pool.pod_spec())
+    job["spec"]["runPolicy"] = {"backoffLimit": 2}
+    return job
+
+
+def test_a_required_rack_places_the_gang_and_its_replacement_in_one_rack_or_not_at_all(
+    gated_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The in-tree path (Kubernetes 1.36, TopologyAwareWorkloadScheduling): a pool of 2 blocks x 2 racks
+    x 2 hosts x 2 GPUs. A 3-rank job of 1 GPU per rank with `topology.required: <rack>` is bound whole in
+    one rack (the PodGroup carries the constraint; status.topology names the rack, no ring link crosses
+    one); rank 1's pod deleted, its replacement joins the scheduled group and lands in the same rack,
+    though free GPUs wait in every other rack. A 5-rank job fits no rack (4 GPUs each): none of its pods
+    is bound, the PodGroup is refused by the scheduler."""
+    gated_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
+    gated_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    namespace = f"gang-topo-{uuid.uuid4().hex[:6]}"
+    gated_cluster.create_namespace(namespace)
+    with node_pool(gated_cluster) as pool:
+        operator = OperatorProcess(gated_cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
+        passed = False
+        try:
+            gated_cluster.apply_json(
+                _topology_job(pool, "near", 3, {"required": RACK_LABEL}), "-n", namespace
+            )
+            wait_for(
+                "near Running", lambda: _status(gated_cluster, namespace, "near").get("phase") == "Running"
+            )
+            racks = _racks(gated_cluster, pool, namespace, "near")
+            assert len(racks) == 3 and len(set(racks.values())) == 1, racks
+            pod_group = gated_cluster.get_json("podgroups.scheduling.k8s.io", "near-0", "-n", namespace)
+            assert pod_group["spec"]["schedulingConstraints"] == {"topology": [{"key": RACK_LABEL}]}
+            shown = wait_for(
+                "status.topology",
+                lambda: _status(gated_cluster, namespace, "near").get("topology"),
+                timeout=30,
+            )
+            rack = racks[0]
+            assert shown == {
+                "key": RACK_LABEL,
+                "path": "PodGroup",
+                "domains": [{"name": rack, "ranks": "0-2"}],
+                "ringCrossings": 0,
+            }, shown
+
+            gated_cluster.kubectl_run("delete", "pod", "near-1-0", "-n", namespace, "--wait=false")
+            wait_for(
+                "rank 1's replacement bound",
+                lambda: any(
+                    p["metadata"]["name"] == "near-1-0r1" and p["spec"].get("nodeName")
+                    for p in _pods(gated_cluster, namespace, names.label_selector("near"))
+                ),
+                timeout=90,
+            )
+            assert _racks(gated_cluster, pool, namespace, "near") == dict.fromkeys(range(3), rack)
+
+            gated_cluster.apply_json(
+                _topology_job(pool, "wide", 5, {"required": RACK_LABEL}), "-n", namespace
+            )
+            wait_for(
+                "wide's PodGroup refused by the scheduler",
+                lambda: (
+                    gang.pod_group_scheduled(
+                        gated_cluster.get_json("podgroups.scheduling.k8s.io", "wide-0", "-n", namespace)
+                    )[0]
+                    is False
+                ),
+                timeout=60,
+            )
+            assert _bound(gated_cluster, namespace, "wide") == []
+            assert _status(gated_cluster, namespace, "wide").get("phase") in ("Pending", "Starting")
+            passed = True
+        finally:
+            gated_cluster.kubectl_run(
+                "delete", "ddpjobs", "--all", "-n", namespace, "--wait=false", check=False
+            )
+            wait_for(
+                "the jobs' pods gone",
+                lambda: not gated_cluster.get_json("pods", "-n", namespace)["items"],
+                timeout=90,
+            )
+            operator.stop()
+            if not passed:
+                print(operator.log_tail(40))
+            gated_cluster.kubectl_run("delete", "namespace", namespace, "--wait=false")

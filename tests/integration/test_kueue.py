@@ -8,6 +8,7 @@ gated with none of its pods bound, and admits it once quota is free."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from tests.integration.kueue_harness import (
 )
 from tests.integration.operator_harness import OperatorProcess, wait_for
 from tests.integration.operator_harness import ddpjob as gpu_ddpjob
+from tests.integration.topology_nodes import BLOCK_LABEL, HOST_LABEL, POOL_LABEL, RACK_LABEL, Pool, node_pool
 
 from ddp_harness import EXIT_CODE_ANNOTATION
 from ddp_operator import builders, names
@@ -71,6 +73,19 @@ def apply(kueue: KueueProcess, *objects: dict[str, Any]) -> None:
 def queue(kueue: KueueProcess) -> Iterator[tuple[str, str]]:
     """(namespace, LocalQueue name): a managed namespace whose LocalQueue feeds a 16-GPU ClusterQueue.
     Everything is deleted while Kueue still runs (its finalizers need it)."""
+    with managed_queue(
+        kueue,
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}},
+    ) as made:
+        yield made
+
+
+@contextlib.contextmanager
+def managed_queue(
+    kueue: KueueProcess, flavor: dict[str, Any], *before: dict[str, Any]
+) -> Iterator[tuple[str, str]]:
+    """A managed namespace whose LocalQueue feeds a 16-GPU ClusterQueue over ``flavor`` (created after
+    ``before``, e.g. its Topology); all of it deleted while Kueue still runs."""
     suffix = uuid.uuid4().hex[:6]
     namespace, cluster_queue, local_queue = f"kueue-{suffix}", f"cq-{suffix}", "gpu-queue"
     kubectl(kueue, "create", "namespace", namespace)
@@ -83,7 +98,8 @@ def queue(kueue: KueueProcess) -> Iterator[tuple[str, str]]:
     )
     apply(
         kueue,
-        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}},
+        *before,
+        flavor,
         {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "ClusterQueue",
@@ -95,7 +111,12 @@ def queue(kueue: KueueProcess) -> Iterator[tuple[str, str]]:
                 "resourceGroups": [
                     {
                         "coveredResources": [GPU],
-                        "flavors": [{"name": FLAVOR, "resources": [{"name": GPU, "nominalQuota": 16}]}],
+                        "flavors": [
+                            {
+                                "name": flavor["metadata"]["name"],
+                                "resources": [{"name": GPU, "nominalQuota": 16}],
+                            }
+                        ],
                     }
                 ],
             },
@@ -114,34 +135,36 @@ def queue(kueue: KueueProcess) -> Iterator[tuple[str, str]]:
             for c in get_json(kueue, "clusterqueue", cluster_queue).get("status", {}).get("conditions", [])
         ),
     )
-    yield namespace, local_queue
-    # A group's pods keep Kueue's finalizer until the group finishes or its Workload is deleted (pods
-    # deleted by a namespace, or by garbage collection, do not finish it): delete the Workloads first.
-    kueue.kubectl(
-        "delete", "workloads.kueue.x-k8s.io", "--all", "-n", namespace, "--timeout=50s", check=False
-    )
-    deleted = kueue.kubectl("delete", "namespace", namespace, "--timeout=50s", check=False)
-    if deleted.returncode != 0:
-        stuck = get_json(kueue, "pods,workloads.kueue.x-k8s.io", "-n", namespace)["items"]
-        for obj in stuck:
-            kind = "pod" if obj["kind"] == "Pod" else "workloads.kueue.x-k8s.io"
-            patch = json.dumps({"metadata": {"finalizers": None}})
-            kueue.kubectl(
-                "patch",
-                kind,
-                obj["metadata"]["name"],
-                "-n",
-                namespace,
-                "--type=merge",
-                "-p",
-                patch,
-                check=False,
-            )
-        pytest.fail(
-            f"namespace {namespace} was not deleted while Kueue ran (stuck: "
-            f"{[o['metadata']['name'] for o in stuck]}); finalizers stripped\n{deleted.stderr}"
+    try:
+        yield namespace, local_queue
+    finally:
+        # A group's pods keep Kueue's finalizer until the group finishes or its Workload is deleted (pods
+        # deleted by a namespace, or by garbage collection, do not finish it): delete the Workloads first.
+        kueue.kubectl(
+            "delete", "workloads.kueue.x-k8s.io", "--all", "-n", namespace, "--timeout=50s", check=False
         )
-    kubectl(kueue, "delete", "clusterqueue", cluster_queue, "--timeout=60s")
+        deleted = kueue.kubectl("delete", "namespace", namespace, "--timeout=50s", check=False)
+        if deleted.returncode != 0:
+            stuck = get_json(kueue, "pods,workloads.kueue.x-k8s.io", "-n", namespace)["items"]
+            for obj in stuck:
+                kind = "pod" if obj["kind"] == "Pod" else "workloads.kueue.x-k8s.io"
+                patch = json.dumps({"metadata": {"finalizers": None}})
+                kueue.kubectl(
+                    "patch",
+                    kind,
+                    obj["metadata"]["name"],
+                    "-n",
+                    namespace,
+                    "--type=merge",
+                    "-p",
+                    patch,
+                    check=False,
+                )
+            pytest.fail(
+                f"namespace {namespace} was not deleted while Kueue ran (stuck: "
+                f"{[o['metadata']['name'] for o in stuck]}); finalizers stripped\n{deleted.stderr}"
+            )
+        kubectl(kueue, "delete", "clusterqueue", cluster_queue, "--timeout=60s")
 
 
 def rank_pods(
@@ -704,3 +727,164 @@ def test_kueue_admits_an_elastic_group_whole_at_max_replicas(
     assert (status["phase"], status["attempt"], status["elastic"]["maxReplicas"]) == ("Running", 0, 3), status
     finish(kueue, namespace, "fits")
     wait_for("fits Succeeded", lambda: phase_is(kueue, namespace, "fits", "Succeeded"), timeout=90)
+
+
+# ---- topology-aware scheduling (docs/scheduling.md#topology) ----------------------------------------
+
+
+@pytest.fixture
+def tas_queue(kueue: KueueProcess, local_cluster: Any) -> Iterator[tuple[str, str, Pool]]:
+    """(namespace, LocalQueue, pool): a 16-GPU ClusterQueue over a ResourceFlavor with a Topology of
+    block, rack and host, whose nodes are a pool of 2 blocks x 2 racks x 2 hosts x 2 GPUs (so a rack
+    holds 4 GPUs and a block 8)."""
+    with node_pool(local_cluster) as pool:
+        topology_name = f"{pool.name}-topology"
+        flavor = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": f"{pool.name}-flavor"},
+            "spec": {"nodeLabels": {POOL_LABEL: pool.name}, "topologyName": topology_name},
+        }
+        topology_object = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Topology",
+            "metadata": {"name": topology_name},
+            "spec": {
+                "levels": [{"nodeLabel": BLOCK_LABEL}, {"nodeLabel": RACK_LABEL}, {"nodeLabel": HOST_LABEL}]
+            },
+        }
+        try:
+            with managed_queue(kueue, flavor, topology_object) as (namespace, local_queue):
+                yield namespace, local_queue, pool
+        finally:
+            kueue.kubectl(
+                "delete", "resourceflavor", flavor["metadata"]["name"], "--timeout=60s", check=False
+            )
+            kueue.kubectl("delete", "topology", topology_name, "--timeout=60s", check=False)
+
+
+def topology_job(
+    namespace: str, local_queue: str, pool: Pool, name: str, replicas: int, topology: dict[str, str]
+) -> dict[str, Any]:
+    job = ddpjob(namespace, name, local_queue, replicas, 1, pod_spec=pool.pod_spec())
+    job["spec"]["scheduling"] = {"topology": topology}
+    return job
+
+
+def placed(kueue: KueueProcess, namespace: str, job: str, pool: Pool, key: str) -> dict[int, str]:
+    """The ``key`` label's value on the node of each bound rank pod."""
+    return {
+        int(p["metadata"]["labels"][names.LABEL_RANK]): pool.label_of(p["spec"]["nodeName"], key)
+        for p in job_pods(kueue, namespace, job)
+        if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def runs_of(values: dict[int, str]) -> list[str]:
+    """The values in rank order with consecutive repeats folded: [a, a, b] -> [a, b]."""
+    ordered = [values[rank] for rank in sorted(values)]
+    return [v for i, v in enumerate(ordered) if i == 0 or ordered[i - 1] != v]
+
+
+def test_kueue_places_a_required_rack_whole_with_ranks_in_host_order_and_queues_a_gang_no_rack_fits(
+    kueue: KueueProcess, tas_queue: tuple[str, str, Pool], local_cluster: Any, tmp_path: Path
+) -> None:
+    """`topology.required: <rack>` on a queued job is Kueue's topology-aware scheduling: 4 ranks of 1 GPU
+    land in one rack (4 GPUs), two ranks per host with consecutive ranks sharing a host (our rank is
+    the group's pod index); status.topology names the rack, 0 ring crossings. A 6-rank job fits no rack:
+    it stays Queued with Kueue's reason in its condition and none of its pods bound."""
+    namespace, local_queue, pool = tas_queue
+    local_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
+    operator = OperatorProcess(local_cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    passed = False
+    try:
+        apply(kueue, topology_job(namespace, local_queue, pool, "near", 4, {"required": RACK_LABEL}))
+        wait_for("near Running", lambda: phase_is(kueue, namespace, "near", "Running"), timeout=120)
+        racks = placed(kueue, namespace, "near", pool, RACK_LABEL)
+        hosts = placed(kueue, namespace, "near", pool, HOST_LABEL)
+        assert len(racks) == 4 and len(set(racks.values())) == 1, racks
+        # Two hosts of 2 GPUs, each holding two consecutive ranks.
+        assert len(runs_of(hosts)) == 2 and len(set(hosts.values())) == 2, hosts
+        shown = wait_for(
+            "status.topology", lambda: job_status(kueue, namespace, "near").get("topology"), timeout=30
+        )
+        assert shown == {
+            "key": RACK_LABEL,
+            "path": "Kueue",
+            "domains": [{"name": racks[0], "ranks": "0-3"}],
+            "ringCrossings": 0,
+        }, shown
+
+        apply(kueue, topology_job(namespace, local_queue, pool, "wide", 6, {"required": RACK_LABEL}))
+        status = wait_for(
+            "wide Queued with Kueue's topology reason",
+            lambda: (
+                (s := job_status(kueue, namespace, "wide")).get("phase") == "Queued"
+                and "topology" in (true_condition(s, "Queued") or {}).get("message", "")
+                and s
+            ),
+            timeout=60,
+        )
+        print(f"wide: {true_condition(status, 'Queued')}")
+        assert not any(p["spec"].get("nodeName") for p in job_pods(kueue, namespace, "wide"))
+        finish(kueue, namespace, "near")
+        wait_for("near Succeeded", lambda: phase_is(kueue, namespace, "near", "Succeeded"), timeout=90)
+        passed = True
+    finally:
+        kueue.kubectl("delete", "ddpjobs", "--all", "-n", namespace, "--wait=false", check=False)
+        operator.stop()
+        if not passed:
+            print(f"--- operator log ---\n{operator.log_tail(40)}", file=sys.stderr)
+
+
+def test_kueue_spreads_a_preferred_rack_only_as_far_as_it_must_in_rank_order(
+    kueue: KueueProcess, tas_queue: tuple[str, str, Pool], local_cluster: Any, tmp_path: Path
+) -> None:
+    """`topology.preferred: <rack>` with 6 ranks of 1 GPU (a rack holds 4): Kueue keeps them in one block
+    over two racks, each rack holding consecutive ranks, so the ring crosses between racks twice and no
+    more; status.topology says so."""
+    namespace, local_queue, pool = tas_queue
+    local_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
+    operator = OperatorProcess(local_cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
+    passed = False
+    try:
+        apply(kueue, topology_job(namespace, local_queue, pool, "spread", 6, {"preferred": RACK_LABEL}))
+        wait_for("spread Running", lambda: phase_is(kueue, namespace, "spread", "Running"), timeout=120)
+        racks = placed(kueue, namespace, "spread", pool, RACK_LABEL)
+        blocks = placed(kueue, namespace, "spread", pool, BLOCK_LABEL)
+        assert len(racks) == 6 and len(set(blocks.values())) == 1, (racks, blocks)
+        assert len(set(racks.values())) == 2 and len(runs_of(racks)) == 2, racks
+        shown = wait_for(
+            "status.topology", lambda: job_status(kueue, namespace, "spread").get("topology"), timeout=30
+        )
+        assert shown["ringCrossings"] == 2 and shown["path"] == "Kueue", shown
+        assert {d["name"] for d in shown["domains"]} == set(racks.values()), shown
+        finish(kueue, namespace, "spread")
+        wait_for("spread Succeeded", lambda: phase_is(kueue, namespace, "spread", "Succeeded"), timeout=90)
+        passed = True
+    finally:
+        kueue.kubectl("delete", "ddpjobs", "--all", "-n", namespace, "--wait=false", check=False)
+        operator.stop()
+        if not passed:
+            print(f"--- operator log ---\n{operator.log_tail(40)}", file=sys.stderr)
+
+
+def test_a_required_topology_nothing_here_can_place_fails_naming_the_field_and_the_ways_out(
+    kueue: KueueProcess, queue: tuple[str, str], operator: OperatorProcess
+) -> None:
+    """This control plane serves no in-tree gang API and the job names no queue: a required topology
+    cannot be honoured by anything, so the job fails InvalidSpec at once with no pod created."""
+    namespace, _ = queue
+    job = gpu_ddpjob(
+        "nowhere", 2, gpus=1, namespace=namespace, scheduling={"topology": {"required": RACK_LABEL}}
+    )
+    apply(kueue, job)
+    status = wait_for(
+        "nowhere Failed",
+        lambda: (s := job_status(kueue, namespace, "nowhere")).get("phase") == "Failed" and s,
+    )
+    failed = true_condition(status, "Failed")
+    assert failed is not None and failed["reason"] == "InvalidSpec", status
+    for part in ("spec.scheduling.topology.required", "in-tree gang API", names.KUEUE_QUEUE_LABEL):
+        assert part in failed["message"], failed
+    assert job_pods(kueue, namespace, "nowhere") == []

@@ -170,6 +170,13 @@ def test_each_fake_node_reports_after_a_latency_of_its_own_and_a_lost_node_never
                 "jitterDurationMilliseconds": 300 * index + 900,
             }
     assert "pod-ready" not in by_name, "with per-node stages no pod is reported without its node's latency"
+    # A node created after the cluster (a test's own pool) reports too, after a latency of its own.
+    for kind in ("pod-ready", "pod-complete-by-annotation"):
+        later = by_name[f"{kind}-later-nodes"]["spec"]
+        assert {"key": ".spec.nodeName", "operator": "NotIn", "values": nodes} in later["selector"][
+            "matchExpressions"
+        ]
+        assert later["delay"]["durationMilliseconds"] == 300 * len(nodes)
     lost_pod = {"key": f'.metadata.annotations["{NODE_LOST_ANNOTATION}"]', "operator": "DoesNotExist"}
     for name, stage in by_name.items():
         if name.startswith("pod-"):

@@ -1,0 +1,91 @@
+"""Fake (kwok) nodes laid out in blocks and racks for the topology tests (docs/scheduling.md#topology).
+
+A pool of its own per test: every node carries the pool label and a NoSchedule taint of the pool, so
+the tests that share the control plane never land on it, and only a pod that selects and tolerates the
+pool does. Kwok marks a node Ready a moment after its creation, as it does the harness's own nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tests.integration.operator_harness import wait_for
+
+from ddp_harness.manifests import NodeShape, fake_gpu_node
+
+BLOCK_LABEL = "topology-test.ddp.dev/block"
+RACK_LABEL = "topology-test.ddp.dev/rack"
+HOST_LABEL = "kubernetes.io/hostname"
+POOL_LABEL = "topology-test.ddp.dev/pool"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """``blocks`` x ``racks_per_block`` x ``hosts_per_rack`` nodes of ``gpus`` nvidia.com/gpu each."""
+
+    name: str
+    nodes: dict[str, dict[str, str]]  # node name -> its labels
+
+    def pod_spec(self) -> dict[str, Any]:
+        """What a rank pod's template needs to land in the pool (and only there)."""
+        return {
+            "nodeSelector": {POOL_LABEL: self.name},
+            "tolerations": [
+                {"key": POOL_LABEL, "operator": "Equal", "value": self.name, "effect": "NoSchedule"}
+            ],
+        }
+
+    def label_of(self, node: str, key: str) -> str:
+        return self.nodes[node][key]
+
+
+@contextlib.contextmanager
+def node_pool(
+    cluster: Any, *, blocks: int = 2, racks_per_block: int = 2, hosts_per_rack: int = 2, gpus: int = 2
+) -> Iterator[Pool]:
+    """Create the pool's nodes, wait until each is Ready, and delete them afterwards."""
+    name = f"topo-{uuid.uuid4().hex[:6]}"
+    nodes: dict[str, dict[str, str]] = {}
+    manifests = []
+    for block in range(blocks):
+        for rack in range(racks_per_block):
+            for host in range(hosts_per_rack):
+                node = f"{name}-b{block}-r{rack}-h{host}"
+                manifest = fake_gpu_node(node, NodeShape(gpus=gpus))
+                labels = {
+                    BLOCK_LABEL: f"b{block}",
+                    RACK_LABEL: f"b{block}-r{rack}",
+                    POOL_LABEL: name,
+                }
+                manifest["metadata"]["labels"].update(labels)
+                manifest["spec"] = {"taints": [{"key": POOL_LABEL, "value": name, "effect": "NoSchedule"}]}
+                nodes[node] = dict(manifest["metadata"]["labels"])
+                manifests.append(manifest)
+    cluster.kubectl_run("create", "-f", "-", input=_as_list(manifests))
+
+    def all_ready() -> bool:
+        items = cluster.get_json("nodes", "-l", f"{POOL_LABEL}={name}")["items"]
+        ready = [
+            n
+            for n in items
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in n.get("status", {}).get("conditions") or []
+            )
+        ]
+        return len(ready) == len(nodes)
+
+    try:
+        wait_for(f"the {len(nodes)} nodes of pool {name} Ready", all_ready, timeout=60)
+        yield Pool(name, nodes)
+    finally:
+        cluster.kubectl_run("delete", "nodes", "-l", f"{POOL_LABEL}={name}", "--wait=false", check=False)
+
+
+def _as_list(items: list[dict[str, Any]]) -> str:
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})

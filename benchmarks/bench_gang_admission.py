@@ -1,37 +1,57 @@
-"""Create to all Running for one DDPJob admitted three ways, on one local control plane, in one run.
+"""Create to all Running for one DDPJob admitted five ways, on one local control plane, in one run.
 
-One local control plane started with the in-tree gang API's alpha gates (docs/scheduling.md: apiserver
-`--feature-gates=GenericWorkload=true --runtime-config=scheduling.k8s.io/v1alpha2=true`, scheduler
-`--feature-gates=GenericWorkload=true,GangScheduling=true`, controller-manager
-`--feature-gates=GenericWorkload=true`), fake GPU nodes (8 GPUs each), real Kueue
-(tests/integration/kueue_harness.py, `pod` integration, a ClusterQueue far larger than the job) and one
-`ddpjob operator` (its own client certificate) watching the three namespaces. Each path is a DDPJob of R
-ranks, one GPU per rank:
+One local control plane started with the in-tree gang API's alpha gates and its topology gate
+(docs/scheduling.md; ddp_harness.GANG_SCHEDULING_FLAGS: apiserver
+`--feature-gates=GenericWorkload=true,TopologyAwareWorkloadScheduling=true
+--runtime-config=scheduling.k8s.io/v1alpha2=true`, scheduler
+`--feature-gates=GenericWorkload=true,GangScheduling=true,TopologyAwareWorkloadScheduling=true`,
+controller-manager `--feature-gates=GenericWorkload=true`), fake GPU nodes (8 GPUs each) in racks, real
+Kueue (tests/integration/kueue_harness.py, `pod` integration, two ClusterQueues far larger than the job,
+one of them over a topology-aware flavor) and one `ddpjob operator` (its own client certificate) watching
+the five namespaces. Each path is a DDPJob of R ranks, one GPU per rank:
 
 1. plain: `spec.scheduling.gang: None`, no queue label, in a namespace Kueue does not manage;
 2. gang: `spec.scheduling.gang: Workload` (the operator creates the attempt's Workload and PodGroup,
    the scheduler binds the gang whole), in a namespace Kueue does not manage;
 3. Kueue: the label `kueue.x-k8s.io/queue-name: <LocalQueue>` on the DDPJob, `gang: None`, in a
    namespace Kueue manages (its webhook gates every pod, Kueue admits the group as one Workload and
-   lifts the gates).
+   lifts the gates);
+4. gang + topology: as 2, and `spec.scheduling.topology: {required: bench.ddp.dev/rack}`: the attempt's
+   PodGroup gets `schedulingConstraints.topology: [{key: bench.ddp.dev/rack}]` and the scheduler binds
+   the gang whole inside one rack;
+5. Kueue + topology (TAS): as 3, and the same `topology.required`, in a namespace of its own whose
+   LocalQueue feeds a ClusterQueue over a ResourceFlavor with `topologyName` (a Kueue `Topology` of
+   levels rack, `kubernetes.io/hostname`) and `nodeLabels: {bench.ddp.dev/pool: bench}`: the rank pods
+   carry `kueue.x-k8s.io/podset-required-topology`, and Kueue's topology-aware scheduling assigns the
+   group one rack, host by host in rank order, before it lifts the gates.
+
+Racks: once the cluster is up, fake node gpu-node-N gets `bench.ddp.dev/rack=rack-<N // P>` with P
+nodes per rack (`--nodes-per-rack`; default ceil(R / 8), so a rack holds exactly one job) and
+`bench.ddp.dev/pool=bench` (the TAS flavor's node label); the default node count is two racks.
 
 Every run creates one job per path in turn, round-robin (the first path rotates from run to run), so the
-machine's load falls on all three alike; a warm-up round that is not counted comes first. The clock
+machine's load falls on all five alike; a warm-up round that is not counted comes first. The clock
 starts just before the DDPJob's create; server-side watches on the job's pods and on the DDPJob record
 when every rank pod exists, carries no scheduling gate, is bound to a node, and is Running (the headline
 figure), and when the DDPJob's `status.phase` became Running. Between runs each job is deleted and its
 pods waited out; a Kueue job's Kueue Workload is deleted too, because pods removed by garbage collection
-keep Kueue's finalizer until it is (docs/scheduling.md). Medians, minima and maxima over the runs and the
+keep Kueue's finalizer until it is (docs/scheduling.md). After each job is Running, the benchmark checks
+that it took its path (and no other): `schedulingGroup` on the gang paths' pods only, Kueue's `managed`
+label on the Kueue paths' only, Kueue's topology annotation on the TAS path's only; and, on the topology
+paths, that every rank pod is bound to a node of one rack (each node's rack label, read back) and, on
+the PodGroup path, that the pods' PodGroup carries the topology constraint. It also counts the racks
+each job spans on every path (the unconstrained paths are free to spread). Medians, minima and maxima over the runs and the
 ratio of each path's median to the plain path's are printed as a markdown table. Runs in which a
 reconcile of the job failed and was retried (the operator's log says so) are counted per path; a path
 with some such runs gets a second row over the others, so a retry's delay is seen apart from the path's
-own cost.
+own cost. A third table sets each topology path against the same path without the constraint.
 
 The fake nodes report pod changes at once by default (`--kubelet-latency` uses the harness's realistic
 per-node latency instead), so the figures are the control plane's own: operator, webhooks, Kueue,
 scheduler.
 
     python benchmarks/bench_gang_admission.py --ranks 64 --runs 5
+    python benchmarks/bench_gang_admission.py --ranks 256 --runs 3 --timeout 600
 """
 
 from __future__ import annotations
@@ -68,6 +88,15 @@ KUEUE_API = "kueue.x-k8s.io/v1beta2"
 FLAVOR = "bench-gpu"
 CLUSTER_QUEUE = "bench-cq"
 LOCAL_QUEUE = "bench-queue"
+# Racks of fake nodes for the topology paths, and what Kueue's topology-aware scheduling needs over them.
+RACK_LABEL = "bench.ddp.dev/rack"
+POOL_LABEL = "bench.ddp.dev/pool"  # the TAS flavor's nodeLabels: carried by every bench node
+POOL = "bench"
+HOST_LABEL = "kubernetes.io/hostname"
+TOPOLOGY = "bench-racks"
+TAS_FLAVOR = "bench-gpu-tas"
+TAS_CLUSTER_QUEUE = "bench-tas-cq"
+TAS_LOCAL_QUEUE = "bench-tas-queue"
 
 
 @dataclass(frozen=True)
@@ -76,13 +105,25 @@ class AdmissionPath:
     title: str
     namespace: str
     gang: str
-    kueue: bool
+    queue: str | None  # the LocalQueue the job names (None: not queued)
+    without: str | None = None  # the key of the same path without a topology (None: asks for none)
+
+    @property
+    def kueue(self) -> bool:
+        return self.queue is not None
+
+    @property
+    def topology(self) -> bool:
+        """`spec.scheduling.topology: {required: RACK_LABEL}`."""
+        return self.without is not None
 
 
 PATHS = (
-    AdmissionPath("plain", "plain (gang None)", "bench-plain", "None", False),
-    AdmissionPath("gang", "gang (Workload API)", "bench-gang", "Workload", False),
-    AdmissionPath("kueue", "Kueue (gang None)", "bench-kueue", "None", True),
+    AdmissionPath("plain", "plain (gang None)", "bench-plain", "None", None),
+    AdmissionPath("gang", "gang (Workload API)", "bench-gang", "Workload", None),
+    AdmissionPath("kueue", "Kueue (gang None)", "bench-kueue", "None", LOCAL_QUEUE),
+    AdmissionPath("gang-topo", "gang + topology", "bench-gang-topo", "Workload", None, "gang"),
+    AdmissionPath("kueue-tas", "Kueue + topology (TAS)", "bench-kueue-tas", "None", TAS_LOCAL_QUEUE, "kueue"),
 )
 
 
@@ -159,6 +200,7 @@ class JobClock:
 
     def _watch_pods(self, version: str) -> None:
         from ddp_operator import names
+        from ddp_operator.policies.topology import KUEUE_REQUIRED_ANNOTATION
 
         stages = ("created", "ungated", "bound", "running")
         while not self.done.is_set() and not all(s in self.at for s in stages):
@@ -176,6 +218,8 @@ class JobClock:
                     # Which path the pod took: the in-tree gang, Kueue's webhook (checked by check_path).
                     "grouped": bool(spec.get("schedulingGroup")),
                     "kueue": (obj["metadata"].get("labels") or {}).get(names.KUEUE_MANAGED_LABEL) == "true",
+                    "tas": (obj["metadata"].get("annotations") or {}).get(KUEUE_REQUIRED_ANNOTATION)
+                    == RACK_LABEL,
                 }
                 if len(self.pods) < self.replicas:
                     continue
@@ -219,14 +263,17 @@ class JobClock:
 def job_manifest(name: str, replicas: int, path: AdmissionPath) -> dict[str, Any]:
     from ddp_operator import names
 
-    labels = {names.KUEUE_QUEUE_LABEL: LOCAL_QUEUE} if path.kueue else {}
+    labels = {names.KUEUE_QUEUE_LABEL: path.queue} if path.queue else {}
+    scheduling: dict[str, Any] = {"gang": path.gang}
+    if path.topology:
+        scheduling["topology"] = {"required": RACK_LABEL}
     return {
         "apiVersion": names.API_GROUP_VERSION,
         "kind": names.KIND,
         "metadata": {"name": name, "labels": labels},
         "spec": {
             "replicas": replicas,
-            "scheduling": {"gang": path.gang},
+            "scheduling": scheduling,
             "template": {
                 "spec": {
                     "containers": [
@@ -247,8 +294,8 @@ def job_manifest(name: str, replicas: int, path: AdmissionPath) -> dict[str, Any
 
 def admission_run(
     admin: Any, name: str, replicas: int, path: AdmissionPath, args: argparse.Namespace
-) -> tuple[Timing, float]:
-    """(the run's timing, seconds its clean-up took)."""
+) -> tuple[Timing, float, int]:
+    """(the run's timing, seconds its clean-up took, racks its pods were bound in)."""
     from ddp_operator import names
 
     clock = JobClock(admin, path.namespace, name, replicas)
@@ -257,20 +304,54 @@ def admission_run(
     try:
         timing = clock.wait(args.timeout)
         check_path(path, clock.pods)
+        racks = check_placement(admin, path, name, args.gang_version)
     finally:
         cleaning = time.monotonic()
         group = names.kueue_pod_group_name(name, job["metadata"]["uid"]) if path.kueue else None
         delete_and_wait(admin, path.namespace, name, group, args.timeout)
-    return timing, time.monotonic() - cleaning
+    return timing, time.monotonic() - cleaning, racks
 
 
 def check_path(path: AdmissionPath, pods: Mapping[str, Mapping[str, bool]]) -> None:
     """Every rank pod went the way the path says, and no other: a run that silently fell back to the
-    plain path (the gang API not served, a namespace Kueue does not manage) would measure nothing."""
-    for flag, wanted in (("grouped", path.gang == "Workload"), ("kueue", path.kueue)):
+    plain path (the gang API not served, a namespace Kueue does not manage, Kueue's topology annotation
+    missing) would measure nothing."""
+    flags = (
+        ("grouped", path.gang == "Workload"),
+        ("kueue", path.kueue),
+        ("tas", path.kueue and path.topology),
+    )
+    for flag, wanted in flags:
         wrong = sorted(name for name, pod in pods.items() if pod[flag] != wanted)
         if wrong:
             raise RuntimeError(f"{path.key}: {flag} should be {wanted} on every pod, is not on {wrong[:3]}")
+
+
+def check_placement(api: Any, path: AdmissionPath, name: str, gang_version: str) -> int:
+    """The number of racks the job's rank pods are bound in (each node's rack label, read back); a
+    topology path must have every pod in one, and the PodGroup path's PodGroup must carry the rack
+    constraint (an apiserver without TopologyAwareWorkloadScheduling drops it, and the gang could then
+    land in one rack by chance)."""
+    from ddp_operator import names
+
+    pods, _ = api.list_pods_blocking(path.namespace, names.label_selector(name))
+    nodes = api.request("GET", "/api/v1/nodes").get("items") or []
+    rack_of = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(RACK_LABEL, "") for n in nodes}
+    racks = {rack_of.get(pod["spec"].get("nodeName", ""), "") for pod in pods}
+    if path.topology and (len(racks) != 1 or "" in racks):
+        raise RuntimeError(f"{path.key}: {name}'s pods are bound in racks {sorted(racks)}, not in one")
+    if path.topology and path.gang == "Workload":
+        groups = {(pod["spec"].get("schedulingGroup") or {}).get("podGroupName") for pod in pods}
+        if len(groups) != 1 or None in groups:
+            raise RuntimeError(f"{path.key}: {name}'s pods name PodGroups {sorted(map(str, groups))}")
+        group = api.request(
+            "GET",
+            f"/apis/scheduling.k8s.io/{gang_version}/namespaces/{path.namespace}/podgroups/{groups.pop()}",
+        )
+        constraints = (group.get("spec") or {}).get("schedulingConstraints")
+        if constraints != {"topology": [{"key": RACK_LABEL}]}:
+            raise RuntimeError(f"{path.key}: {name}'s PodGroup has schedulingConstraints {constraints}")
+    return len(racks)
 
 
 def delete_and_wait(api: Any, namespace: str, name: str, kueue_group: str | None, timeout: float) -> None:
@@ -312,12 +393,25 @@ def start_cluster(args: argparse.Namespace, state_dir: Path) -> Any:
 
     options = ClusterOptions(
         state_dir=state_dir,
-        nodes=args.nodes or 2 * math.ceil(args.ranks / GPUS_PER_NODE),
+        nodes=args.nodes,
         node_shape=NodeShape(gpus=GPUS_PER_NODE),
         extra_flags=GANG_SCHEDULING_FLAGS,
         report_latency=ReportLatency() if args.kubelet_latency else None,
     )
     return up(options, progress=lambda message: print(f"[cluster] {message}", file=sys.stderr))
+
+
+def label_racks(cluster: Any, nodes: int, per_rack: int) -> None:
+    """Fake node gpu-node-N joins rack `rack-<N // per_rack>`, and every node the TAS flavor's pool."""
+    from ddp_harness.manifests import node_name
+
+    racks: dict[str, list[str]] = {}
+    for index in range(nodes):
+        racks.setdefault(f"rack-{index // per_rack}", []).append(node_name(index))
+    for rack, members in racks.items():
+        cluster.kubectl_run(
+            "label", "--overwrite", "nodes", *members, f"{RACK_LABEL}={rack}", f"{POOL_LABEL}={POOL}"
+        )
 
 
 def create_namespace(api: Any, name: str, labels: Mapping[str, str]) -> None:
@@ -330,54 +424,77 @@ def create_namespace(api: Any, name: str, labels: Mapping[str, str]) -> None:
 
 
 def create_queues(cluster: Any, ranks: int) -> None:
-    """A ResourceFlavor, a ClusterQueue with 4x the job's GPUs (and ample CPU and memory), a LocalQueue
-    in the Kueue namespace; returns once the ClusterQueue is Active."""
+    """Two ResourceFlavors, the second topology-aware (a Topology of rack and host, the bench nodes'
+    pool label), each under a ClusterQueue with 4x the job's GPUs (and ample CPU and memory), and a
+    LocalQueue for each in its Kueue path's namespace; returns once both ClusterQueues are Active."""
     quota = [
         {"name": "cpu", "nominalQuota": "1000"},
         {"name": "memory", "nominalQuota": "10Ti"},
         {"name": GPU, "nominalQuota": str(4 * ranks)},
     ]
-    objects = [
+    objects: list[dict[str, Any]] = [
+        {
+            "apiVersion": KUEUE_API,
+            "kind": "Topology",
+            "metadata": {"name": TOPOLOGY},
+            "spec": {"levels": [{"nodeLabel": RACK_LABEL}, {"nodeLabel": HOST_LABEL}]},
+        },
         {"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}},
         {
             "apiVersion": KUEUE_API,
-            "kind": "ClusterQueue",
-            "metadata": {"name": CLUSTER_QUEUE},
-            "spec": {
-                "namespaceSelector": {},
-                "resourceGroups": [
-                    {
-                        "coveredResources": [q["name"] for q in quota],
-                        "flavors": [{"name": FLAVOR, "resources": quota}],
-                    }
-                ],
-            },
-        },
-        {
-            "apiVersion": KUEUE_API,
-            "kind": "LocalQueue",
-            "metadata": {"name": LOCAL_QUEUE, "namespace": PATHS[2].namespace},
-            "spec": {"clusterQueue": CLUSTER_QUEUE},
+            "kind": "ResourceFlavor",
+            "metadata": {"name": TAS_FLAVOR},
+            "spec": {"nodeLabels": {POOL_LABEL: POOL}, "topologyName": TOPOLOGY},
         },
     ]
+    queues = {path.queue: path.namespace for path in PATHS if path.queue}
+    cluster_queues = {LOCAL_QUEUE: (CLUSTER_QUEUE, FLAVOR), TAS_LOCAL_QUEUE: (TAS_CLUSTER_QUEUE, TAS_FLAVOR)}
+    for local_queue, namespace in queues.items():
+        cluster_queue, flavor = cluster_queues[local_queue]
+        objects.append(
+            {
+                "apiVersion": KUEUE_API,
+                "kind": "ClusterQueue",
+                "metadata": {"name": cluster_queue},
+                "spec": {
+                    "namespaceSelector": {},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": [q["name"] for q in quota],
+                            "flavors": [{"name": flavor, "resources": quota}],
+                        }
+                    ],
+                },
+            }
+        )
+        objects.append(
+            {
+                "apiVersion": KUEUE_API,
+                "kind": "LocalQueue",
+                "metadata": {"name": local_queue, "namespace": namespace},
+                "spec": {"clusterQueue": cluster_queue},
+            }
+        )
     cluster.apply_json({"apiVersion": "v1", "kind": "List", "items": objects})
 
-    def active() -> bool:
-        queue = cluster.get_json("clusterqueues.kueue.x-k8s.io", CLUSTER_QUEUE)
+    def active(name: str) -> bool:
+        queue = cluster.get_json("clusterqueues.kueue.x-k8s.io", name)
         return any(
             c["type"] == "Active" and c["status"] == "True"
             for c in (queue.get("status") or {}).get("conditions", [])
         )
 
-    wait_until(f"ClusterQueue {CLUSTER_QUEUE} Active", active, 60)
+    for cluster_queue, _ in cluster_queues.values():
+        wait_until(f"ClusterQueue {cluster_queue} Active", lambda name=cluster_queue: active(name), 60)
 
 
-def gang_api_served(api: Any) -> bool:
+def gang_api_version(api: Any) -> str | None:
+    """The gang API version served that gang.py knows (None: none)."""
     from ddp_operator import gang
 
     groups = api.request("GET", "/apis").get("groups") or []
     versions = [v["groupVersion"] for g in groups for v in g.get("versions") or []]
-    return gang.served_version(versions) is not None
+    return gang.served_version(versions)
 
 
 # ---- the table -------------------------------------------------------------------------------------
@@ -452,6 +569,39 @@ def stages_table(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def topology_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """What the rack constraint adds: each topology path's medians (over all its runs) against the same
+    path's without one."""
+    by_title = {row["title"]: row for row in rows}
+    by_key = {path.key: path for path in PATHS}
+    lines = [
+        "| R | path | against | all bound s: median | without | topology adds | all Running s: median "
+        "| without | topology adds |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for path in PATHS:
+        if path.without is None:
+            continue
+        row, base = by_title[path.title], by_title[by_key[path.without].title]
+        cells = []
+        for stage in ("bound", "running"):
+            median, without = row[stage]["median"], base[stage]["median"]
+            cells.append(
+                f"{median:.2f} | {without:.2f} | {median - without:+.2f} s ({median / without:.2f}x)"
+            )
+        lines.append(f"| {row['ranks']} | {row['title']} | {base['title']} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def racks_line(raw: Sequence[Mapping[str, Any]]) -> str:
+    """The racks each path's jobs were bound in, over the counted runs."""
+    parts = []
+    for path in PATHS:
+        racks = sorted({run["racks"] for run in raw if run["path"] == path.key and run["counted"]})
+        parts.append(f"{path.key} {'/'.join(map(str, racks))}")
+    return "racks spanned per job: " + ", ".join(parts)
+
+
 def load_average() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
@@ -464,7 +614,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1, help="rounds run first and not counted")
     parser.add_argument(
-        "--nodes", type=int, default=0, help="fake nodes of 8 GPUs (default: twice the job's)"
+        "--nodes", type=int, default=0, help="fake nodes of 8 GPUs (default: two racks, twice the job's)"
+    )
+    parser.add_argument(
+        "--nodes-per-rack",
+        type=int,
+        default=0,
+        help="fake nodes per rack (default: ceil(ranks / 8), so one rack holds the job exactly)",
     )
     parser.add_argument(
         "--kubelet-latency",
@@ -478,6 +634,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--keep-logs", metavar="DIR", help="copy the operator's, Kueue's and the cluster's logs here"
     )
     args = parser.parse_args(argv)
+    args.nodes_per_rack = args.nodes_per_rack or math.ceil(args.ranks / GPUS_PER_NODE)
+    args.nodes = args.nodes or 2 * args.nodes_per_rack
+    if args.nodes_per_rack * GPUS_PER_NODE < args.ranks or args.nodes < args.nodes_per_rack:
+        parser.error(
+            f"no rack of {args.nodes_per_rack} nodes x {GPUS_PER_NODE} GPUs holds {args.ranks} ranks"
+        )
 
     from tests.integration.kueue_harness import MANAGED_NAMESPACE_LABEL, is_built, kueue_prefix, start_kueue
 
@@ -497,8 +659,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cluster = start_cluster(args, workdir / "cluster")
     try:
         install_crds(cluster)
+        label_racks(cluster, args.nodes, args.nodes_per_rack)
         admin = KubeApi.connect(str(cluster.kubeconfig), concurrency=args.concurrency)
-        if not gang_api_served(admin):
+        args.gang_version = gang_api_version(admin)
+        if args.gang_version is None:
             raise RuntimeError("the control plane does not serve a gang API version gang.py knows")
         kueue = start_kueue(cluster, workdir / "kueue")
         for path in PATHS:
@@ -513,7 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 order = PATHS[run % len(PATHS) :] + PATHS[: run % len(PATHS)]
                 for path in order:
                     name = f"{path.key}-r{args.ranks}-{'w' if run < 0 else 'n'}{abs(run)}"
-                    timing, cleanup = admission_run(admin, name, args.ranks, path, args)
+                    timing, cleanup, racks = admission_run(admin, name, args.ranks, path, args)
                     retries = operator_retries(log, path.namespace, name)
                     loads.append(load_average())
                     counted = run >= 0
@@ -526,13 +690,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "counted": counted,
                             "cleanup": cleanup,
                             "operator_retries": retries,
+                            "racks": racks,
                             **asdict(timing),
                         }
                     )
                     print(
                         f"[bench] {'run ' + str(run) if counted else 'warm-up'} {path.key}: "
                         + " ".join(f"{s} {getattr(timing, s):.2f}s" for s in STAGES)
-                        + f" (operator retries {retries}, clean-up {cleanup:.1f}s, load {loads[-1]:.2f})",
+                        + f" (racks {racks}, operator retries {retries}, clean-up {cleanup:.1f}s, "
+                        f"load {loads[-1]:.2f})",
                         file=sys.stderr,
                     )
             rows = summarize(args.ranks, results)
@@ -554,13 +720,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"after {args.warmup} warm-up round(s); seconds from the DDPJob's create; vs plain = ratio of the "
         f"medians (difference in seconds); (retried) = runs in which a reconcile of the job failed and was "
         f"retried after the operator's {ERROR_RETRY_SECONDS:g} s error delay (its log); fake nodes report "
-        f"{'late (harness default latency)' if args.kubelet_latency else 'at once'}; 1-minute load average "
+        f"{'late (harness default latency)' if args.kubelet_latency else 'at once'}; {args.nodes} nodes in "
+        f"racks of {args.nodes_per_rack} ({args.nodes_per_rack * GPUS_PER_NODE} GPUs); 1-minute load average "
         f"{min(loads):.2f}-{max(loads):.2f} (median {sorted(loads)[len(loads) // 2]:.2f}, "
         f"{len(loads)} samples)\n"
     )
     print(table(rows))
     print()
     print(stages_table(rows))
+    print()
+    print(topology_table(rows))
+    print()
+    print(racks_line(raw))
     shutil.rmtree(workdir, ignore_errors=True)
     return 0
 

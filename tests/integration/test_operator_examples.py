@@ -67,10 +67,38 @@ def test_example_gets_its_service_and_running_rank_pods(
             assert {p["spec"]["nodeName"] for p in pods} <= _gpu_nodes(kube)
             env = {e["name"]: e.get("value") for e in trainer["env"]}
             assert env["DDP_BACKEND"] == "nccl"
+        asked = (job["spec"].get("scheduling") or {}).get("topology")
+        if asked:
+            _check_placement_shown(kube, namespace, name, asked, pods)
     finally:
         if volume is not None:
             # pv-protection holds the volume until its claim goes with the namespace.
             kube.run("delete", "pv", volume, "--wait=false", check=False)
+
+
+def _ranks(ranges: str) -> list[int]:
+    """ "0-2,5" -> [0, 1, 2, 5]."""
+    ranks: list[int] = []
+    for part in ranges.split(","):
+        first, _, last = part.partition("-")
+        ranks.extend(range(int(first), int(last or first) + 1))
+    return ranks
+
+
+def _check_placement_shown(
+    kube: Kube, namespace: str, name: str, asked: dict[str, str], pods: list[dict[str, Any]]
+) -> None:
+    """status.topology names, for every rank, the topology label's value on the node its pod is on."""
+    key = asked.get("required") or asked.get("preferred")
+    shown = wait_for("status.topology", lambda: kube.status(namespace, name).get("topology"), timeout=30)
+    labels = {
+        n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in kube.json("get", "nodes")["items"]
+    }
+    actual = {
+        int(p["metadata"]["labels"]["ddp.dev/rank"]): labels[p["spec"]["nodeName"]].get(key, "") for p in pods
+    }
+    listed = {rank: domain["name"] for domain in shown["domains"] for rank in _ranks(domain["ranks"])}
+    assert (shown["key"], listed) == (key, actual), shown
 
 
 def _volume_for(kube: Kube, namespace: str, job: str, claim: dict[str, Any]) -> str:

@@ -87,3 +87,17 @@ def test_the_warning_is_printed_at_start(tmp_path: Path, capsys: pytest.CaptureF
     err = capsys.readouterr().err
     assert "warning: spec.runPolicy.ttlSecondsAfterFinished is not honoured" in err
     assert "warning: spec.runPolicy.cleanPodPolicy is not honoured" in err
+
+
+@pytest.mark.parametrize(
+    ("scheduling", "warned"),
+    [
+        pytest.param({"topology": {"required": "topology.kubernetes.io/rack"}}, True, id="topology"),
+        pytest.param({"gang": "Workload"}, False, id="gang-is-moot-locally"),
+    ],
+)
+def test_a_placement_field_without_local_meaning_is_named(scheduling: dict[str, Any], warned: bool) -> None:
+    said = warnings({"spec": {"scheduling": scheduling}})
+    assert (
+        (len(said) == 1 and "spec.scheduling.topology is not honoured" in said[0]) if warned else said == []
+    )

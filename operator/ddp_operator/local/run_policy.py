@@ -45,14 +45,28 @@ RUN_POLICY: Final[Mapping[str, LocalSupport]] = {
 }
 
 
+# Fields of spec.scheduling without a local meaning (the gang and Kueue fields are silently moot: every
+# rank starts at once here, which is what they ask for).
+SCHEDULING: Final[Mapping[str, LocalSupport]] = {
+    "topology": LocalSupport(
+        False, "every local rank runs on this machine: one host, no rack or block to place the ranks by"
+    ),
+}
+
+
 def warnings(manifest: Mapping[str, Any]) -> list[str]:
-    """One warning per runPolicy field the manifest sets that `ddpjob run` does not honour."""
+    """One warning per runPolicy or scheduling field the manifest sets that `ddpjob run` does not honour."""
     spec = manifest.get("spec")
-    run_policy = spec.get("runPolicy") if isinstance(spec, Mapping) else None
-    if not isinstance(run_policy, Mapping):
+    if not isinstance(spec, Mapping):
         return []
-    return [
-        f"spec.runPolicy.{name} is not honoured by ddpjob run: {support.why}"
-        for name, support in RUN_POLICY.items()
-        if name in run_policy and not support.honoured
-    ]
+    found: list[str] = []
+    for section, table in (("runPolicy", RUN_POLICY), ("scheduling", SCHEDULING)):
+        fields = spec.get(section)
+        if not isinstance(fields, Mapping):
+            continue
+        found.extend(
+            f"spec.{section}.{name} is not honoured by ddpjob run: {support.why}"
+            for name, support in table.items()
+            if name in fields and not support.honoured
+        )
+    return found

@@ -824,6 +824,12 @@ def test_a_rank_pod_slowed_by_its_cpu_limit_is_named_the_straggler(
     assert straggler.get("phase") in ("data", "compute", "communication"), straggler
     events = get_json(cluster, "events", "-n", namespace, "--field-selector", f"involvedObject.name={job}")
     assert [e for e in events["items"] if e["reason"] == "Straggler" and victim in e["message"]], events
+    # Report (the default) names the straggler and does nothing else.
+    status = job_status(cluster, namespace, job)
+    assert "stragglerReplacements" not in status and "podReplacements" not in status, status
+    assert {p["metadata"]["name"] for p in rank_pods(cluster, namespace, job)} == {
+        p["metadata"]["name"] for p in pods
+    }, "no pod replaced"
     cluster.kubectl_run("delete", "ddpjob", job, "-n", namespace, "--wait=false")
 
 

@@ -461,12 +461,11 @@ class _LiveAttempt:
         if not (self.can_train if self.job.elastic is not None else all(p.running for p in self.current)):
             return None
         # A pod's start (or a replacement's creation) changes the group: the clock starts again there.
-        started = stall.clock_start(*(p.started_at or p.created_at for p in self.current))
-        progressed = stall.clock_start(progress.step_changed_at, progress.group_changed_at)
-        configured = self.job.run_policy.stall_timeout_seconds is not None
-        return stall.seconds_left_since(
-            self.stall_limit, progress.step, progressed, started, self.now, configured=configured
+        started = [p.started_at or p.created_at for p in self.current]
+        since = stall.clock_start(
+            progress.step_changed_at, progress.group_changed_at, *(t for t in started if t is not None)
         )
+        return stall.seconds_left(self.stall_limit, progress.step, since, self.now)
 
     @cached_property
     def decision_window_left(self) -> float | None:

@@ -36,26 +36,6 @@ def test_the_stall_clock_runs_from_the_last_new_step(
 
 
 @pytest.mark.parametrize(
-    ("progressed", "started", "configured", "left"),
-    [
-        # The newest event is a step: the pace's limit (30 s) from it, whatever started before.
-        pytest.param(100, 90, False, 30 - 10, id="a-step-after-the-start"),
-        # A replacement started after the last step: its processes get the start floor, not 30 s.
-        pytest.param(100, 105, False, stall.START_FLOOR_SECONDS - 5, id="a-start-after-the-last-step"),
-        # The job set stallTimeoutSeconds: the user's override holds from the start too.
-        pytest.param(100, 105, True, 30 - 5, id="an-explicit-limit-is-kept"),
-        # The group re-formed with the new member: progress again, the pace's limit from there.
-        pytest.param(108, 105, False, 30 - 2, id="re-formed-after-the-start"),
-    ],
-)
-def test_a_new_members_start_gets_the_start_floor_unless_the_job_set_the_limit(
-    progressed: float, started: float, configured: bool, left: float
-) -> None:
-    now = at(110)
-    assert stall.seconds_left_since(30, 120, at(progressed), at(started), now, configured=configured) == left
-
-
-@pytest.mark.parametrize(
     ("rank_steps", "named"),
     [
         pytest.param(

@@ -25,11 +25,6 @@ NAMED_RANKS = 3
 # floor (a process restart, a checkpoint write or a slow scrape is not a hang).
 HANG_STEPS = 10
 HANG_FLOOR_SECONDS = 30
-# When the clock was last set by a pod's start rather than by a step or a re-formed group, the limit is
-# at least this: a new member's processes must start (python, torch's import, the launcher's join) and
-# receive the survivors' state before the group can step, and on a loaded node that alone took over 30 s
-# (a straggler's replacement on kind at a load average of 18 was taken for a hung pod and replaced again).
-START_FLOOR_SECONDS = 120
 
 
 def limit(configured: int | None, step_seconds: float | None) -> int | None:
@@ -47,26 +42,6 @@ def clock_start(*changes: datetime | None) -> datetime | None:
     re-formed group, a pod of the attempt started); None before any."""
     known = [change for change in changes if change is not None]
     return max(known) if known else None
-
-
-def seconds_left_since(
-    limit: int | None,
-    step: int,
-    progressed_at: datetime | None,
-    started_at: datetime | None,
-    now: datetime,
-    *,
-    configured: bool,
-) -> float | None:
-    """seconds_left() from the newest of the last progress (``progressed_at``: a new step or a re-formed
-    group) and the newest pod start of the attempt (``started_at``). Counted from a start, a limit the
-    job did not set (``configured``: stallTimeoutSeconds) is at least START_FLOOR_SECONDS; a set one is
-    the user's override, as it is."""
-    since = clock_start(progressed_at, started_at)
-    from_a_start = started_at is not None and since == started_at and since != progressed_at
-    if limit is not None and from_a_start and not configured:
-        limit = max(limit, START_FLOOR_SECONDS)
-    return seconds_left(limit, step, since, now)
 
 
 def seconds_left(

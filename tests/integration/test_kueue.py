@@ -339,9 +339,18 @@ def test_harness_state_is_local(kueue: KueueProcess) -> None:
 def operator(
     kueue: KueueProcess, queue: tuple[str, str], local_cluster: Any, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
+    namespace, _ = queue
+    with serving(kueue, local_cluster, namespace, tmp_path) as process:
+        yield process
+
+
+@contextlib.contextmanager
+def serving(
+    kueue: KueueProcess, local_cluster: Any, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator serving ``namespace``, the CRD installed first."""
     local_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
     local_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
-    namespace, _ = queue
     process = OperatorProcess(local_cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
     try:
         yield process
@@ -763,6 +772,16 @@ def tas_queue(kueue: KueueProcess, local_cluster: Any) -> Iterator[tuple[str, st
             kueue.kubectl("delete", "topology", topology_name, "--timeout=60s", check=False)
 
 
+@pytest.fixture
+def tas_operator(
+    kueue: KueueProcess, tas_queue: tuple[str, str, Pool], local_cluster: Any, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator serving the TAS queue's namespace."""
+    namespace, _, _ = tas_queue
+    with serving(kueue, local_cluster, namespace, tmp_path) as process:
+        yield process
+
+
 def topology_job(
     namespace: str, local_queue: str, pool: Pool, name: str, replicas: int, topology: dict[str, str]
 ) -> dict[str, Any]:
@@ -787,86 +806,66 @@ def runs_of(values: dict[int, str]) -> list[str]:
 
 
 def test_kueue_places_a_required_rack_whole_with_ranks_in_host_order_and_queues_a_gang_no_rack_fits(
-    kueue: KueueProcess, tas_queue: tuple[str, str, Pool], local_cluster: Any, tmp_path: Path
+    kueue: KueueProcess, tas_queue: tuple[str, str, Pool], tas_operator: OperatorProcess
 ) -> None:
     """`topology.required: <rack>` on a queued job is Kueue's topology-aware scheduling: 4 ranks of 1 GPU
     land in one rack (4 GPUs), two ranks per host with consecutive ranks sharing a host (our rank is
     the group's pod index); status.topology names the rack, 0 ring crossings. A 6-rank job fits no rack:
     it stays Queued with Kueue's reason in its condition and none of its pods bound."""
     namespace, local_queue, pool = tas_queue
-    local_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
-    operator = OperatorProcess(local_cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
-    passed = False
-    try:
-        apply(kueue, topology_job(namespace, local_queue, pool, "near", 4, {"required": RACK_LABEL}))
-        wait_for("near Running", lambda: phase_is(kueue, namespace, "near", "Running"), timeout=120)
-        racks = placed(kueue, namespace, "near", pool, RACK_LABEL)
-        hosts = placed(kueue, namespace, "near", pool, HOST_LABEL)
-        assert len(racks) == 4 and len(set(racks.values())) == 1, racks
-        # Two hosts of 2 GPUs, each holding two consecutive ranks.
-        assert len(runs_of(hosts)) == 2 and len(set(hosts.values())) == 2, hosts
-        shown = wait_for(
-            "status.topology", lambda: job_status(kueue, namespace, "near").get("topology"), timeout=30
-        )
-        assert shown == {
-            "key": RACK_LABEL,
-            "path": "Kueue",
-            "domains": [{"name": racks[0], "ranks": "0-3"}],
-            "ringCrossings": 0,
-        }, shown
+    apply(kueue, topology_job(namespace, local_queue, pool, "near", 4, {"required": RACK_LABEL}))
+    wait_for("near Running", lambda: phase_is(kueue, namespace, "near", "Running"), timeout=120)
+    racks = placed(kueue, namespace, "near", pool, RACK_LABEL)
+    hosts = placed(kueue, namespace, "near", pool, HOST_LABEL)
+    assert len(racks) == 4 and len(set(racks.values())) == 1, racks
+    # Two hosts of 2 GPUs, each holding two consecutive ranks.
+    assert len(runs_of(hosts)) == 2 and len(set(hosts.values())) == 2, hosts
+    shown = wait_for(
+        "status.topology", lambda: job_status(kueue, namespace, "near").get("topology"), timeout=30
+    )
+    assert shown == {
+        "key": RACK_LABEL,
+        "path": "Kueue",
+        "domains": [{"name": racks[0], "ranks": "0-3"}],
+        "ringCrossings": 0,
+    }, shown
 
-        apply(kueue, topology_job(namespace, local_queue, pool, "wide", 6, {"required": RACK_LABEL}))
-        status = wait_for(
-            "wide Queued with Kueue's topology reason",
-            lambda: (
-                (s := job_status(kueue, namespace, "wide")).get("phase") == "Queued"
-                and "topology" in (true_condition(s, "Queued") or {}).get("message", "")
-                and s
-            ),
-            timeout=60,
-        )
-        print(f"wide: {true_condition(status, 'Queued')}")
-        assert not any(p["spec"].get("nodeName") for p in job_pods(kueue, namespace, "wide"))
-        finish(kueue, namespace, "near")
-        wait_for("near Succeeded", lambda: phase_is(kueue, namespace, "near", "Succeeded"), timeout=90)
-        passed = True
-    finally:
-        kueue.kubectl("delete", "ddpjobs", "--all", "-n", namespace, "--wait=false", check=False)
-        operator.stop()
-        if not passed:
-            print(f"--- operator log ---\n{operator.log_tail(40)}", file=sys.stderr)
+    apply(kueue, topology_job(namespace, local_queue, pool, "wide", 6, {"required": RACK_LABEL}))
+    status = wait_for(
+        "wide Queued with Kueue's topology reason",
+        lambda: (
+            (s := job_status(kueue, namespace, "wide")).get("phase") == "Queued"
+            and "topology" in (true_condition(s, "Queued") or {}).get("message", "")
+            and s
+        ),
+        timeout=60,
+    )
+    print(f"wide: {true_condition(status, 'Queued')}")
+    assert not any(p["spec"].get("nodeName") for p in job_pods(kueue, namespace, "wide"))
+    finish(kueue, namespace, "near")
+    wait_for("near Succeeded", lambda: phase_is(kueue, namespace, "near", "Succeeded"), timeout=90)
 
 
 def test_kueue_spreads_a_preferred_rack_only_as_far_as_it_must_in_rank_order(
-    kueue: KueueProcess, tas_queue: tuple[str, str, Pool], local_cluster: Any, tmp_path: Path
+    kueue: KueueProcess, tas_queue: tuple[str, str, Pool], tas_operator: OperatorProcess
 ) -> None:
     """`topology.preferred: <rack>` with 6 ranks of 1 GPU (a rack holds 4): Kueue keeps them in one block
     over two racks, each rack holding consecutive ranks, so the ring crosses between racks twice and no
     more; status.topology says so."""
     namespace, local_queue, pool = tas_queue
-    local_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
-    operator = OperatorProcess(local_cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
-    passed = False
-    try:
-        apply(kueue, topology_job(namespace, local_queue, pool, "spread", 6, {"preferred": RACK_LABEL}))
-        wait_for("spread Running", lambda: phase_is(kueue, namespace, "spread", "Running"), timeout=120)
-        racks = placed(kueue, namespace, "spread", pool, RACK_LABEL)
-        blocks = placed(kueue, namespace, "spread", pool, BLOCK_LABEL)
-        assert len(racks) == 6 and len(set(blocks.values())) == 1, (racks, blocks)
-        assert len(set(racks.values())) == 2 and len(runs_of(racks)) == 2, racks
-        shown = wait_for(
-            "status.topology", lambda: job_status(kueue, namespace, "spread").get("topology"), timeout=30
-        )
-        assert shown["ringCrossings"] == 2 and shown["path"] == "Kueue", shown
-        assert {d["name"] for d in shown["domains"]} == set(racks.values()), shown
-        finish(kueue, namespace, "spread")
-        wait_for("spread Succeeded", lambda: phase_is(kueue, namespace, "spread", "Succeeded"), timeout=90)
-        passed = True
-    finally:
-        kueue.kubectl("delete", "ddpjobs", "--all", "-n", namespace, "--wait=false", check=False)
-        operator.stop()
-        if not passed:
-            print(f"--- operator log ---\n{operator.log_tail(40)}", file=sys.stderr)
+    apply(kueue, topology_job(namespace, local_queue, pool, "spread", 6, {"preferred": RACK_LABEL}))
+    wait_for("spread Running", lambda: phase_is(kueue, namespace, "spread", "Running"), timeout=120)
+    racks = placed(kueue, namespace, "spread", pool, RACK_LABEL)
+    blocks = placed(kueue, namespace, "spread", pool, BLOCK_LABEL)
+    assert len(racks) == 6 and len(set(blocks.values())) == 1, (racks, blocks)
+    assert len(set(racks.values())) == 2 and len(runs_of(racks)) == 2, racks
+    shown = wait_for(
+        "status.topology", lambda: job_status(kueue, namespace, "spread").get("topology"), timeout=30
+    )
+    assert shown["ringCrossings"] == 2 and shown["path"] == "Kueue", shown
+    assert {d["name"] for d in shown["domains"]} == set(racks.values()), shown
+    finish(kueue, namespace, "spread")
+    wait_for("spread Succeeded", lambda: phase_is(kueue, namespace, "spread", "Succeeded"), timeout=90)
 
 
 def test_a_required_topology_nothing_here_can_place_fails_naming_the_field_and_the_ways_out(

@@ -336,6 +336,24 @@ def _resized_and_resumed(
     return record if resized and _resumed_at(record) is not None else None
 
 
+def _launcher_resizes(logs: str, max_pods: int) -> int:
+    """The resizes rank 0's launcher made, from its `launcher event=reformed` lines (what the operator reads, at the
+    source): a round whose grows count rose grew the group, one with fewer members than the round
+    before shrank it. The first round (restarts 0) is not logged: it may hold fewer than ``max_pods``,
+    and the next round then says it grew."""
+    resizes, grows, members = 0, 0, max_pods
+    rounds = [
+        line
+        for line in suite.status_lines(logs, "launcher")
+        if line.get("event") == "reformed" and line.get("pod") == "0"
+    ]
+    for line in sorted(rounds, key=lambda fields: int(fields["restarts"])):
+        now_grows, now_members = int(line["grows"]), int(line["members"])
+        resizes += now_grows > grows or now_members < members
+        grows, members = now_grows, now_members
+    return resizes
+
+
 def _steps_move(cluster: suite.ExternalCluster, namespace: str, job: str, after: int) -> int | None:
     step = int((suite.job_status(cluster, namespace, job).get("progress") or {}).get("step") or 0)
     return step if step > after else None
@@ -399,7 +417,10 @@ def test_an_elastic_job_trains_on_fewer_pods_while_capacity_is_lost_and_grows_ba
         "no survivor was recreated"
     )
     assert status.get("attempt") == 0 and status.get("restarts") == 1, f"the grow spent no restart: {status}"
-    assert (status.get("elastic") or {}).get("resizes") == 2, status
+    # The resizes rank 0's launcher made: 2 (the shrink, the grow), and one more when the group first
+    # formed before its last pod came (a legitimate grow at the start on a slow node).
+    made = _launcher_resizes(rank0_log.text(), 3)
+    assert made >= 2 and (status.get("elastic") or {}).get("resizes") == made, (made, status)
     reasons = [
         (e["type"], e["reason"])
         for e in suite.get_json(cluster, "events", "-n", namespace)["items"]

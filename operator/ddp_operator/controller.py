@@ -656,11 +656,9 @@ class Controller:
         """Whether the in-tree PodGroup's topology constraint is served; asked once, with a dry-run
         create in the namespace of the first job that needs to know (where the operator may create
         PodGroups), and only for a job that asks for a required topology without Kueue."""
-        if (
-            self.gang_topology is not None
-            or topology.job_path(job) is not None
-            or job.scheduling.topology is None
-        ):
+        # Only a required topology without Kueue can use the constraint (policies.topology.job_path).
+        wants = job.scheduling.topology is not None and topology.job_path(job) is None
+        if self.gang_topology is not None or not wants:
             return bool(self.gang_topology)
         assert self.gang_version is not None  # wants_gang
         # An error here is retried like any other create's: a job is never refused for a failed probe.

@@ -553,15 +553,7 @@ def test_kueue_admission_and_the_in_tree_gang_combine(gated_cluster: LocalCluste
 
 
 def _racks(cluster: LocalCluster, pool: Pool, namespace: str, job: str) -> dict[int, str]:
-    """The rack of each bound rank pod of the job (the newest pod per rank)."""
-    racks: dict[int, str] = {}
-    for pod in sorted(
-        _pods(cluster, namespace, names.label_selector(job)), key=lambda p: p["metadata"]["creationTimestamp"]
-    ):
-        node = pod["spec"].get("nodeName")
-        if node and not pod["metadata"].get("deletionTimestamp"):
-            racks[int(pod["metadata"]["labels"][names.LABEL_RANK])] = pool.label_of(node, RACK_LABEL)
-    return racks
+    return pool.placed(_pods(cluster, namespace, names.label_selector(job)), RACK_LABEL)
 
 
 def _topology_job(pool: Pool, name: str, replicas: int, topology: dict[str, str]) -> dict[str, Any]:

@@ -791,12 +791,7 @@ def topology_job(
 
 
 def placed(kueue: KueueProcess, namespace: str, job: str, pool: Pool, key: str) -> dict[int, str]:
-    """The ``key`` label's value on the node of each bound rank pod."""
-    return {
-        int(p["metadata"]["labels"][names.LABEL_RANK]): pool.label_of(p["spec"]["nodeName"], key)
-        for p in job_pods(kueue, namespace, job)
-        if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
-    }
+    return pool.placed(job_pods(kueue, namespace, job), key)
 
 
 def runs_of(values: dict[int, str]) -> list[str]:

@@ -22,6 +22,7 @@ BLOCK_LABEL = "topology-test.ddp.dev/block"
 RACK_LABEL = "topology-test.ddp.dev/rack"
 HOST_LABEL = "kubernetes.io/hostname"
 POOL_LABEL = "topology-test.ddp.dev/pool"
+RANK_LABEL = "ddp.dev/rank"
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,16 @@ class Pool:
 
     def label_of(self, node: str, key: str) -> str:
         return self.nodes[node][key]
+
+    def placed(self, pods: list[dict[str, Any]], key: str) -> dict[int, str]:
+        """The ``key`` label's value on the node of each rank's newest bound pod (one being deleted is
+        not counted)."""
+        found: dict[int, str] = {}
+        for pod in sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"]):
+            node = pod["spec"].get("nodeName")
+            if node and not pod["metadata"].get("deletionTimestamp"):
+                found[int(pod["metadata"]["labels"][RANK_LABEL])] = self.label_of(node, key)
+        return found
 
 
 @contextlib.contextmanager

@@ -397,11 +397,11 @@ class _LiveAttempt:
         return elastic.group_replicas(self.progress.restart)
 
     @cached_property
-    def resizes(self) -> int | None:
-        """status.elastic.resizes after this read: one more when it brings a restart that resized."""
-        if self.job.elastic is None:
-            return None
-        return elastic.resizes(self.accounting.record, self.old.get("lastRestart"), self.old.get("elastic"))
+    def resizes(self) -> tuple[int | None, bool]:
+        """status.elastic.resizes after this read, and whether the group resized (policies.elastic)."""
+        if self.job.elastic is None or self.progress is None:
+            return None, False
+        return elastic.resizes(self.progress.restart, self.old.get("elastic"))
 
     @cached_property
     def active_left(self) -> float | None:
@@ -441,13 +441,18 @@ class _LiveAttempt:
         return straggler.verdict(policy, self.sighting, self.straggler_pod, self.now, replaced)
 
     @cached_property
-    def stall_limit(self) -> int | None:
-        """stallTimeoutSeconds, or the limit the attempt's observed pace gives (policies.stall.limit)."""
-        pace = self.progress.step_seconds if self.progress is not None else None
-        limit = stall.limit(self.job.run_policy.stall_timeout_seconds, pace)
-        if limit is None or self.job.elastic is None:
-            return limit
-        return limit + elastic.stall_allowance(self.job.elastic, self.current)
+    def stall_clock(self) -> tuple[int | None, datetime | None]:
+        """The stall limit and its clock's start (policies.stall.clock), plus an elastic allowance."""
+        if self.progress is None:
+            return None, None
+        # A pod's start (or a replacement's creation) changes the group: the clock starts again there.
+        started = [p.started_at or p.created_at for p in self.current]
+        spec, progress = self.job.elastic, self.progress
+        return stall.clock(
+            self.job.run_policy.stall_timeout_seconds, progress.step_seconds, progress.step_changed_at,
+            progress.group_changed_at, *started,
+            allowance=0 if spec is None else elastic.stall_allowance(spec, self.current),
+        )  # fmt: skip
 
     @cached_property
     def stall_left(self) -> float | None:
@@ -460,12 +465,8 @@ class _LiveAttempt:
         # round and holds nothing up, so the round is watched while it can train.
         if not (self.can_train if self.job.elastic is not None else all(p.running for p in self.current)):
             return None
-        # A pod's start (or a replacement's creation) changes the group: the clock starts again there.
-        started = [p.started_at or p.created_at for p in self.current]
-        since = stall.clock_start(
-            progress.step_changed_at, progress.group_changed_at, *(t for t in started if t is not None)
-        )
-        return stall.seconds_left(self.stall_limit, progress.step, since, self.now)
+        limit, since = self.stall_clock
+        return stall.seconds_left(limit, progress.step, since, self.now)
 
     @cached_property
     def decision_window_left(self) -> float | None:
@@ -708,7 +709,7 @@ def _rule_stalled(live: _LiveAttempt) -> Decision | None:
     left = live.stall_left
     if left is None or left > 0 or live.progress is None:
         return None
-    limit = live.stall_limit or 0
+    limit = live.stall_clock[0] or 0
     # Each pod of the round by its first global rank (ranks.py: an elastic round's own numbering).
     by_rank = ranks.first_ranks(
         live.progress.rank_pods, live.current, live.job.nproc_per_node, live.job.elastic is not None
@@ -812,7 +813,7 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
         last_restart=live.accounting.record,
         goodput=live.goodput,
         group_replicas=live.group_replicas,
-        resizes=live.resizes,
+        resizes=live.resizes[0],
         ranks_created=live.ranks_created,
     )
     return _decision(
@@ -848,7 +849,7 @@ def _running_message(live: _LiveAttempt) -> str:
 def _restart_notices(live: _LiveAttempt) -> tuple[PhaseEvent, ...]:
     """The Event of what this read says of restarts (policies.recovery.restart_notice), if any."""
     notice = recovery.restart_notice(
-        live.accounting, live.restarts, live.job.run_policy.backoff_limit, resized=live.resizes is not None
+        live.accounting, live.restarts, live.job.run_policy.backoff_limit, resized=live.resizes[1]
     )
     if notice is None:
         return ()

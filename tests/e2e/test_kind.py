@@ -25,6 +25,8 @@ same), DDP_E2E_KEEP_CLUSTER=1 (leave it for a look: `kind delete cluster --name 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -354,6 +356,33 @@ def _launcher_resizes(logs: str, max_pods: int) -> int:
     return resizes
 
 
+@contextlib.contextmanager
+def _explained(cluster: suite.ExternalCluster, namespace: str, job: str, release: str) -> Iterator[None]:
+    """A failure carries the job's status, its Events and the operator's own lines about it: the kind
+    cluster goes with the run, and a failure seen once in CI must say its cause there."""
+    try:
+        yield
+    except (AssertionError, TimeoutError) as failure:
+        status = suite.job_status(cluster, namespace, job)
+        events = [
+            f"{e.get('lastTimestamp') or e.get('eventTime')} {e['type']} {e['reason']} "
+            f"{e.get('involvedObject', {}).get('name')}: {e.get('message', '')[:300]}"
+            for e in suite.get_json(cluster, "events", "-n", namespace)["items"]
+            if str(e.get("involvedObject", {}).get("name", "")).startswith(job)
+        ]
+        said = cluster.kubectl_run(
+            "logs", "-n", "ddp-system", f"deploy/{release}-ddp-operator", "--tail=3000", check=False
+        ).stdout
+        mine = "\n".join(
+            line for line in said.splitlines() if f"{namespace}/{job}" in line or "Event" in line
+        )
+        raise AssertionError(
+            f"{failure}\nstatus: {json.dumps(status)}\nevents:\n"
+            + "\n".join(events[-60:])
+            + f"\noperator:\n{mine[-12000:]}"
+        ) from failure
+
+
 def _steps_move(cluster: suite.ExternalCluster, namespace: str, job: str, after: int) -> int | None:
     step = int((suite.job_status(cluster, namespace, job).get("progress") or {}).get("step") or 0)
     return step if step > after else None
@@ -370,75 +399,81 @@ def test_an_elastic_job_trains_on_fewer_pods_while_capacity_is_lost_and_grows_ba
     the replacement starts and the group grows back to 3 in place; the job Succeeds with the example's
     accuracy."""
     namespace, job = restricted_namespace, "elastic"
-    survivors = (f"{job}-0-0", f"{job}-1-0")
-    cluster.apply_json(_elastic_job(job, checkpoint_storage), "-n", namespace)
-    pods = suite.wait_for(
-        "3 ranks Running", lambda: suite.running_ranks(cluster, namespace, job, 0, 3), timeout=600
-    )
-    rank0_log = suite.LogFollower(cluster, namespace, f"{job}-0-0")
-    suite.wait_for(
-        "a checkpoint", lambda: suite.checkpoint_files(cluster, namespace, job, survivors[0]), timeout=300
-    )
-    suite.wait_for("a group of 3 in status", lambda: _group_of(cluster, namespace, job, 3), timeout=120)
-    before = _pod_uids(cluster, namespace, job)
-    node = pods[0]["spec"]["nodeName"]
-    cluster.kubectl_run("cordon", node)
-    try:
-        lost = time.time()  # the kind node shares this machine's clock
-        cluster.kubectl_run("delete", "pod", f"{job}-2-0", "-n", namespace, "--wait=false")
-        shrunk = suite.wait_for("a group of 2", lambda: _group_of(cluster, namespace, job, 2), timeout=300)
-        shrink = suite.wait_for(
-            "the shrink's resume", lambda: _resized_and_resumed(cluster, namespace, job, 3, 2), timeout=120
+    with _explained(cluster, namespace, job, operator_release):
+        survivors = (f"{job}-0-0", f"{job}-1-0")
+        cluster.apply_json(_elastic_job(job, checkpoint_storage), "-n", namespace)
+        pods = suite.wait_for(
+            "3 ranks Running", lambda: suite.running_ranks(cluster, namespace, job, 0, 3), timeout=600
         )
-        suite.TIMINGS.record("elastic_loss_to_training_on_2_s", (_resumed_at(shrink) or lost) - lost)
-        step = int((shrunk.get("progress") or {}).get("step") or 0)
+        rank0_log = suite.LogFollower(cluster, namespace, f"{job}-0-0")
         suite.wait_for(
-            "steps on the group of 2", lambda: _steps_move(cluster, namespace, job, step), timeout=120
+            "a checkpoint", lambda: suite.checkpoint_files(cluster, namespace, job, survivors[0]), timeout=300
         )
-        now = _pod_uids(cluster, namespace, job)
-        assert {k: now.get(k) for k in survivors} == {k: before[k] for k in survivors}, (
-            "the survivors keep their pods"
+        suite.wait_for("a group of 3 in status", lambda: _group_of(cluster, namespace, job, 3), timeout=120)
+        before = _pod_uids(cluster, namespace, job)
+        node = pods[0]["spec"]["nodeName"]
+        cluster.kubectl_run("cordon", node)
+        try:
+            lost = time.time()  # the kind node shares this machine's clock
+            cluster.kubectl_run("delete", "pod", f"{job}-2-0", "-n", namespace, "--wait=false")
+            shrunk = suite.wait_for(
+                "a group of 2", lambda: _group_of(cluster, namespace, job, 2), timeout=300
+            )
+            shrink = suite.wait_for(
+                "the shrink's resume",
+                lambda: _resized_and_resumed(cluster, namespace, job, 3, 2),
+                timeout=120,
+            )
+            suite.TIMINGS.record("elastic_loss_to_training_on_2_s", (_resumed_at(shrink) or lost) - lost)
+            step = int((shrunk.get("progress") or {}).get("step") or 0)
+            suite.wait_for(
+                "steps on the group of 2", lambda: _steps_move(cluster, namespace, job, step), timeout=120
+            )
+            now = _pod_uids(cluster, namespace, job)
+            assert {k: now.get(k) for k in survivors} == {k: before[k] for k in survivors}, (
+                "the survivors keep their pods"
+            )
+            assert shrunk.get("attempt") == 0, "no whole-gang restart"
+            replacement = suite.get_json(cluster, "pod", f"{job}-2-0r1", "-n", namespace)
+            assert replacement["status"].get("phase") == "Pending", "no capacity for it while cordoned"
+        finally:
+            cluster.kubectl_run("uncordon", node)
+        back = time.time()
+        suite.wait_for(
+            "the group grown back to 3", lambda: _group_of(cluster, namespace, job, 3), timeout=300
         )
-        assert shrunk.get("attempt") == 0, "no whole-gang restart"
-        replacement = suite.get_json(cluster, "pod", f"{job}-2-0r1", "-n", namespace)
-        assert replacement["status"].get("phase") == "Pending", "no capacity for it while cordoned"
-    finally:
-        cluster.kubectl_run("uncordon", node)
-    back = time.time()
-    suite.wait_for("the group grown back to 3", lambda: _group_of(cluster, namespace, job, 3), timeout=300)
-    grow = suite.wait_for(
-        "the grow's resume", lambda: _resized_and_resumed(cluster, namespace, job, 2, 3), timeout=120
-    )
-    assert grow.get("cause") == "MemberJoined", grow
-    suite.TIMINGS.record("elastic_capacity_to_training_on_3_s", (_resumed_at(grow) or back) - back)
-    status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
-    after = _pod_uids(cluster, namespace, job)
-    assert {k: after.get(k) for k in survivors} == {k: before[k] for k in survivors}, (
-        "no survivor was recreated"
-    )
-    assert status.get("attempt") == 0 and status.get("restarts") == 1, f"the grow spent no restart: {status}"
-    # The resizes rank 0's launcher made: 2 (the shrink, the grow), and one more when the group first
-    # formed before its last pod came (a legitimate grow at the start on a slow node).
-    made = _launcher_resizes(rank0_log.text(), 3)
-    assert made >= 2 and (status.get("elastic") or {}).get("resizes") == made, (made, status)
-    reasons = [
-        (e["type"], e["reason"])
-        for e in suite.get_json(cluster, "events", "-n", namespace)["items"]
-        if e.get("involvedObject", {}).get("name") == job
-    ]
-    if not (("Warning", "Resized") in reasons and ("Normal", "Resized") in reasons):
-        # Seen once (a CI run of 2026-12-02): the shrink's Warning Resized missing while status counted
-        # both resizes. The operator's own account of the job says which reconcile lost it.
-        said = cluster.kubectl_run(
-            "logs", "-n", "ddp-system", f"deploy/{operator_release}-ddp-operator", "--tail=3000", check=False
-        ).stdout
-        mine = "\n".join(
-            line for line in said.splitlines() if f"{namespace}/{job}" in line or "Event" in line
+        grow = suite.wait_for(
+            "the grow's resume", lambda: _resized_and_resumed(cluster, namespace, job, 2, 3), timeout=120
         )
-        raise AssertionError(f"Resized Events: {reasons}\nstatus: {status}\noperator:\n{mine[-12000:]}")
-    logs = rank0_log.text()
-    final = suite.status_lines(logs, "final")
-    assert final and 0.5 < float(final[-1]["accuracy"]) <= 1.0, logs[-2000:]
+        assert grow.get("cause") == "MemberJoined", grow
+        suite.TIMINGS.record("elastic_capacity_to_training_on_3_s", (_resumed_at(grow) or back) - back)
+        status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
+        assert status.get("attempt") == 0, "no whole-gang restart"
+        after = _pod_uids(cluster, namespace, job)
+        assert {k: after.get(k) for k in survivors} == {k: before[k] for k in survivors}, (
+            "no survivor was recreated"
+        )
+        assert status.get("restarts") == 1, "the grow spent no restart"
+        # The resizes rank 0's launcher made, from its rounds' sizes: 2 (the shrink, the grow), and one
+        # more when the group first formed before its last pod came (a legitimate grow at the start on a
+        # slow node). Its own count says the same, and status shows that count, however late it read.
+        made = _launcher_resizes(rank0_log.text(), 3)
+        counted = [
+            int(line["resizes"])
+            for line in suite.status_lines(rank0_log.text(), "launcher")
+            if line.get("event") == "reformed" and line.get("pod") == "0"
+        ]
+        assert made >= 2 and counted and max(counted) == made, (made, counted)
+        assert (status.get("elastic") or {}).get("resizes") == made
+        reasons = [
+            (e["type"], e["reason"])
+            for e in suite.get_json(cluster, "events", "-n", namespace)["items"]
+            if e.get("involvedObject", {}).get("name") == job
+        ]
+        assert ("Warning", "Resized") in reasons and ("Normal", "Resized") in reasons, reasons
+        logs = rank0_log.text()
+        final = suite.status_lines(logs, "final")
+        assert final and 0.5 < float(final[-1]["accuracy"]) <= 1.0, logs[-2000:]
 
 
 @pytest.fixture(scope="module")

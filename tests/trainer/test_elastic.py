@@ -91,6 +91,7 @@ def test_a_pod_leaves_the_survivors_train_on_and_a_new_pod_grows_the_group_back(
     # A round of 2 and a grow instead of the first round of 3 would shift the counts, not break them.
     restarts_before = gauge(pods[0], "ddp_group_restarts_total")
     grows_before = gauge(pods[0], "ddp_group_grows_total")
+    resizes_before = gauge(pods[0], "ddp_group_resizes_total")
     launchers = [pod.process.pid for pod in survivors]
     pods[0].wait_for_stdout(r"^progress step=20 ")
 
@@ -135,6 +136,8 @@ def test_a_pod_leaves_the_survivors_train_on_and_a_new_pod_grows_the_group_back(
     for rank, text in enumerate(scrapes):
         assert samples(text, "ddp_group_restarts_total") == {str(rank): restarts_before + 2}
         assert samples(text, "ddp_group_grows_total") == {str(rank): grows_before + 1}
+        # The shrink and the grow, counted where the rounds formed (status.elastic.resizes).
+        assert samples(text, "ddp_group_resizes_total") == {str(rank): resizes_before + 2}
         assert samples(text, "ddp_group_members") == {str(rank): 3.0}
         assert samples(text, "ddp_group_nodes") == {str(rank): 3.0}  # the deprecated name, the same
     rank0 = scrapes[0]

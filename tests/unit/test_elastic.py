@@ -3,6 +3,7 @@ how rank 0's reports of resizes are counted and recorded, and what status and Ev
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -154,10 +155,14 @@ def test_the_in_tree_gang_asks_for_the_fewest_pods_the_job_trains_on(job: JobSpe
 # --- counting what rank 0 reports --------------------------------------------------------------------
 
 
-def _report(restarts: int, grows: int, before: int, after: int, cause: str) -> GroupRestartReport:
+def _report(
+    restarts: int, grows: int, before: int, after: int, cause: str, resizes: int | None = None
+) -> GroupRestartReport:
+    """Rank 0's read; ``resizes`` (ddp_group_resizes_total): every round a resize unless said."""
     return GroupRestartReport(
         restarts=restarts,
         grows=grows,
+        resizes=restarts if resizes is None else resizes,
         group_members=after,
         failure_at=at(100).timestamp() if cause != "MemberJoined" else None,
         reformed_at=at(110).timestamp(),
@@ -275,6 +280,40 @@ def test_a_grow_shows_in_status_and_is_no_restart() -> None:
     again = run(elastic_job(2, 3), shown, pods, _report(2, 1, 2, 3, "MemberJoined"))
     assert again.report.status["elastic"]["resizes"] == 2, "the same resize read again is not another"
     assert [n.reason for n in again.report.notices] == []
+
+
+@pytest.mark.parametrize(
+    ("shown", "report", "resizes", "notice"),
+    [
+        # The shrink and the grow both happened between two reads: both counted, the last one told.
+        pytest.param(0, _report(2, 1, 2, 3, "MemberJoined"), 2, ("Normal", "Resized"), id="two-rounds-in-one-read"),
+        # The group first formed with 2 pods and grew to 3, then an in-place restart kept its size: the
+        # count is the launcher's, whatever the last record says.
+        pytest.param(0, _report(2, 1, 3, 3, "ExitCode", resizes=1), 1, ("Warning", "RestartedInPlace"), id="resize-then-same-size"),
+        # The same rounds read again (status accounts for them): unchanged, and no Event.
+        pytest.param(2, _report(2, 1, 2, 3, "MemberJoined"), 2, None, id="read-again"),
+        # A new attempt's group counts from 0: the lower count replaces the old attempt's, no Event.
+        pytest.param(3, _report(0, 0, 3, 3, "ExitCode"), 0, None, id="a-new-attempt-counts-again"),
+        # An older trainer image exports no count: status keeps what it shows.
+        pytest.param(1, replace(_report(2, 1, 2, 3, "MemberJoined"), resizes=None), 1, None, id="not-exported"),
+    ],
+)  # fmt: skip
+def test_resizes_are_the_launchers_count_not_the_reads(
+    shown: int, report: GroupRestartReport, resizes: int, notice: tuple[str, str] | None
+) -> None:
+    status = live_status(restarts=0)
+    status["elastic"] = {"replicas": 3, "minReplicas": 2, "maxReplicas": 3, "resizes": shown}
+    if shown == resizes:
+        status["lastRestart"] = {
+            "cause": report.cause, "mode": "InPlace", "attempt": 0, "groupRestarts": report.restarts,
+            "groupGrows": report.grows, "failureTime": "2025-01-01T12:01:40.000000Z",
+            "replicasBefore": report.members_before, "replicasAfter": report.members_after,
+            "reformedSeconds": "10.00",
+        }  # fmt: skip
+    decision = run(elastic_job(2, 3), status, [pod(0), pod(1), pod(2, replacement=1)], report)
+    assert decision.report.status["elastic"]["resizes"] == resizes
+    notices = [(n.type, n.reason) for n in decision.report.notices]
+    assert notices == ([notice] if notice else [])
 
 
 def test_a_lost_pod_of_an_elastic_job_is_replaced_alone() -> None:

@@ -111,6 +111,38 @@ def test_the_stall_limit_follows_the_jobs_pace_without_configuration(
     assert stall.limit(configured, step_seconds) == expected
 
 
+@pytest.mark.parametrize(
+    ("configured", "step_at", "changes", "allowance", "expected"),
+    [
+        # The newest event is a step: the pace's limit from it, whatever changed before.
+        pytest.param(None, 100, (90,), 0, (30, 100), id="a-step-after-the-change"),
+        # A pod started, or the group re-formed, after the last step: the new round's processes start
+        # and receive the state before it can step, so the unset limit is at least the start floor.
+        pytest.param(None, 100, (105,), 0, (stall.START_FLOOR_SECONDS, 105), id="a-pod-started-since"),
+        pytest.param(None, 100, (90, 108), 0, (stall.START_FLOOR_SECONDS, 108), id="re-formed-since"),
+        # The job set stallTimeoutSeconds: the user's override holds after a change too.
+        pytest.param(45, 100, (105,), 0, (45, 105), id="an-explicit-limit-is-kept"),
+        # An elastic group waiting for a pod: its allowance on top of either.
+        pytest.param(None, 100, (105,), 10, (stall.START_FLOOR_SECONDS + 10, 105), id="allowance-added"),
+        pytest.param(None, 100, (), 10, (40, 100), id="allowance-on-the-pace"),
+        # No step yet: the clock starts at the change, and nothing is watched before a pace is known.
+        pytest.param(None, None, (105,), 0, (None, 105), id="no-pace-not-watched"),
+    ],
+)
+def test_the_stall_clock_allows_a_new_round_its_start(
+    configured: int | None,
+    step_at: float | None,
+    changes: tuple[float, ...],
+    allowance: int,
+    expected: tuple[int | None, float],
+) -> None:
+    pace = 0.2 if step_at is not None else None
+    limit, since = stall.clock(
+        configured, pace, at(step_at) if step_at is not None else None, *map(at, changes), allowance=allowance
+    )
+    assert (limit, since) == (expected[0], at(expected[1]))
+
+
 def test_the_pace_is_the_steps_the_reads_saw_made_and_a_hang_does_not_change_it() -> None:
     tracker = ProgressTracker(pods=2, world_size=2)
     assert tracker.step_seconds is None

@@ -321,10 +321,11 @@ def test_the_group_series_on_every_pod_and_the_resize_on_rank0() -> None:
     ledger = RestartLedger()
     assert 'ddp_group_members{rank="2"} 0.0' in exposition(ledger, rank=2)  # no round yet
     ledger.round_formed(
-        2, 1, 3, build_record(2, [], [], 50.0, steps_before=30, members_before=2, members_after=3)
+        2, 1, 3, build_record(2, [], [], 50.0, steps_before=30, members_before=2, members_after=3), resizes=2
     )
     text = exposition(ledger, rank=0)
     assert 'ddp_group_grows_total{rank="0"} 1.0' in text
+    assert 'ddp_group_resizes_total{rank="0"} 2.0' in text
     assert 'ddp_group_members{rank="0"} 3.0' in text
     assert 'ddp_last_restart_members_before{rank="0"} 2.0' in text
     assert 'ddp_last_restart_members_after{rank="0"} 3.0' in text
@@ -380,6 +381,7 @@ def test_a_scrape_renders_one_state_of_the_ledger() -> None:
     assert values == {
         ("ddp_group_restarts_total", None): 1.0,
         ("ddp_group_grows_total", None): 0.0,
+        ("ddp_group_resizes_total", None): 0.0,
         ("ddp_group_members", None): 2.0,
         ("ddp_group_nodes", None): 2.0,
         ("ddp_last_restart_failure_timestamp_seconds", None): 10.0,

@@ -137,6 +137,7 @@ def check_torch_agent(agent_class: type = LocalElasticAgent, agent: object | Non
 # Keys in each round's store (a PrefixStore of the round, so a key is per round).
 RESTARTS_KEY = "ddp/group_restarts"
 GROWS_KEY = "ddp/group_grows"
+RESIZES_KEY = "ddp/group_resizes"
 # Set by an agent that stops its healthy workers for a grow, before it stops them (see _restart_workers).
 GROWING_KEY = "ddp/growing"
 FAILURES_KEY = "ddp/failures"
@@ -202,6 +203,7 @@ class InPlaceAgent(LocalElasticAgent):
         self._ledger = ledger
         self._rounds = 0  # rank 0: the rounds it has joined
         self._gang_grows = 0  # rank 0: the grows it has counted
+        self._gang_resizes = 0  # rank 0: the rounds it has seen change the group's size
         self._round_store: Store | None = None
         self._steps_before: int | None = None
         # Set when a failed group ends the pod: the code it exits with and why.
@@ -227,14 +229,15 @@ class InPlaceAgent(LocalElasticAgent):
         record = (
             self._publish(store, previous, members_before, members, reformed) if group_rank == 0 else None
         )
-        # Rank 0 sets the grows before the restarts, and a get waits for its key: both are there.
+        # Rank 0 sets the grows and resizes before the restarts, and a get waits for its key: all are there.
         self._restarts = int(store.get(RESTARTS_KEY))
         self._grows = int(store.get(GROWS_KEY))
+        resizes = int(store.get(RESIZES_KEY))
         self._members = members
         self._round_store = store
         # Rank 0's note of its resume says which restart it belongs to.
         write_restarts(self._progress_dir, self._restarts)
-        self._ledger.round_formed(self._restarts, self._grows, members, record)
+        self._ledger.round_formed(self._restarts, self._grows, members, record, resizes=resizes)
         if self._restarts == 0:
             return
         _status(
@@ -242,6 +245,7 @@ class InPlaceAgent(LocalElasticAgent):
             pod=self._pod_rank,
             restarts=self._restarts,
             grows=self._grows,
+            resizes=resizes,
             members=members,
             time=f"{reformed:.6f}",
         )
@@ -262,7 +266,9 @@ class InPlaceAgent(LocalElasticAgent):
                 restarts, failures, stopped, reformed, self._steps_before, members_before, members
             )
             self._gang_grows += record.grow
+            self._gang_resizes += members_before != members
         store.set(GROWS_KEY, str(self._gang_grows))
+        store.set(RESIZES_KEY, str(self._gang_resizes))
         store.set(RESTARTS_KEY, str(restarts))
         return record
 

@@ -474,7 +474,8 @@ def _gauges(name: str, meaning: str, labels: Mapping[str, str], value: float) ->
 class RestartCollector(Collector):
     """The in-place launcher's series (docs/metrics.md, "In-place restarts").
 
-    ``ddp_group_restarts_total``, ``ddp_group_grows_total`` and ``ddp_group_members`` on every pod; the
+    ``ddp_group_restarts_total``, ``ddp_group_grows_total``, ``ddp_group_resizes_total`` and
+    ``ddp_group_members`` on every pod; the
     ``ddp_last_restart_*`` series on rank 0's pod only, absent until a restart. ``rank`` is the pod's
     first global rank in the largest group (NODE_RANK x NPROC_PER_NODE). ``resume`` returns rank 0's
     worker's note of the last resume: its time and the step it resumed from.
@@ -511,6 +512,12 @@ class RestartCollector(Collector):
                 "Of the in-place restarts, the grows: a pod joined a healthy group and the next round was "
                 "larger (an elastic job; not counted against the restart budget; the same on every pod).",
                 state.grows,
+            ),
+            (
+                "ddp_group_resizes_total",
+                "Of the in-place restarts, the resizes: the round formed with another number of pods than "
+                "the one before (an elastic job's shrinks and grows; the same on every pod).",
+                state.resizes,
             ),
         ]
         for name, meaning, count in counters:

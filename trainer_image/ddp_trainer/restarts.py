@@ -250,6 +250,9 @@ class LedgerState:
     restarts: int = 0
     grows: int = 0  # of the restarts, the grows (an elastic job's pod joining a healthy group)
     members: int = 0  # members of the current round (0 before the first one is formed)
+    # Of the restarts, those whose round has another number of members than the round before (an
+    # elastic group's shrinks and grows), as rank 0 counted them: status.elastic.resizes.
+    resizes: int = 0
     record: RestartRecord | None = None  # rank 0's pod: the last restart (None until one)
 
 
@@ -263,7 +266,9 @@ class RestartLedger:
     def __init__(self) -> None:
         self.state = LedgerState()
 
-    def round_formed(self, restarts: int, grows: int, members: int, record: RestartRecord | None) -> None:
+    def round_formed(
+        self, restarts: int, grows: int, members: int, record: RestartRecord | None, *, resizes: int = 0
+    ) -> None:
         """A round is complete: the gang's counts for it and, on rank 0's pod, the record of the
         restart that led to it (None keeps the last record)."""
         state = self.state
@@ -272,5 +277,6 @@ class RestartLedger:
             restarts=restarts,
             grows=grows,
             members=members,
+            resizes=resizes,
             record=state.record if record is None else record,
         )

@@ -342,18 +342,17 @@ class LocalJobRunner:
     def _stalled(self) -> tuple[failure.RankFailure, str] | None:
         """The attempt's stall, once no new step was read for the stall limit (policies.stall.limit)."""
         clock = self.scraper.stall_clock()
-        limit = (
-            None
-            if clock.finished
-            else stall.limit(self.job.run_policy.stall_timeout_seconds, clock.step_seconds)
+        limit, since = stall.clock(
+            self.job.run_policy.stall_timeout_seconds,
+            clock.step_seconds,
+            clock.step_changed_at,
+            clock.group_changed_at,
         )
-        if limit is None:
+        if limit is None or clock.finished:
             return None
         now = datetime.now(UTC)
         step, rank_steps = clock.step, clock.rank_steps
-        left = stall.seconds_left(
-            limit, step, stall.clock_start(clock.step_changed_at, clock.group_changed_at), now
-        )
+        left = stall.seconds_left(limit, step, since, now)
         if left is None or left > 0:
             return None
         nodes = {rank * self.job.nproc_per_node: self.host.node_name for rank in range(self.job.replicas)}

@@ -42,18 +42,18 @@ def group_replicas(report: recovery.GroupRestartReport | None) -> int | None:
     return report.group_members if report is not None else None
 
 
-def resizes(record: Mapping[str, Any] | None, last_restart: object, shown: object) -> int | None:
-    """``status.elastic.resizes`` after a read that brings the restart ``record``: one more than
-    ``shown`` (the old ``status.elastic``) when that restart resized the group; None: unchanged."""
-    if record is None or recovery.resize(record) is None:
-        return None
-    if (
-        isinstance(last_restart, Mapping)
-        and recovery.resize(last_restart) is not None
-        and recovery.same_round(last_restart, record)
-    ):
-        return None  # the same resize, its seconds filled in
-    return int_field(shown.get("resizes") if isinstance(shown, Mapping) else None, 0) + 1
+def resizes(report: recovery.GroupRestartReport | None, shown: object) -> tuple[int | None, bool]:
+    """``status.elastic.resizes`` after a read, and whether the group resized since ``shown`` (the old
+    ``status.elastic``): rank 0's launcher's count of the rounds of this attempt that changed the group's
+    size (``ddp_group_resizes_total``, counted where the rounds form, so a read that comes late or
+    brings several rounds at once still shows every one). None: unchanged, or not reported. A new
+    attempt's group counts from 0 again: a lower count replaces the old attempt's, and is no resize."""
+    if report is None or report.resizes is None:
+        return None, False
+    before = int_field(shown.get("resizes") if isinstance(shown, Mapping) else None, 0)
+    if report.resizes == before:
+        return None, False
+    return report.resizes, report.resizes > before
 
 
 def elastic_status(

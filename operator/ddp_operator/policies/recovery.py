@@ -99,6 +99,8 @@ class GroupRestartReport:
     # ddp_group_grows_total: of those, the rounds that only grew an elastic group (no failure: not
     # counted against backoffLimit).
     grows: int = 0
+    # ddp_group_resizes_total: of those, the rounds that changed the group's size (None: not exported)
+    resizes: int | None = None
     group_members: int | None = None  # ddp_group_members: the group's members (pods) now
     members_before: int | None = None  # the group's members before the last restart
     members_after: int | None = None  # and after it
@@ -410,6 +412,13 @@ def replace_pods(
         exit_code=failure.exit_code,
         group_restarts=known + 1,
     )
+    # The grows known so far stay accounted: a later read must not take them for failures to count.
+    grows = max(
+        int_field(last.get("groupGrows"), 0) if isinstance(last, Mapping) and same_attempt else 0,
+        int_field(read.get("groupGrows"), 0) if read else 0,
+    )
+    if grows:
+        record["groupGrows"] = grows
     after = restarts + 1 if charged else restarts
     return PodReplacement(
         replacements=replacements,

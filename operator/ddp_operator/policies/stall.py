@@ -25,6 +25,12 @@ NAMED_RANKS = 3
 # floor (a process restart, a checkpoint write or a slow scrape is not a hang).
 HANG_STEPS = 10
 HANG_FLOOR_SECONDS = 30
+# Without stallTimeoutSeconds, a clock last set by a change of the group (a pod of the attempt started, the
+# group re-formed) rather than by a step allows at least this: the first step of a new round needs the
+# workers' processes to start (python, torch's import, the process group) and the state to arrive, and on
+# a loaded 2-core node that alone took over 30 s (a grown elastic group and a straggler's replacement on
+# kind were taken for hung ones and recreated).
+START_FLOOR_SECONDS = 120
 
 
 def limit(configured: int | None, step_seconds: float | None) -> int | None:
@@ -35,6 +41,26 @@ def limit(configured: int | None, step_seconds: float | None) -> int | None:
     if step_seconds is None or step_seconds <= 0:
         return None
     return max(HANG_FLOOR_SECONDS, math.ceil(HANG_STEPS * step_seconds))
+
+
+def clock(
+    configured: int | None,
+    step_seconds: float | None,
+    step_changed_at: datetime | None,
+    *changes: datetime | None,
+    allowance: int = 0,
+) -> tuple[int | None, datetime | None]:
+    """The stall limit and when its clock started: from the newest of the last new step
+    (``step_changed_at``) and the group's ``changes``; counted from a change, a limit the job did not
+    set is at least START_FLOOR_SECONDS (a set one is the user's override, as it is). ``allowance``:
+    seconds added to a watched limit (an elastic group waiting for a pod: policies.elastic)."""
+    since = clock_start(step_changed_at, *changes)
+    watched = limit(configured, step_seconds)
+    if watched is None:
+        return None, since
+    if configured is None and since is not None and since != step_changed_at:
+        watched = max(watched, START_FLOOR_SECONDS)
+    return watched + allowance, since
 
 
 def clock_start(*changes: datetime | None) -> datetime | None:

@@ -168,6 +168,7 @@ def _restart_report(
     return GroupRestartReport(
         restarts=int(restarts or 0),
         grows=count(series.GROUP_GROWS) or 0,
+        resizes=count(series.GROUP_RESIZES),
         group_members=count(series.GROUP_MEMBERS),
         members_before=count(series.RESTART_MEMBERS_BEFORE),
         members_after=count(series.RESTART_MEMBERS_AFTER),

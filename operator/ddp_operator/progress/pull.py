@@ -154,8 +154,11 @@ class ProgressScraper:
         tracker = tracked.tracker
         tracker.record(now, {0: rank_zero})
         rank_steps: dict[int, int] = {}
-        stall_limit = None if tracker.finished else stall.limit(target.stall_timeout, tracker.step_seconds)
-        since = stall.clock_start(tracker.step_changed_at, tracker.group_changed_at)
+        stall_limit, since = stall.clock(
+            target.stall_timeout, tracker.step_seconds, tracker.step_changed_at, tracker.group_changed_at
+        )
+        if tracker.finished:
+            stall_limit = None
         suspected = stall.suspected(stall_limit, tracker.step, since, now)
         if (suspected or _members_needed(tracked, tracker)) and target.pod_urls:
             names = list(target.pod_urls)

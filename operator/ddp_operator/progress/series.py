@@ -38,10 +38,11 @@ RESTART_REFORMED: Final = "ddp_last_restart_reformed_timestamp_seconds"
 RESTART_RESUMED: Final = "ddp_last_restart_resumed_timestamp_seconds"
 RESTART_STEPS_REDONE: Final = "ddp_last_restart_steps_redone"
 RESTART_INFO: Final = "ddp_last_restart_info"
-# Elastic jobs (docs/elastic.md): the group's members now, the rounds that grew it (not failures),
-# and the group's members before and after the last restart (a resize when they differ).
+# Elastic jobs (docs/elastic.md): the group's members now, the rounds that grew it (not failures), the
+# rounds that changed its size, and its members before and after the last restart (a resize when they differ).
 GROUP_MEMBERS: Final = "ddp_group_members"
 GROUP_GROWS: Final = "ddp_group_grows_total"
+GROUP_RESIZES: Final = "ddp_group_resizes_total"
 RESTART_MEMBERS_BEFORE: Final = "ddp_last_restart_members_before"
 RESTART_MEMBERS_AFTER: Final = "ddp_last_restart_members_after"
 # The deprecated name of a series (docs/metrics.md, "Deprecated names"): an older trainer image exports
@@ -63,6 +64,7 @@ LAUNCHER: Final = frozenset(
         RESTART_INFO,
         GROUP_MEMBERS,
         GROUP_GROWS,
+        GROUP_RESIZES,
         RESTART_MEMBERS_BEFORE,
         RESTART_MEMBERS_AFTER,
     }

@@ -120,13 +120,41 @@ kill_tree() {
   kill "$1" 2>/dev/null || true
 }
 
+tree_pids() { # pid: it and every descendant
+  local child
+  echo "$1"
+  for child in $(pgrep -P "$1" 2>/dev/null); do tree_pids "$child"; done
+}
+
+# The tiers first: a pytest that gets SIGTERM ends like Ctrl-C and tears its fixtures down
+# (tests/conftest.py), so no control plane, real node or cluster outlives the run; then the rest.
+stop_lanes() {
+  local pid tiers=()
+  for pid in "$@"; do
+    for pid in $(tree_pids "$pid"); do
+      [[ $(cat "/proc/$pid/cmdline" 2>/dev/null | tr '\0' ' ') == *" -m pytest "* ]] && tiers+=("$pid")
+    done
+  done
+  if ((${#tiers[@]})); then
+    kill "${tiers[@]}" 2>/dev/null || true
+    local alive=1
+    for _ in $(seq 300); do
+      alive=0
+      for pid in "${tiers[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+      ((alive)) || break
+      sleep 1
+    done
+  fi
+  for pid in "$@"; do kill_tree "$pid"; done
+}
+
 started_all=$SECONDS
 step - "system packages + virtualenv" $MAKE --no-print-directory venv
 builds &
 builder=$!
 declare -a running=("$builder")
 # The kind suite deletes its cluster when done; a run that stops before leaves none behind either.
-trap 'for pid in "${running[@]}"; do kill_tree "$pid"; done; hack/kind-cluster.sh down "$KIND_CLUSTER" || true' EXIT
+trap 'stop_lanes "${running[@]}"; hack/kind-cluster.sh down "$KIND_CLUSTER" || true' EXIT
 
 step - "lint + format" $MAKE --no-print-directory lint
 step - "mypy --strict" $MAKE --no-print-directory typecheck

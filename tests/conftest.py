@@ -8,11 +8,23 @@ it counts as a failure instead of passing quietly.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Generator
+from types import FrameType
 
 import pytest
 
 STRICT = os.environ.get("DDP_CI_STRICT") == "1"
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+# A run stopped with SIGTERM (hack/test-all.sh stops the other lane when one fails; CI's own timeout)
+# ends like Ctrl-C: pytest then runs every fixture's teardown, so no control plane, real node or kind
+# cluster outlives it and poisons the next run on the machine.
+signal.signal(signal.SIGTERM, _interrupt)
 
 
 @pytest.hookimpl(hookwrapper=True)

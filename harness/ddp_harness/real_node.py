@@ -58,6 +58,10 @@ HOST_COMMANDS = ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptabl
 CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 _POLL_S = 0.2
 _NETNS_DIR = Path("/run/netns")
+# Where the node this machine runs is recorded (its cluster's state dir), beside the record in that dir:
+# a run killed before its teardown (a CI lane stopped, a SIGKILL) leaves its node behind, and the next
+# start finds it here and takes it down, instead of refusing for ever on the bridge it left.
+RUNNING_NODE_POINTER = Path("/run/ddp-harness/real-node")
 
 
 class RealNodeError(ClusterError):
@@ -310,6 +314,7 @@ def start(cluster: LocalCluster, options: RealNodeOptions, progress: Progress = 
         netpol_enforcer.ensure_binary(build=options.build)
     if read_state(cluster.state_dir) is not None:
         raise RealNodeError(f"a real node is already recorded in {layout.state_file}: stop it first")
+    _stop_abandoned(progress)
     if Path(f"/sys/class/net/{network.bridge}").exists():
         raise RealNodeError(
             f"interface {network.bridge} exists: another real node runs (or was not torn down): "
@@ -340,6 +345,9 @@ def start(cluster: LocalCluster, options: RealNodeOptions, progress: Progress = 
 
     def step(message: str) -> None:
         progress(f"real node: {message} ({time.monotonic() - started:.1f} s)")
+
+    RUNNING_NODE_POINTER.parent.mkdir(parents=True, exist_ok=True)
+    RUNNING_NODE_POINTER.write_text(str(cluster.state_dir))
 
     try:
         seconds_to_ready = _start_node(cluster, options, layout, recorder, cni_bin_dir, deadline, step)
@@ -616,6 +624,21 @@ def _revive_containerd(state: NodeState, layout: nm.NodeLayout) -> ComponentStat
     return revived
 
 
+def _stop_abandoned(progress: Progress) -> None:
+    """Take down the node an earlier run recorded and left (none of its components runs any more)."""
+    try:
+        state_dir = Path(RUNNING_NODE_POINTER.read_text().strip())
+    except OSError:
+        return
+    state = read_state(state_dir)
+    if state is not None and any(is_running(c) for c in state.components if c.name != "containerd"):
+        return  # alive: another run's node, which the bridge check below refuses to share
+    if state is not None:
+        progress(f"real node: one left by an interrupted run ({state_dir}); taking it down first")
+        stop(state_dir, progress=progress)
+    RUNNING_NODE_POINTER.unlink(missing_ok=True)
+
+
 def stop(state_dir: Path, *, progress: Progress = lambda _: None) -> bool:
     """Undo what `start` recorded in state_dir; False when no node was recorded. Raises RealNodeError
     (and keeps the record) when something could not be removed. Works without the apiserver: the
@@ -689,6 +712,9 @@ def stop(state_dir: Path, *, progress: Progress = lambda _: None) -> bool:
         raise RealNodeError("real node teardown incomplete:\n  " + "\n  ".join(errors))
     shutil.rmtree(layout.run_dir, ignore_errors=True)
     layout.state_file.unlink()
+    with contextlib.suppress(OSError):
+        if RUNNING_NODE_POINTER.read_text().strip() == str(state_dir):
+            RUNNING_NODE_POINTER.unlink()
     progress("real node: stopped; its sandboxes, mounts, iptables rules, ipsets and bridge removed")
     return True
 

@@ -426,19 +426,26 @@ class _LiveAttempt:
         """Seconds until the slowest rank has been slow for the straggler window; 0: it has."""
         return persistence_left(self.sighting, self.rules.straggler_window_seconds, self.now)
 
-    @cached_property
-    def straggler_pod(self) -> PodObservation | None:
-        """The pod that hosts the straggler's global rank (ranks.pod_of_rank), None without one."""
-        if self.sighting is None or self.progress is None:
+    def pod_of(self, rank: int | None) -> PodObservation | None:
+        """The pod that hosts global rank ``rank`` now (ranks.pod_of_rank), None without one."""
+        if rank is None or self.progress is None:
             return None
         read, elastic_job = self.progress.rank_pods, self.job.elastic is not None
-        return ranks.pod_of_rank(self.sighting.rank, read, self.current, self.job.nproc_per_node, elastic_job)
+        return ranks.pod_of_rank(rank, read, self.current, self.job.nproc_per_node, elastic_job)
+
+    @cached_property
+    def straggler_pod(self) -> PodObservation | None:
+        return self.pod_of(self.sighting.rank if self.sighting is not None else None)
 
     @cached_property
     def straggler_verdict(self) -> straggler.StragglerVerdict:
-        """runPolicy.stragglerPolicy on the straggler (policies.straggler)."""
+        """runPolicy.stragglerPolicy on the straggler and the last health check (policies.straggler)."""
         policy, replaced = self.job.run_policy.straggler, straggler.replaced_so_far(self.old)
-        return straggler.verdict(policy, self.sighting, self.straggler_pod, self.now, replaced)
+        check = self.progress.health if self.progress is not None else None
+        check_pod = self.pod_of(check.slow_rank if check is not None else None)
+        return straggler.verdict(
+            policy, self.sighting, self.straggler_pod, self.now, replaced, check, check_pod
+        )
 
     @cached_property
     def stall_clock(self) -> tuple[int | None, datetime | None]:
@@ -763,19 +770,13 @@ def _straggler(live: _LiveAttempt) -> tuple[Mapping[str, Any] | None, tuple[Phas
 def _rule_straggler(live: _LiveAttempt) -> Decision | None:
     """runPolicy.stragglerPolicy Replace: the straggler's pod, slow for long enough, is replaced alone
     away from its node, without spending backoffLimit (policies.straggler)."""
-    pod, sighting = live.straggler_verdict.replace, live.sighting
-    if pod is None or pod.rank is None or sighting is None:
+    pod, what = live.straggler_verdict.replace, live.straggler_verdict.text
+    if pod is None or pod.rank is None:
         return None
-    what = straggler.replacement_text(live.job.run_policy.straggler, sighting, pod)
     slow = RankFailure(rank=pod.rank, finish_key=live.now.timestamp())
+    deletes = Deletes(pods=(pod.name,))
     return _replace_alone(
-        live,
-        (pod.rank,),
-        slow,
-        REASON_STRAGGLER_REPLACED,
-        what,
-        Deletes(pods=(pod.name,)),
-        slow_node=pod.node,
+        live, (pod.rank,), slow, REASON_STRAGGLER_REPLACED, what, deletes, slow_node=pod.node
     )
 
 

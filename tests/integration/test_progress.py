@@ -62,8 +62,11 @@ def addresses_on_loopback(ips: list[str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def trainers_for(pods: list[dict[str, Any]], logs: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """One real trainer process per rank pod, with that pod's env, serving /metrics at its IP."""
+def trainer_processes(
+    pods: list[dict[str, Any]], logs: Path, program: list[str], extra_env: dict[str, str] | None = None
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """One real trainer process per rank pod (``python <program...>``), with that pod's env and
+    ``extra_env``, serving /metrics at the pod's IP; killed at the end."""
     rendezvous = free_port()
     started: list[subprocess.Popen[bytes]] = []
     try:
@@ -84,13 +87,16 @@ def trainers_for(pods: list[dict[str, Any]], logs: Path) -> Iterator[list[subpro
                 GLOO_SOCKET_IFNAME="lo",
                 OMP_NUM_THREADS="1",
                 PYTHONUNBUFFERED="1",
+                **(extra_env or {}),
             )
-            argv = [sys.executable, str(SCRIPT), "--steps", str(TOTAL_STEPS), "--exchange-every", "5"]
-            argv += ["--step-ms", "20", "--slow-rank", str(SLOW_RANK), "--slow-ms", "40"]
             with open(logs / f"rank{rank}.log", "wb") as log:
                 started.append(
                     subprocess.Popen(
-                        argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                        [sys.executable, *program],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
                     )
                 )
         yield started
@@ -100,6 +106,15 @@ def trainers_for(pods: list[dict[str, Any]], logs: Path) -> Iterator[list[subpro
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=30)
+
+
+def trainers_for(
+    pods: list[dict[str, Any]], logs: Path
+) -> contextlib.AbstractContextManager[list[subprocess.Popen[bytes]]]:
+    """The straggler script per rank pod: rank 2 slowed in its own forward."""
+    argv = [str(SCRIPT), "--steps", str(TOTAL_STEPS), "--exchange-every", "5"]
+    argv += ["--step-ms", "20", "--slow-rank", str(SLOW_RANK), "--slow-ms", "40"]
+    return trainer_processes(pods, logs, argv)
 
 
 def printed_columns(kube: Kube, namespace: str, name: str) -> dict[str, str]:

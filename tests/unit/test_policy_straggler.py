@@ -12,6 +12,7 @@ from ddp_operator import builders
 from ddp_operator.observe import PodObservation
 from ddp_operator.policies import straggler
 from ddp_operator.progress import tracker
+from ddp_operator.progress.exposition import HealthCheck
 from ddp_operator.reconcile import decide
 from ddp_operator.spec import SpecError, StragglerPolicy, parse_job
 
@@ -76,6 +77,57 @@ def test_verdict(
 ) -> None:
     verdict = straggler.verdict(policy, seen, host, at(now), replaced)
     got = (verdict.replace.rank if verdict.replace else None, verdict.held is not None, verdict.left)
+    assert got == expected
+
+
+def check(rank: int = 2, checked_at: float = 50.0) -> HealthCheck:
+    return HealthCheck(slow_rank=rank, checked_at=at(checked_at).timestamp())
+
+
+# (policy, the last health check, its rank's pod, the straggler sighting and its pod, replaced so far)
+#   -> (replaced pod's rank or None, held?, the Event says the health check?)
+CHECK_CASES = [
+    pytest.param(REPLACE, check(), running(2), None, None, 0, (2, False, True), id="a-slow-link-replaced-at-once"),
+    pytest.param(StragglerPolicy(), check(), running(2), None, None, 0, (None, False, False), id="report-never-acts"),
+    # The check ended before this pod of the rank started: it measured the pod it replaced.
+    pytest.param(
+        REPLACE, check(checked_at=50), observe(pod(2, replacement=1, created=60))[0], None, None, 1,
+        (None, False, False), id="a-check-of-the-replaced-pod-is-not-this-one",
+    ),
+    pytest.param(
+        REPLACE, check(checked_at=70), observe(pod(2, replacement=1, created=60))[0], None, None, 1,
+        (2, False, True), id="the-replacement-checked-slow-again",
+    ),
+    pytest.param(REPLACE, check(rank=0), running(0), None, None, 0, (None, True, False), id="rank-0-held"),
+    pytest.param(REPLACE, check(), running(2), None, None, 2, (None, True, False), id="bound-reached-held"),
+    pytest.param(REPLACE, check(), None, None, None, 0, (None, False, False), id="pod-unknown"),
+    # A sustained straggler is acted on first, with its own words.
+    pytest.param(REPLACE, check(), running(2), sighting(), running(1), 0, (1, False, False), id="straggler-first"),
+    # A straggler not yet sustained does not hold back what the check found.
+    pytest.param(
+        REPLACE, check(), running(2), sighting(since=590), running(1), 0, (2, False, True), id="check-while-sighting-young"
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("policy", "found", "host", "seen", "slow_host", "replaced", "expected"), CHECK_CASES
+)
+def test_a_rank_the_health_check_found_slow(
+    policy: StragglerPolicy,
+    found: HealthCheck,
+    host: PodObservation | None,
+    seen: tracker.StragglerSighting | None,
+    slow_host: PodObservation | None,
+    replaced: int,
+    expected: tuple[int | None, bool, bool],
+) -> None:
+    verdict = straggler.verdict(policy, seen, slow_host, at(600), replaced, found, host)
+    got = (
+        verdict.replace.rank if verdict.replace else None,
+        verdict.held is not None,
+        "health check" in verdict.text,
+    )
     assert got == expected
 
 
@@ -192,6 +244,21 @@ def test_past_the_bound_the_straggler_is_reported_with_a_note_and_one_event() ->
     again = decide(replace_job(), held.report.status, pods, at(615), observed=observed(sighting()))
     assert again.report.notices == (), "said once while it lasts"
     assert again.report.status["avoidedNodes"] == ["node-7", "node-8"], "kept"
+
+
+def test_a_rank_the_health_check_found_slow_is_replaced_alone_spending_no_restart() -> None:
+    pods = observe(pod(0), pod(1), pod(2))
+    seen = tracker.ProgressObservation(attempt=0, step=3, step_changed_at=at(599), health=check(rank=2))
+    decision = decide(replace_job(), {**RUNNING_STATUS, "replicas": 3}, pods, at(600), observed=seen)
+    assert decision.delete.pods == ("mnist-2-0",) and decision.create.replacements == ((2, 1),)
+    written = decision.report.status
+    assert written["restarts"] == 0 and written["avoidedNodes"] == ["node-2"]
+    (event,) = decision.report.notices
+    assert event.reason == "StragglerReplaced" and "health check" in event.message, event.message
+    # Read again once the replacement runs, before its own check: the old verdict is not about it.
+    after = observe(pod(0), pod(1), pod(2, replacement=1, created=601))
+    again = decide(replace_job(), written, after, at(620), observed=seen)
+    assert again.delete.pods == () and again.create.replacements == ()
 
 
 def test_rank_0_is_reported_only() -> None:

@@ -11,9 +11,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from ddp_operator.progress import series
 from ddp_operator.progress.exposition import reduce_text
+from ddp_trainer.health import HealthResult
 from ddp_trainer.metrics import (
     DEPRECATED_ALIASES,
     RestartCollector,
+    create_health_metrics,
     create_rank_metrics,
     kept_step_seconds_gauge,
     resumed_timestamp_gauge,
@@ -46,6 +48,9 @@ def rank_zero_registry() -> CollectorRegistry:
         Window(10, compute=0.1, wait=0.3),
     ]
     metrics.straggler.show(list(windows), Straggler(rank=1, slowdown=3.0, phase="compute"))
+    # A health check at the start that found rank 2's links far below the others'.
+    health = HealthResult(3, 1 << 20, 2e8, 0.01, (3e8, 3e8, 1e7), slow_rank=2)
+    create_health_metrics(0, registry).show(health, 0.5, 1.7e9 + 1)
     kept_step_seconds_gauge(0, registry).set(12.5)
     resumed_timestamp_gauge(0, registry).set(1.7e9 + 9)
     # Rank 0's pod's launcher after one in-place restart that shrank an elastic group of 3 to 2 (its

@@ -3,7 +3,8 @@ the operator and `ddpjob run`. Pure: the sighting (progress.tracker), the pod th
 (ranks.pod_of_rank) and the job's record in, a verdict out.
 
 Report (the default) names the rank and does nothing else. Replace replaces the slow rank's pod alone
-once it has slowed every step by ``slowdownPercent`` for ``sustainedSeconds``, placed away from its node
+once it has slowed every step by ``slowdownPercent`` for ``sustainedSeconds``, or at once when the gang
+health check (``DDP_HEALTH_CHECK=on``) found its links far below the group's median, placed away from its node
 (the node joins ``status.avoidedNodes``, which every later pod of the job avoids). A replacement for
 slowness spends no backoffLimit (nothing failed), but at most ``maxReplacements`` are made a job: when
 every node is slow (a shared network, a noisy cluster), replacing pods cannot help, and the bound keeps
@@ -18,6 +19,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from ddp_operator.observe import PodObservation
+from ddp_operator.progress.exposition import HealthCheck
 from ddp_operator.progress.render import describe_slow_rank
 from ddp_operator.progress.tracker import StragglerSighting
 from ddp_operator.spec import STRAGGLER_REPLACE, StragglerPolicy
@@ -33,13 +35,14 @@ MAX_AVOIDED_NODES: Final = 100
 
 @dataclass(frozen=True)
 class StragglerVerdict:
-    """``replace``: the pod to replace alone (None: none now); ``held``: why a due replacement is not
-    made (rank 0's pod, the bound reached), for the job's Event; ``left``: seconds until one could be
-    due (None: none is in sight)."""
+    """``replace``: the pod to replace alone (None: none now), and ``text``: why; ``held``: why a due
+    replacement is not made (rank 0's pod, the bound reached), for the job's Event; ``left``: seconds
+    until one could be due (None: none is in sight)."""
 
     replace: PodObservation | None = None
     held: str | None = None
     left: float | None = None
+    text: str = ""  # why ``replace`` is replaced, for the Event
 
 
 NONE: Final = StragglerVerdict()
@@ -61,9 +64,28 @@ def verdict(
     pod: PodObservation | None,
     now: datetime,
     replaced: int,
+    check: HealthCheck | None = None,
+    check_pod: PodObservation | None = None,
 ) -> StragglerVerdict:
-    """Whether the straggler's pod is due for a replacement now."""
-    if policy.action != STRAGGLER_REPLACE or sighting is None or sighting.slowdown < policy.slowdown:
+    """Whether the straggler's pod (``pod``), or the pod of the rank the last health check found slow
+    (``check_pod``), is due for a replacement now."""
+    if policy.action != STRAGGLER_REPLACE:
+        return NONE
+    slow = _sighting_verdict(policy, sighting, pod, now, replaced)
+    if slow.replace is not None or slow.held is not None or check is None:
+        return slow
+    found = _check_verdict(policy, check, check_pod, replaced)
+    return found if found.replace is not None or found.held is not None else slow
+
+
+def _sighting_verdict(
+    policy: StragglerPolicy,
+    sighting: StragglerSighting | None,
+    pod: PodObservation | None,
+    now: datetime,
+    replaced: int,
+) -> StragglerVerdict:
+    if sighting is None or sighting.slowdown < policy.slowdown:
         return NONE
     # Slow for long enough in this pod: a replacement is judged from its own start, not its
     # predecessor's sighting (rank 0 names the rank, whichever pod hosts it).
@@ -76,9 +98,35 @@ def verdict(
         return StragglerVerdict(left=left)
     if pod is None or pod.rank is None or pod.deleting or pod.phase != "Running":
         return NONE
+    return _bounded(policy, sighting.rank, pod, replaced, replacement_text(policy, sighting, pod))
+
+
+def _check_verdict(
+    policy: StragglerPolicy, check: HealthCheck, pod: PodObservation | None, replaced: int
+) -> StragglerVerdict:
+    """The health check measured the links before the group trained: a rank far below the median is
+    acted on at once. A check that ended before the rank's pod started measured an earlier pod of that
+    rank (the one replaced): the new pod is judged by the check its joining brings."""
+    if pod is None or pod.rank is None or pod.deleting or pod.phase != "Running":
+        return NONE
+    began = pod.started_at or pod.created_at
+    if began is not None and check.checked_at <= began.timestamp():
+        return NONE
+    text = (
+        f"the gang health check found rank {check.slow_rank}'s links far below the group's median "
+        f'({pod.name} on node {pod.node or "unknown"}; docs/trainer.md, "Health check"; runPolicy.'
+        f"stragglerPolicy {policy.action}); its pod is replaced away from that node"
+    )
+    return _bounded(policy, check.slow_rank, pod, replaced, text)
+
+
+def _bounded(
+    policy: StragglerPolicy, rank: int, pod: PodObservation, replaced: int, text: str
+) -> StragglerVerdict:
+    """Replace ``pod``, unless it is rank 0's or the job's bound is reached (then say why not)."""
     if pod.rank == RENDEZVOUS_RANK:
         return StragglerVerdict(
-            held=f"rank {sighting.rank}'s pod {pod.name} hosts the rendezvous and is not replaced alone: "
+            held=f"rank {rank}'s pod {pod.name} hosts the rendezvous and is not replaced alone: "
             "the straggler is reported only"
         )
     if replaced >= policy.max_replacements:
@@ -86,7 +134,7 @@ def verdict(
             held=f"the job has replaced {replaced} straggler pod(s), runPolicy.stragglerPolicy.maxReplacements: "
             "the straggler is reported only (when every node is slow, a new pod does not help)"
         )
-    return StragglerVerdict(replace=pod)
+    return StragglerVerdict(replace=pod, text=text)
 
 
 def with_note(

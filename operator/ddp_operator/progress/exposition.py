@@ -32,6 +32,15 @@ _READ_PREFIXES: Final = tuple(f"{name}{end}" for name in sorted(series.READ) for
 
 
 @dataclass(frozen=True)
+class HealthCheck:
+    """The gang health check's last verdict as rank 0's pod exports it (docs/trainer.md, "Health check"):
+    the rank whose links were far below the group's median, and when the check ended (unix seconds)."""
+
+    slow_rank: int
+    checked_at: float
+
+
+@dataclass(frozen=True)
 class PodScrape:
     """One pod's endpoint (all its local ranks): ranks step together, so ``steps`` is the furthest
     rank's; counters and histogram buckets add up; gauges per rank are averaged (loss, overlap) or
@@ -57,6 +66,8 @@ class PodScrape:
     eval_accuracy: float | None = None
     # The group's restarts and the kept step time (rank 0's pod; None from a trainer without them).
     restart: GroupRestartReport | None = None
+    # The last health check's slow rank (None: no check ran, or it found none).
+    health: HealthCheck | None = None
 
     @property
     def allreduce_p50(self) -> float | None:
@@ -125,7 +136,18 @@ def reduce_samples(samples: Iterable[Sample]) -> PodScrape:
         straggler_phase=phase,
         eval_accuracy=_max(by_rank[series.EVAL_ACCURACY].values()),
         restart=_restart_report(by_rank, info),
+        health=_health(by_rank),
     )
+
+
+def _health(by_rank: Mapping[str, Mapping[str, float]]) -> HealthCheck | None:
+    slow, checked = (
+        _max(by_rank[series.HEALTH_SLOW_RANK].values()),
+        _max(by_rank[series.HEALTH_CHECKED_AT].values()),
+    )
+    if slow is None or slow < 0 or checked is None:
+        return None
+    return HealthCheck(slow_rank=int(slow), checked_at=checked)
 
 
 def _optional_int(value: str | None) -> int | None:

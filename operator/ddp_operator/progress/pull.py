@@ -185,6 +185,7 @@ class ProgressScraper:
             finished=tracker.finished,
             restart=rank_zero.restart,
             rank_pods=dict(tracked.rank_pods),
+            health=rank_zero.health,
         )
         tracked.observation = observation
         if before is None or _shown(before) != _shown(observation):
@@ -226,4 +227,5 @@ def _shown(observation: ProgressObservation) -> tuple[object, ...]:
         sorted(observation.rank_steps.items()),
         sorted(observation.rank_pods.items()),
         restart_shown,
+        observation.health,
     )

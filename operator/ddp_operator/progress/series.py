@@ -52,6 +52,10 @@ DEPRECATED: Final = {
     RESTART_MEMBERS_BEFORE: "ddp_last_restart_nodes_before",
     RESTART_MEMBERS_AFTER: "ddp_last_restart_nodes_after",
 }
+# The gang health check (DDP_HEALTH_CHECK=on, docs/trainer.md): the rank whose links are far below the
+# group's median in the last check (-1: none), and when that check ended (unix seconds, the rank's clock).
+HEALTH_SLOW_RANK: Final = "ddp_health_slow_rank"
+HEALTH_CHECKED_AT: Final = "ddp_health_check_timestamp_seconds"
 # Exported by the in-place launcher, not by a worker's registry.
 LAUNCHER: Final = frozenset(
     {
@@ -88,6 +92,8 @@ READ: Final = frozenset(
         EVAL_ACCURACY,
         KEPT_STEP_SECONDS,
         RESUMED,
+        HEALTH_SLOW_RANK,
+        HEALTH_CHECKED_AT,
     }
     | LAUNCHER
     | frozenset(DEPRECATED.values())

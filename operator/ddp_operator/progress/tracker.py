@@ -22,7 +22,7 @@ from typing import Final, NamedTuple
 
 from ddp_operator.policies.recovery import GroupRestartReport
 from ddp_operator.progress import histogram
-from ddp_operator.progress.exposition import PodScrape
+from ddp_operator.progress.exposition import HealthCheck, PodScrape
 
 # A rank is a straggler when rank 0's exchange names it as the rank the others wait for, and the
 # job's step is at least this many times longer with it than it would be without it (the operator's
@@ -115,6 +115,8 @@ class ProgressObservation:
     # Global rank -> pod name in the current round, as the pods' endpoints last said (ranks.py):
     # which pod a straggler or a stalled rank of an elastic job is.
     rank_pods: Mapping[int, str] = field(default_factory=dict)
+    # Rank 0's last gang health check, when it found a rank far below the group (policies.straggler).
+    health: HealthCheck | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,109 @@
+"""The operator acts on the gang health check: under stragglerPolicy Replace, the pod of the rank whose
+links the check found far below the group's median is replaced alone, at once, away from its node.
+
+As in test_progress.py, kwok's pods never run: each rank pod's IP goes on the loopback device and a real
+trainer (`python -m ddp_trainer`, DDP_HEALTH_CHECK=on) runs per rank with the env the operator gave that
+pod, serving /metrics at the pod's own IP. Rank 2's sends are made late by the trainer's own fault
+injection (``--inject-fault 2:health:slow=...``), so the check names it before the first step; the
+operator reads that from rank 0's endpoint. Nothing is mocked and no order of events is staged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.integration.operator_fixtures import kube
+from tests.integration.operator_harness import (
+    Kube,
+    OperatorProcess,
+    ddpjob,
+    free_port,
+    running_ranks,
+    wait_for,
+)
+from tests.integration.test_progress import addresses_on_loopback, trainer_processes
+
+pytestmark = pytest.mark.integration
+__all__ = ["kube"]  # a fixture, imported for pytest
+
+JOB = "checked"
+REPLICAS = 3
+SLOW_RANK = 2
+# Long enough that the job still trains when the operator reads the check (each step sleeps 50 ms).
+TRAINER_ARGS = ["--max-steps", "3000", "--throttle-ms", "50", "--progress-every", "50"]
+HEALTH_ENV = {"DDP_HEALTH_CHECK": "on", "DDP_HEALTH_CHECK_BYTES": str(64 * 1024)}
+
+
+@pytest.fixture
+def checked(kube: Kube, tmp_path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    if os.geteuid() != 0:
+        pytest.skip("putting the pods' IPs on the loopback device needs root")
+    namespace = kube.create_namespace("op-health")
+    operator = OperatorProcess(
+        kube.kubeconfig, [namespace], tmp_path / "operator.log", extra=["--progress-interval", "2"]
+    ).start()
+    try:
+        job = ddpjob(JOB, REPLICAS, run_policy={"stragglerPolicy": {"action": "Replace"}})
+        job["spec"]["metrics"] = {"port": free_port()}
+        kube.apply(job, namespace)
+        pods = running_ranks(kube, namespace, JOB, REPLICAS, attempt=0)
+        argv = [*TRAINER_ARGS, "--inject-fault", f"{SLOW_RANK}:health:slow=200"]
+        with (
+            addresses_on_loopback([p["status"]["podIP"] for p in pods]),
+            trainer_processes(pods, tmp_path, ["-m", "ddp_trainer", *argv], HEALTH_ENV),
+        ):
+            yield namespace, pods
+    finally:
+        operator.stop()
+        print(f"--- operator log ---\n{operator.log_tail(80)}")
+        kube.delete_namespace(namespace)
+
+
+def test_the_rank_the_health_check_found_slow_is_replaced_alone_at_once(
+    kube: Kube, checked: tuple[str, list[dict[str, Any]]]
+) -> None:
+    namespace, pods = checked
+    slow = pods[SLOW_RANK]
+    (event,) = wait_for(
+        "a StragglerReplaced Event",
+        lambda: [e for e in kube.events_for(namespace, JOB) if e["reason"] == "StragglerReplaced"],
+        timeout=180,
+    )
+    assert "health check" in event["message"] and slow["metadata"]["name"] in event["message"], event
+    status = kube.status(namespace, JOB)
+    assert status.get("restarts", 0) == 0, "a slow rank did not fail: no backoffLimit spent"
+    assert status["stragglerReplacements"] == 1
+    assert status["avoidedNodes"] == [slow["spec"]["nodeName"]]
+    assert (
+        status["lastRestart"]["cause"] == "StragglerReplaced" and status["lastRestart"]["rank"] == SLOW_RANK
+    )
+    replacement = wait_for(
+        "the replacement pod",
+        lambda: next(
+            (
+                p
+                for p in kube.json("get", "pods", "-n", namespace)["items"]
+                if p["metadata"]["name"] == f"{JOB}-{SLOW_RANK}-0r1"
+            ),
+            None,
+        ),
+    )
+    terms = replacement["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert slow["spec"]["nodeName"] in str(terms), terms
+    # Rank 0 still exports the check that named the replaced pod: it ended before the replacement
+    # started, so later reads must not replace the new pod for it. Two more reads of progress:
+    seen = kube.status(namespace, JOB)["progress"]["observedTime"]
+    for _ in range(2):
+        seen = wait_for(
+            "another progress read",
+            lambda last=seen: (
+                (t := kube.status(namespace, JOB).get("progress", {}).get("observedTime")) != last and t
+            ),
+            timeout=60,
+        )
+    after = kube.status(namespace, JOB)
+    assert after["stragglerReplacements"] == 1 and after.get("podReplacements") == 1, after

@@ -25,7 +25,7 @@ from tests.integration.operator_harness import (
     running_ranks,
     wait_for,
 )
-from tests.integration.test_progress import addresses_on_loopback, trainer_processes
+from tests.integration.trainer_stand_ins import addresses_on_loopback, trainer_processes
 
 pytestmark = pytest.mark.integration
 __all__ = ["kube"]  # a fixture, imported for pytest

@@ -19,8 +19,13 @@ from ddp_operator.spec import SpecError, StragglerPolicy, parse_job
 REPLACE = StragglerPolicy(action="Replace")
 
 
-def sighting(rank: int = 1, slowdown: float = 3.0, since: float = 0.0) -> tracker.StragglerSighting:
-    return tracker.StragglerSighting(rank=rank, slowdown=slowdown, since=at(since), phase="compute")
+def sighting(
+    rank: int = 1, slowdown: float = 3.0, since: float = 0.0, group_since: float | None = None
+) -> tracker.StragglerSighting:
+    regrouped = at(group_since) if group_since is not None else None
+    return tracker.StragglerSighting(
+        rank=rank, slowdown=slowdown, since=at(since), phase="compute", group_since=regrouped
+    )
 
 
 def running(rank: int) -> PodObservation:
@@ -51,14 +56,35 @@ VERDICT_CASES = [
         id="bound-raised",
     ),
     pytest.param(REPLACE, sighting(), None, 600, 0, (None, False, None), id="pod-unknown"),
+    # A replacement is judged from the round that took it in, not its predecessor's sighting.
+    pytest.param(
+        REPLACE,
+        sighting(group_since=505),
+        observe(pod(1, replacement=1, created=500))[0],
+        600,
+        1,
+        (None, False, 25.0),
+        id="a-replacement-judged-from-the-round-it-joined",
+    ),
+    # Before the reads see a round with it, rank 0's windows and gauges are its predecessor's: seen on
+    # kind, where a replacement still starting was named 14x slow from the old pod's windows.
     pytest.param(
         REPLACE,
         sighting(),
         observe(pod(1, replacement=1, created=500))[0],
-        600,
+        900,
         1,
-        (None, False, 20.0),
-        id="a-replacement-judged-from-its-own-start",
+        (None, False, 120.0),
+        id="a-replacement-not-yet-in-a-round-is-not-judged",
+    ),
+    pytest.param(
+        REPLACE,
+        sighting(group_since=490),
+        observe(pod(1, replacement=1, created=500))[0],
+        900,
+        1,
+        (None, False, 120.0),
+        id="a-round-before-the-replacement-started-is-not-its",
     ),
     pytest.param(
         REPLACE, sighting(), observe(pod(1, deleting_at=1))[0], 600, 0, (None, False, None), id="pod-going"
@@ -229,6 +255,7 @@ def test_report_and_a_short_sighting_replace_nothing_and_wake_when_due() -> None
 
 
 def test_past_the_bound_the_straggler_is_reported_with_a_note_and_one_event() -> None:
+    # Rank 1's second replacement, in the group since a round that formed with it, slow again.
     pods = observe(pod(0), pod(1, replacement=2), pod(2))
     status = {
         **RUNNING_STATUS,
@@ -236,12 +263,14 @@ def test_past_the_bound_the_straggler_is_reported_with_a_note_and_one_event() ->
         "stragglerReplacements": 2,
         "avoidedNodes": ["node-7", "node-8"],
     }
-    held = decide(replace_job(), status, pods, at(600), observed=observed(sighting()))
+    held = decide(replace_job(), status, pods, at(600), observed=observed(sighting(group_since=10)))
     assert held.delete.pods == () and held.create.replacements == ()
     note = held.report.status["straggler"]["note"]
     assert "maxReplacements" in note
     assert [n.reason for n in held.report.notices] == ["Straggler", "StragglerNotReplaced"]
-    again = decide(replace_job(), held.report.status, pods, at(615), observed=observed(sighting()))
+    again = decide(
+        replace_job(), held.report.status, pods, at(615), observed=observed(sighting(group_since=10))
+    )
     assert again.report.notices == (), "said once while it lasts"
     assert again.report.status["avoidedNodes"] == ["node-7", "node-8"], "kept"
 

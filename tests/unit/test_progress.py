@@ -245,3 +245,12 @@ def test_samples_per_second_counts_the_pods_training_now(
         followed.record(at(seconds), {0: replace(scrape, restart=report)})
     status = render.status_progress(followed.view())
     assert status is not None and status["samplesPerSecond"] == samples_per_second
+
+
+def test_a_re_formed_group_starts_the_sighting_anew() -> None:
+    # Rank 2 named at 10 and 20 s; the group re-forms (a replacement joined) before the read at 30 s:
+    # the new round's windows are its members' own, so the sighting counts from that read.
+    before = tracker.follow_straggler(None, rank_zero(10, 10, 0, straggler=(2, 2.5)), at(10), 1.5)
+    kept = tracker.follow_straggler(before, rank_zero(20, 20, 0, straggler=(2, 2.5)), at(20), 1.5)
+    anew = tracker.follow_straggler(kept, rank_zero(30, 30, 0, straggler=(2, 2.5)), at(30), 1.5, at(25))
+    assert (kept and kept.since, anew and anew.since, anew and anew.group_since) == (at(10), at(30), at(25))

@@ -93,6 +93,15 @@ def _sighting_verdict(
     began = (pod.started_at or pod.created_at) if pod is not None else None
     if began is not None:
         since = max(since, began)
+        if (
+            pod is not None
+            and pod.replacement
+            and (sighting.group_since is None or sighting.group_since < began)
+        ):
+            # A replacement is in the group once a round formed with it; until the reads see that,
+            # rank 0's windows (and the gauges its worker left) are its predecessor's.
+            return StragglerVerdict(left=float(policy.sustained_seconds))
+        since = max(since, sighting.group_since or since)
     left = policy.sustained_seconds - (now - since).total_seconds()
     if left > 0:
         return StragglerVerdict(left=left)

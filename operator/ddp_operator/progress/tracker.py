@@ -56,6 +56,9 @@ class StragglerSighting:
     slowdown: float
     since: datetime
     phase: str | None = None
+    # When the reads last saw the group re-form (None: not since the attempt's first round): a pod that
+    # joined later is in the group only from then on.
+    group_since: datetime | None = None
 
 
 def slow_rank(rank_zero: PodScrape | None, threshold: float) -> SlowRank | None:
@@ -69,15 +72,21 @@ def slow_rank(rank_zero: PodScrape | None, threshold: float) -> SlowRank | None:
 
 
 def follow_straggler(
-    previous: StragglerSighting | None, rank_zero: PodScrape, now: datetime, threshold: float
+    previous: StragglerSighting | None,
+    rank_zero: PodScrape,
+    now: datetime,
+    threshold: float,
+    group_since: datetime | None = None,
 ) -> StragglerSighting | None:
-    """Follow one slow rank across reads (its slowdown and phase as last read); another rank named
+    """Follow one slow rank across reads (its slowdown and phase as last read); another rank named, or
+    a group re-formed since (``group_since``: a new round, whose members' windows start afresh),
     starts anew."""
     slow = slow_rank(rank_zero, threshold)
     if slow is None:
         return None
-    since = previous.since if previous is not None and previous.rank == slow.rank else now
-    return StragglerSighting(slow.rank, slow.slowdown, since, slow.phase)
+    same = previous is not None and previous.rank == slow.rank and previous.group_since == group_since
+    since = previous.since if same and previous is not None else now
+    return StragglerSighting(slow.rank, slow.slowdown, since, slow.phase, group_since)
 
 
 def persistence_left(sighting: StragglerSighting | None, window: float, now: datetime) -> float | None:
@@ -239,7 +248,9 @@ class ProgressTracker:
                 self.group_changed_at = now
             self._group_restarts = report.restarts
         if 0 in answers:
-            self.straggler = follow_straggler(self.straggler, answers[0], now, self.threshold)
+            self.straggler = follow_straggler(
+                self.straggler, answers[0], now, self.threshold, self.group_changed_at
+            )
         self._rounds.append(read)
         while len(self._rounds) > 2 and (now - self._rounds[0].at).total_seconds() > self.rate_window_seconds:
             self._rounds.popleft()

@@ -65,6 +65,7 @@ CONTRACT_ENV: Final = (
     "PET_MAX_RESTARTS",
     "PET_RDZV_CONF",
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+    "DDP_RANK_ORDER_FILE",
     "POD_IP",
 )
 # Defaults the template may override.
@@ -193,6 +194,9 @@ def restart_env(job: JobSpec, rank: int, attempt: int, restart_budget: int) -> l
             ("DDP_REPLACEMENT_WAIT_SECONDS", wait),
         ]
         rdzv_conf += f",last_call_timeout={wait}"
+    if topology.orders_ranks(job):
+        # The launcher waits for the operator's order key of this pod and brings it to every round.
+        values.append(("DDP_RANK_ORDER_FILE", f"{names.PLACEMENT_PATH}/{names.RANK_ORDER_FILE}"))
     return [
         *values,
         ("DDP_RESTART_BUDGET", budget),
@@ -412,6 +416,9 @@ def build_rank_pod(
             {"name": names.CHECKPOINT_VOLUME, "mountPath": job.checkpoint.mount_path}
         )
 
+    if topology.orders_ranks(job) and names.PLACEMENT_VOLUME not in volume_names:
+        _show_rank_order(volumes, trainer)
+
     trainer["env"] = _merge_env(list(trainer.get("env") or []), contract_env(job, rank, attempt, budget))
     _add_port(trainer, names.RENDEZVOUS_PORT_NAME, job.rendezvous_port)
     if job.metrics.enabled:
@@ -422,6 +429,27 @@ def build_rank_pod(
         pod_spec[key] = copy.deepcopy(value)
 
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _show_rank_order(volumes: list[dict[str, Any]], trainer: dict[str, Any]) -> None:
+    """The order key is written once the pod is bound, after the container may have started: a
+    downward API volume shows the annotation as it changes (an env var keeps its value at start)."""
+    volumes.append(
+        {
+            "name": names.PLACEMENT_VOLUME,
+            "downwardAPI": {
+                "items": [
+                    {
+                        "path": names.RANK_ORDER_FILE,
+                        "fieldRef": {"fieldPath": f"metadata.annotations['{names.ANNOTATION_RANK_ORDER}']"},
+                    }
+                ]
+            },
+        }
+    )
+    trainer.setdefault("volumeMounts", []).append(
+        {"name": names.PLACEMENT_VOLUME, "mountPath": names.PLACEMENT_PATH, "readOnly": True}
+    )
 
 
 def _avoid_nodes(pod_spec: dict[str, Any], avoided: Sequence[str]) -> None:

@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -364,8 +364,9 @@ class Controller:
     async def _record_placement(
         self, key: JobKey, job: JobSpec, decision: Decision, pods: Sequence[PodObservation]
     ) -> None:
-        """status.topology once every rank of the attempt is bound (policies.topology): best effort,
-        as it only reports (a node that cannot be read leaves the field as it was)."""
+        """For a job that asks for a topology (policies.topology): the order key of each newly bound pod
+        (its launcher waits for it), and status.topology once every rank of the attempt is bound. A
+        node that cannot be read leaves both for the next reconcile (the pod's own updates bring one)."""
         asked = job.scheduling.topology
         if asked is None or decision.phase not in (names.PHASE_STARTING, names.PHASE_RUNNING):
             return
@@ -374,28 +375,54 @@ class Controller:
             for rank, p in newest_per_rank(pods, decision.report.status.get("attempt")).items()
             if not p.deleting
         }
-        if len(current) < job.min_replicas or any(not p.node for p in current.values()):
-            return
-        domains: dict[int, str] = {}
+        bound: dict[int, topology.Bound] = {}
         for rank, pod in current.items():
-            labels = self._node_labels.get(pod.node)
+            if not pod.node:
+                continue
+            labels = await self._labels_of(key, pod.node)
             if labels is None:
-                try:
-                    labels = await self.api.node_labels(pod.node)
-                except ApiError as error:
-                    logger.debug("job=%s/%s node %s unreadable: %s", *key, pod.node, error)
-                    return
-                if labels is None:
-                    return
-                self._node_labels[pod.node] = labels
-            domains[rank] = labels.get(asked.key, "")
+                continue
+            bound[rank] = topology.Bound(pod.node, labels.get(asked.key, ""), pod.rank_order)
+        if topology.orders_ranks(job):
+            for rank, order in topology.keys_to_write(bound).items():
+                if await self._write_rank_order(key, job, current[rank].name, order):
+                    bound[rank] = replace(bound[rank], key=order)
+        if len(current) < job.min_replicas or len(bound) < len(current):
+            return
         path = topology.job_path(job) or topology.PATH_POD_GROUP
-        shown = topology.status_of(asked.key, path, topology.placement(domains))
+        shown = topology.status_of(asked.key, path, topology.placement(topology.domains_by_group_rank(bound)))
         state = self.jobs.get(key)
         if state is None or (state.body.get("status") or {}).get("topology") == shown:
             return
         stored = await self.api.patch_job_status(job.namespace, job.name, {"topology": shown})
         self._store(key, stored, Freshness.answered)
+
+    async def _labels_of(self, key: JobKey, node: str) -> dict[str, str] | None:
+        """A node's labels, read once per node (a topology label does not move while a node lives); None
+        when the node is gone or cannot be read now."""
+        labels = self._node_labels.get(node)
+        if labels is not None:
+            return labels
+        try:
+            labels = await self.api.node_labels(node)
+        except ApiError as error:
+            logger.debug("job=%s/%s node %s unreadable: %s", *key, node, error)
+            return None
+        if labels is not None:
+            self._node_labels[node] = labels
+        return labels
+
+    async def _write_rank_order(self, key: JobKey, job: JobSpec, pod: str, order: str) -> bool:
+        """Annotate a bound pod with its rendezvous order key; False when it could not be written now."""
+        patch = {"metadata": {"annotations": {names.ANNOTATION_RANK_ORDER: order}}}
+        try:
+            self.pods.remember(await self.api.patch_child(job.namespace, "Pod", pod, patch))
+        except ApiError as error:
+            if error.status != 404:
+                logger.warning("job=%s/%s could not write the rank order of %s: %s", *key, pod, error)
+            return False
+        logger.info("job=%s/%s action=rank-order pod=%s key=%s", *key, pod, order)
+        return True
 
     def _follow_progress(
         self, key: JobKey, job: JobSpec, decision: Decision, pods: Sequence[PodObservation]

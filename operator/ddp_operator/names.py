@@ -41,6 +41,12 @@ CHECKPOINT_VOLUME: Final = "checkpoint"
 METRICS_PORT_NAME: Final = "metrics"
 RENDEZVOUS_PORT_NAME: Final = "rendezvous"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
+# The rank order by topology (docs/scheduling.md, "Rank order"): the operator writes a bound pod's
+# rendezvous order key into this annotation, a downward API volume shows it to the launcher as a file.
+ANNOTATION_RANK_ORDER: Final = "ddp.dev/rank-order"
+PLACEMENT_VOLUME: Final = "ddp-placement"
+PLACEMENT_PATH: Final = "/etc/ddp/placement"
+RANK_ORDER_FILE: Final = "rank-order"
 
 # Kueue's plain-pod groups (docs/scheduling.md). The DDPJob label names the LocalQueue; every rank pod
 # carries it with one group name per job and the group's size. Kueue's webhook adds the admission

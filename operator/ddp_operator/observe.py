@@ -124,6 +124,9 @@ class PodObservation:
     kueue_finalizer: bool = False
     kueue_unretriable: bool = False
     finalizers: tuple[str, ...] = ()
+    # The rendezvous order key the operator wrote on the bound pod (names.ANNOTATION_RANK_ORDER,
+    # policies.topology.order_key); None until then, and on a job whose ranks are not ordered.
+    rank_order: str | None = None
     # When this operator first saw the pod end badly (failed, disrupted, deleted): when a report
     # arrived, not when the failure happened. Set by the pod cache (see ``seen``), None elsewhere.
     failure_seen_at: datetime | None = None
@@ -370,5 +373,6 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         kueue_gated=any(g.get("name") == names.KUEUE_ADMISSION_GATE for g in gates),
         kueue_finalizer=names.KUEUE_POD_FINALIZER in finalizers,
         kueue_unretriable=annotations.get(names.KUEUE_RETRIABLE_IN_GROUP_ANNOTATION) == "false",
+        rank_order=str(annotations.get(names.ANNOTATION_RANK_ORDER) or "") or None,
         finalizers=finalizers,
     )

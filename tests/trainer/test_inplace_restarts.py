@@ -27,6 +27,7 @@ from trainer_gang import (
     wait_all,
 )
 
+from ddp_operator.policies import topology
 from ddp_trainer.exitcodes import EXIT_PEER_LOST
 
 pytestmark = pytest.mark.trainer
@@ -145,6 +146,73 @@ def test_a_killed_worker_restarts_every_pod_in_place_and_resumes_from_the_checkp
     assert samples(rank0, "ddp_kept_step_seconds")["0"] > 0
     # Only rank 0's pod exports the restart's record.
     assert "ddp_last_restart_info" not in scrapes[1]
+
+
+def write_like_the_kubelet(path: Path, text: str) -> None:
+    """The kubelet writes a downward API file beside it and swaps it in: a reader never sees half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.write_text(text)
+    partial.rename(path)
+
+
+def test_the_rendezvous_orders_ranks_by_the_topology_through_a_restart_and_changes_no_parameter(
+    gangs: Gangs, tmp_path: Path
+) -> None:
+    """Pods 0 and 2 on one rack, pod 1 on another: with the operator's order keys (shown late, as a
+    kubelet shows an annotation written after the pod started), consecutive ranks share a rack
+    whatever order the pods started in, the order holds through an in-place restart, and the ranks end
+    with the parameters of an uninterrupted run (each global rank still trains its own shard)."""
+    reference = [] if _REFERENCE else gangs.ranks(3, TRAIN, tag="reference")
+    placement = {
+        0: topology.Bound("node-b0", "rack-b"),
+        1: topology.Bound("node-a1", "rack-a"),
+        2: topology.Bound("node-b2", "rack-b"),
+    }
+    files = {rank: tmp_path / f"pod{rank}" / "placement" / "rank-order" for rank in placement}
+    pods = gangs.pods(
+        3,
+        1,
+        in_place_args(tmp_path / "ckpt", "--metrics-linger", "120"),
+        env=IN_PLACE,
+        start_order=[2, 0, 1],
+        per_pod={rank: {"DDP_RANK_ORDER_FILE": str(path)} for rank, path in files.items()},
+    )
+    for pod in pods:
+        pod.wait_for_stdout(r"^launcher event=waiting .*on=rank-order")
+    keys = topology.keys_to_write(placement)
+    for rank in (1, 2, 0):
+        write_like_the_kubelet(files[rank], keys[rank] + "\n")
+
+    pods[0].wait_for_stdout(r"^progress step=35 ")
+    hosts = {rank: pod for pod in pods for rank in pod.worker_pids()}
+    killed = kill_worker(hosts[1], rank=1)
+    finish(pods)
+    if reference:
+        assert wait_all(reference) == [0, 0, 0], describe(reference)
+        _REFERENCE.append(reference[0].digests()[0])
+    assert_one_restart_in_order(pods, killed)
+
+    # The rendezvous ranked the pods by their keys in every round: rank 0 on pod 0, each rack's pods on
+    # consecutive ranks, the same before and after the restart.
+    per_round: list[dict[int, int]] = []
+    for round_index in range(2):
+        ranks = {}
+        for pod_rank, pod in enumerate(pods):
+            started = [line for line in pod.status_lines("launcher") if line["event"] == "started"]
+            assert len(started) == 2, describe(pods)
+            for item in started[round_index]["workers"].split(","):
+                ranks[int(item.split(":")[0])] = pod_rank
+        per_round.append(ranks)
+    assert per_round[0] == per_round[1], "the order holds through the restart"
+    racks = [placement[per_round[0][rank]].domain for rank in range(3)]
+    runs = sum(1 for rank in range(3) if rank == 0 or racks[rank] != racks[rank - 1])
+    assert per_round[0][0] == 0 and runs == len(set(racks)), (per_round, racks)
+
+    match = pods[0].wait_for_stdout(r"^resumed step=(\d+) epoch=\d+ from=(\w+)")
+    assert int(match.group(1)) >= 35 and match.group(2) in {"memory", "peer"}, describe(pods)
+    digests = {rank: digest for pod in pods for rank, digest in pod.digests().items()}
+    assert digests == dict.fromkeys(range(3), uninterrupted_digest(gangs))
 
 
 def test_a_permanent_exit_code_restarts_nothing_and_the_pod_exits_with_it(

@@ -240,9 +240,11 @@ class Gangs:
         tag: str = "pod",
         env: Mapping[str, str] | None = None,
         start_order: Sequence[int] | None = None,
+        per_pod: Mapping[int, Mapping[str, str]] | None = None,
     ) -> list[TrainerProcess]:
         """One launcher per pod, each starting NPROC_PER_NODE local workers; returned by NODE_RANK,
-        started in ``start_order`` (default: every NODE_RANK in order; a subset leaves pods out)."""
+        started in ``start_order`` (default: every NODE_RANK in order; a subset leaves pods out).
+        ``per_pod``: more variables for some pods, by NODE_RANK."""
         port = free_port()
         pods: dict[int, TrainerProcess] = {}
         for rank in start_order or range(nnodes):
@@ -253,6 +255,7 @@ class Gangs:
                 "NPROC_PER_NODE": str(nproc),
                 "MASTER_PORT": str(port),
                 **(env or {}),
+                **(per_pod or {}).get(rank, {}),
             }
             metrics_port = free_port() if with_metrics else None
             pods[rank] = self.start(f"{tag}{rank}", pod_env, args, metrics_port)

@@ -66,3 +66,29 @@ def test_read_rank_pods(
     before: dict[int, str], answers: dict[str, list[int]], expected: dict[int, str]
 ) -> None:
     assert ranks.read_rank_pods(before, answers) == expected
+
+
+def keyed(rank: int, key: str | None) -> PodObservation:
+    return PodObservation(name=f"j-{rank}-0", rank=rank, attempt=0, phase="Running", rank_order=key)
+
+
+# Pod 1 landed in another rack than pods 0 and 2: the rendezvous ranks pod 2 second.
+ORDERED = [keyed(0, "0/rack-a/n0/000000"), keyed(1, "3/rack-b/n1/000001"), keyed(2, "2/rack-a/n2/000002")]
+
+
+@pytest.mark.parametrize(
+    ("pods", "rank", "expected"),
+    [
+        pytest.param(ORDERED, 1, "j-2-0", id="ordered-by-key"),
+        pytest.param(ORDERED, 2, "j-1-0", id="ordered-other-domain-last"),
+        pytest.param(ORDERED, 0, "j-0-0", id="ordered-pod0-first"),
+        pytest.param([*ORDERED[:2], keyed(2, None)], 1, "j-1-0", id="a-pod-without-key-pod-ranks-stand"),
+    ],
+)
+def test_a_fixed_size_job_ordered_by_topology_follows_the_keys(
+    pods: list[PodObservation], rank: int, expected: str
+) -> None:
+    found = ranks.pod_of_rank(rank, {}, pods, 1, False)
+    assert found is not None and found.name == expected
+    firsts = ranks.first_ranks({}, pods, 1, False)
+    assert firsts[rank].name == expected

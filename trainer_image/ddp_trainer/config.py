@@ -100,6 +100,9 @@ class DistEnv:
     # the first step and when a new member joins (ddp_trainer.health).
     health_check: bool = False
     health_check_bytes: int = health.DEFAULT_BYTES
+    # DDP_RANK_ORDER_FILE: where the operator's rendezvous order key of this pod appears (a job whose
+    # ranks follow the topology, ddp_trainer.rank_order); None: the ranks follow NODE_RANK.
+    rank_order_file: str | None = None
 
     @property
     def elastic(self) -> bool:
@@ -169,6 +172,13 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
     restart_mode, restart_budget = _restarts(env)
     min_members, replacement_wait = _elastic(env, nnodes, restart_mode)
     health_check, health_check_bytes = _health_check(env)
+    rank_order_file = (env.get("DDP_RANK_ORDER_FILE") or "").strip() or None
+    if rank_order_file is not None and restart_mode != "InPlace":
+        raise ConfigError(
+            "DDP_RANK_ORDER_FILE",
+            "orders the ranks of the c10d rendezvous, which only DDP_RESTART_MODE=InPlace uses",
+            "unset DDP_RANK_ORDER_FILE, or set DDP_RESTART_MODE=InPlace",
+        )
     job_name = env.get("DDPJOB_NAME") or None
     run_id = (env.get("DDP_RUN_ID") or "").strip() or f"{job_name or 'ddp-trainer'}-{attempt}"
     return DistEnv(
@@ -195,6 +205,7 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
         replacement_wait=replacement_wait,
         health_check=health_check,
         health_check_bytes=health_check_bytes,
+        rank_order_file=rank_order_file,
     )
 
 

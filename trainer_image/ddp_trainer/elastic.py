@@ -10,7 +10,8 @@ pods are in, each starts its workers again and rank 0 resumes from the newest ch
 What this module adds to torch's agent (:class:`InPlaceAgent`, a small subclass, not a second agent):
 
 - **Ranks**: group rank k is pod k (``ddp_trainer.restarts.node_addr``), or in an elastic job's
-  smaller round, the k-th pod present; checked after every round.
+  smaller round, the k-th pod present, or, where the ranks follow the topology, the pod whose order
+  key (``ddp_trainer.rank_order``) sorts k-th; pod 0 is rank 0 always; checked after every round.
 - **One gang-wide budget**: torch counts restarts per agent. The gang's count is the round number,
   which rank 0's agent publishes in each round's store; a failed agent restarts only while the count
   is below DDP_RESTART_BUDGET, and not at all for a permanent exit code (docs/restarts.md). Then it
@@ -72,6 +73,7 @@ from ddp_trainer.exitcodes import (
     is_retryable,
 )
 from ddp_trainer.progress import launcher_status_line
+from ddp_trainer.rank_order import RankOrderMissingError, wait_for_key
 from ddp_trainer.restarts import (
     Decision,
     Failure,
@@ -194,6 +196,7 @@ class InPlaceAgent(LocalElasticAgent):
         self._pod_rank = env.node_rank
         self._budget = env.restart_budget
         self._elastic = env.elastic
+        self._ordered = env.rank_order_file is not None
         self._pods = env.nnodes  # the job's pods: the largest round
         self._exit_dir = exit_dir
         self._progress_dir = progress_dir
@@ -223,7 +226,7 @@ class InPlaceAgent(LocalElasticAgent):
         store, group_rank = worker_group.store, worker_group.group_rank
         members = worker_group.group_world_size
         assert store is not None and group_rank is not None and members is not None  # set by the rendezvous
-        problem = rank_mismatch(self._pod_rank, group_rank, self._elastic)
+        problem = rank_mismatch(self._pod_rank, group_rank, self._elastic, self._ordered)
         if problem is not None:
             raise PodRankMismatchError(problem)
         record = (
@@ -449,6 +452,7 @@ def quiet_worker_failures() -> None:
 
 def rendezvous_handler(env: DistEnv, config: TrainConfig) -> RendezvousHandler:
     """The c10d rendezvous at MASTER_ADDR:MASTER_PORT; NODE_RANK 0's launcher hosts its store."""
+    started = time.monotonic()
     timeout = timedelta(seconds=config.init_timeout)
     is_host = env.node_rank == 0
     store = TCPStore(
@@ -470,7 +474,9 @@ def rendezvous_handler(env: DistEnv, config: TrainConfig) -> RendezvousHandler:
         run_id=env.run_id,
         min_nodes=env.min_members if env.min_members is not None else env.nnodes,
         max_nodes=env.nnodes,
-        local_addr=node_addr(env.node_rank),
+        local_addr=node_addr(
+            env.node_rank, _order_key(env, config.init_timeout - (time.monotonic() - started))
+        ),
         # A replacement pod may take a while to be scheduled and started: the survivors wait for it
         # as long as a first start may take (an elastic job's below DDP_MIN_MEMBERS too).
         join_timeout=int(config.init_timeout),
@@ -479,6 +485,34 @@ def rendezvous_handler(env: DistEnv, config: TrainConfig) -> RendezvousHandler:
         **elastic,
     )
     return create_handler(store, C10dRendezvousBackend(store, env.run_id), params)
+
+
+def _order_key(env: DistEnv, timeout: float) -> str | None:
+    """This pod's rendezvous order key (a job whose ranks follow the topology), waited for; None for a
+    job whose ranks follow NODE_RANK."""
+    if env.rank_order_file is None:
+        return None
+    key = wait_for_key(
+        Path(env.rank_order_file),
+        max(timeout, 0.0),
+        on_wait=lambda: _status("waiting", pod=env.node_rank, on="rank-order"),
+    )
+    _status("ordered", pod=env.node_rank, key=key)
+    return key
+
+
+def _joined_rendezvous(env: DistEnv, config: TrainConfig) -> RendezvousHandler | None:
+    """The rendezvous handler, the workers' forkserver started; None when this pod's order key never
+    came (said in its log)."""
+    # Rank 0 publishes the workers' store address in every round (see the module's docstring).
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    start_forkserver(config.workload)
+    quiet_worker_failures()
+    try:
+        return rendezvous_handler(env, config)
+    except RankOrderMissingError as missing:
+        log(f"{missing}; exiting {EXIT_PEER_LOST}")
+        return None
 
 
 def run_in_place(
@@ -492,11 +526,9 @@ def run_in_place(
     """Run this pod's agent until the job ends; returns the pod's exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    # Rank 0 publishes the workers' store address in every round (see the module's docstring).
-    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    start_forkserver(config.workload)
-    quiet_worker_failures()
-    handler = rendezvous_handler(env, config)
+    handler = _joined_rendezvous(env, config)
+    if handler is None:
+        return EXIT_PEER_LOST
     spec = WorkerSpec(
         role="trainer",
         local_world_size=env.nproc_per_node,

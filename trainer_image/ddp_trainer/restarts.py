@@ -40,28 +40,43 @@ Decision = Literal["restart", "permanent", "budget-spent", "stuck"]
 HealthyRestart = Literal["grow", "restart", "budget-spent"]
 
 
-def node_addr(pod_rank: int) -> str:
+def node_addr(pod_rank: int, order_key: str | None = None) -> str:
     """The address in this pod's rendezvous node descriptor (torch's word: a pod here).
 
     torch's c10d rendezvous (``DynamicRendezvousHandler``) ranks a round's nodes (our pods) by sorting
     their descriptors, ``(addr, pid, local_id)``, where addr defaults to the host's FQDN: pods named
     ``job-10`` sort before ``job-2``, and equal names are ordered by process id. A fixed-width rank
-    makes the sort follow ``NODE_RANK``. The launcher gives the workers MASTER_ADDR itself, so this
-    address never has to resolve.
+    makes the sort follow ``NODE_RANK``. A job whose ranks follow the topology brings the operator's
+    ``order_key`` instead (``ddp_trainer.rank_order``), which ends with the same fixed-width rank, so the
+    sort follows the topology and the pod rank breaks ties. The launcher gives the workers MASTER_ADDR
+    itself, so this address never has to resolve.
     """
     if not 0 <= pod_rank < 10**NODE_RANK_DIGITS:
         raise ValueError(f"pod rank {pod_rank} out of range")
-    return f"{NODE_ADDR_PREFIX}{pod_rank:0{NODE_RANK_DIGITS}d}"
+    rank = f"{pod_rank:0{NODE_RANK_DIGITS}d}"
+    if order_key is None:
+        return f"{NODE_ADDR_PREFIX}{rank}"
+    if not order_key.endswith(f"/{rank}"):
+        raise ValueError(f"the rank order key {order_key!r} is not the key of NODE_RANK {pod_rank}")
+    return f"{NODE_ADDR_PREFIX}{order_key}"
 
 
-def rank_mismatch(pod_rank: int, group_rank: int, elastic: bool) -> str | None:
+def rank_mismatch(pod_rank: int, group_rank: int, elastic: bool, ordered: bool = False) -> str | None:
     """Why a round's rank for this pod is wrong, or None when it is right.
 
     A fixed-size job's round has every pod, so group rank k must be pod k. An elastic job's smaller
     round ranks the pods present in ``NODE_RANK`` order (:func:`node_addr`), so a pod after a missing
-    one moves down: its group rank is at most its NODE_RANK. Pod 0 is always rank 0: its launcher
-    hosts the rendezvous store and its first worker, global rank 0, holds the checkpoint volume.
+    one moves down: its group rank is at most its NODE_RANK. A job whose ranks follow the topology
+    (``ordered``) ranks them by their order keys, any order but one: pod 0 is always rank 0, as in every
+    job: its launcher hosts the rendezvous store and its first worker, global rank 0, holds the
+    checkpoint volume.
     """
+    if pod_rank == 0 and group_rank != 0:
+        return f"the rendezvous ranked NODE_RANK 0 as group rank {group_rank}: two pods claim NODE_RANK 0"
+    if ordered:
+        if pod_rank != 0 and group_rank == 0:
+            return f"the rendezvous ranked NODE_RANK {pod_rank} as group rank 0: its order key sorts first"
+        return None
     if not elastic:
         if group_rank == pod_rank:
             return None
@@ -69,8 +84,6 @@ def rank_mismatch(pod_rank: int, group_rank: int, elastic: bool) -> str | None:
             f"the rendezvous ranked NODE_RANK {pod_rank} as group rank {group_rank}: two pods claim one "
             "NODE_RANK"
         )
-    if pod_rank == 0 and group_rank != 0:
-        return f"the rendezvous ranked NODE_RANK 0 as group rank {group_rank}: two pods claim NODE_RANK 0"
     if group_rank > pod_rank:
         return (
             f"the rendezvous ranked NODE_RANK {pod_rank} as group rank {group_rank}, after pods it should "

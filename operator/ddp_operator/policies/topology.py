@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from ddp_operator import names
-from ddp_operator.spec import JobSpec, TopologySpec
+from ddp_operator.spec import RESTART_MODE_IN_PLACE, JobSpec, TopologySpec
 
 KUEUE_REQUIRED_ANNOTATION: Final = "kueue.x-k8s.io/podset-required-topology"
 KUEUE_PREFERRED_ANNOTATION: Final = "kueue.x-k8s.io/podset-preferred-topology"
@@ -128,6 +128,82 @@ def affinity_term(job: JobSpec) -> dict[str, Any] | None:
         "weight": AFFINITY_WEIGHT,
         "podAffinityTerm": {"labelSelector": {"matchLabels": selector}, "topologyKey": topology.key},
     }
+
+
+# ---- the rank order -------------------------------------------------------------------------------
+
+# The width of the pod rank in an order key: the launcher's own (ddp_trainer.restarts.NODE_RANK_DIGITS).
+RANK_DIGITS: Final = 6
+# Separates an order key's fields: never in a label value nor a node name, so every key of one domain
+# (and of one node) shares a prefix no key of another has, and a sort keeps each together.
+KEY_SEPARATOR: Final = "/"
+
+
+def orders_ranks(job: JobSpec) -> bool:
+    """Whether the job's rendezvous orders its ranks by topology: a topology is asked for and the
+    launchers re-form on torch's c10d rendezvous (InPlace), whose rounds rank their members by a key
+    each pod brings. Recreate's static rendezvous fixes group rank = pod rank."""
+    return job.scheduling.topology is not None and job.run_policy.restart_mode == RESTART_MODE_IN_PLACE
+
+
+def order_key(rank: int, domain: str, node: str, first_domain: str, first_node: str) -> str:
+    """The rendezvous order key of the pod of ``rank`` on ``node`` in ``domain`` (the topology label's
+    value on its node), given where the pod of rank 0 landed (``first_domain``, ``first_node``).
+
+    A round ranks its members by sorting their keys: rank 0's pod first (its launcher hosts the
+    rendezvous and its first worker holds the checkpoint), then the pods on its node, then the rest of
+    its domain, then every other domain, each domain's pods together and, inside a domain, each
+    node's; pod rank breaks ties. So consecutive ranks share the closest domain they can and the ring
+    (r to r+1) crosses each domain boundary once.
+    """
+    if rank == 0:
+        tier = "0"
+    elif node == first_node:
+        tier = "1"
+    elif domain == first_domain:
+        tier = "2"
+    else:
+        tier = "3"
+    return KEY_SEPARATOR.join((tier, domain, node, f"{rank:0{RANK_DIGITS}d}"))
+
+
+def group_order(keys: Mapping[int, str]) -> dict[int, int]:
+    """Pod rank -> group rank of a round of the pods whose order keys are ``keys`` (pod rank -> key):
+    their positions in the sorted keys, as torch's rendezvous assigns them."""
+    return {rank: position for position, rank in enumerate(sorted(keys, key=lambda r: keys[r]))}
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A bound rank pod as the rank order sees it: its node, the topology label's value there, and the
+    order key already on the pod (None: not written yet)."""
+
+    node: str
+    domain: str
+    key: str | None = None
+
+
+def keys_to_write(bound: Mapping[int, Bound]) -> dict[int, str]:
+    """Pod rank -> the order key to write on each bound pod (pod rank -> ``Bound``) that has none,
+    once rank 0's pod is bound (every key is placed relative to it); a written key is never changed: its
+    launcher may already have brought it to a round."""
+    first = bound.get(0)
+    if first is None:
+        return {}
+    return {
+        rank: order_key(rank, pod.domain, pod.node, first.domain, first.node)
+        for rank, pod in sorted(bound.items())
+        if pod.key is None
+    }
+
+
+def domains_by_group_rank(bound: Mapping[int, Bound]) -> dict[int, str]:
+    """The domain of each member by the rank it trains as: by its place among the order keys once
+    every pod has one, else by pod rank (a job whose ranks are not ordered)."""
+    keys = {rank: pod.key for rank, pod in bound.items() if pod.key is not None}
+    if not keys or len(keys) < len(bound):
+        return {rank: pod.domain for rank, pod in bound.items()}
+    return {place: bound[rank].domain for rank, place in group_order(keys).items()}
 
 
 # ---- the placement read back ---------------------------------------------------------------------

@@ -389,6 +389,8 @@ class Controller:
                     bound[rank] = replace(bound[rank], key=order)
         if len(current) < job.min_replicas or len(bound) < len(current):
             return
+        if topology.orders_ranks(job) and any(pod.key is None for pod in bound.values()):
+            return  # shown by the ranks the rendezvous gives, once every key is written
         path = topology.job_path(job) or topology.PATH_POD_GROUP
         shown = topology.status_of(asked.key, path, topology.placement(topology.domains_by_group_rank(bound)))
         state = self.jobs.get(key)

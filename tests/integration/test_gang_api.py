@@ -21,7 +21,14 @@ from typing import Any
 import pytest
 from tests.integration.kueue_harness import MANAGED_NAMESPACE_LABEL, ensure_built, start_kueue
 from tests.integration.operator_harness import REPO, OperatorProcess, ddpjob, wait_for
-from tests.integration.topology_nodes import RACK_LABEL, Pool, node_pool
+from tests.integration.topology_nodes import (
+    HOST_LABEL,
+    ORDER_ANNOTATION,
+    RACK_LABEL,
+    Pool,
+    node_pool,
+    ranks_by_order,
+)
 
 from ddp_harness import (
     EXIT_CODE_ANNOTATION,
@@ -613,6 +620,21 @@ def test_a_required_rack_places_the_gang_and_its_replacement_in_one_rack_or_not_
                 timeout=90,
             )
             assert _racks(gated_cluster, pool, namespace, "near") == dict.fromkeys(range(3), rack)
+
+            # The replacement got its rendezvous order key (it joins the survivors' next round by it).
+            def keyed() -> list[dict[str, Any]] | None:
+                bound = [
+                    p
+                    for p in _pods(gated_cluster, namespace, names.label_selector("near"))
+                    if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
+                ]
+                annotations = [p["metadata"].get("annotations") or {} for p in bound]
+                return bound if len(bound) == 3 and all(ORDER_ANNOTATION in a for a in annotations) else None
+
+            ranks_by_order(
+                wait_for("every pod's order key", keyed, timeout=30),
+                {n: pool.label_of(n, HOST_LABEL) for n in pool.nodes},
+            )
 
             gated_cluster.apply_json(
                 _topology_job(pool, "wide", 5, {"required": RACK_LABEL}), "-n", namespace

@@ -28,7 +28,15 @@ from tests.integration.kueue_harness import (
 )
 from tests.integration.operator_harness import OperatorProcess, wait_for
 from tests.integration.operator_harness import ddpjob as gpu_ddpjob
-from tests.integration.topology_nodes import BLOCK_LABEL, HOST_LABEL, POOL_LABEL, RACK_LABEL, Pool, node_pool
+from tests.integration.topology_nodes import (
+    BLOCK_LABEL,
+    HOST_LABEL,
+    POOL_LABEL,
+    RACK_LABEL,
+    Pool,
+    node_pool,
+    ranks_by_order,
+)
 
 from ddp_harness import EXIT_CODE_ANNOTATION
 from ddp_operator import builders, names
@@ -794,6 +802,15 @@ def placed(kueue: KueueProcess, namespace: str, job: str, pool: Pool, key: str) 
     return pool.placed(job_pods(kueue, namespace, job), key)
 
 
+def ranks_of(ranges: str) -> list[int]:
+    """status.topology's "0-2,5" -> [0, 1, 2, 5]."""
+    found: list[int] = []
+    for part in ranges.split(","):
+        first, _, last = part.partition("-")
+        found.extend(range(int(first), int(last or first) + 1))
+    return found
+
+
 def runs_of(values: dict[int, str]) -> list[str]:
     """The values in rank order with consecutive repeats folded: [a, a, b] -> [a, b]."""
     ordered = [values[rank] for rank in sorted(values)]
@@ -824,6 +841,8 @@ def test_kueue_places_a_required_rack_whole_with_ranks_in_host_order_and_queues_
         "domains": [{"name": racks[0], "ranks": "0-3"}],
         "ringCrossings": 0,
     }, shown
+    # The rendezvous order (the operator's keys) keeps each host's ranks together too.
+    ranks_by_order(job_pods(kueue, namespace, "near"), {n: pool.label_of(n, HOST_LABEL) for n in pool.nodes})
 
     apply(kueue, topology_job(namespace, local_queue, pool, "wide", 6, {"required": RACK_LABEL}))
     status = wait_for(
@@ -859,6 +878,11 @@ def test_kueue_spreads_a_preferred_rack_only_as_far_as_it_must_in_rank_order(
     )
     assert shown["ringCrossings"] == 2 and shown["path"] == "Kueue", shown
     assert {d["name"] for d in shown["domains"]} == set(racks.values()), shown
+    by_rank = ranks_by_order(
+        job_pods(kueue, namespace, "spread"), {n: pool.label_of(n, RACK_LABEL) for n in pool.nodes}
+    )
+    listed = {rank: d["name"] for d in shown["domains"] for rank in ranks_of(d["ranks"])}
+    assert listed == dict(enumerate(by_rank)), (shown, by_rank)
     finish(kueue, namespace, "spread")
     wait_for("spread Succeeded", lambda: phase_is(kueue, namespace, "spread", "Succeeded"), timeout=90)
 

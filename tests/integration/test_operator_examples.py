@@ -15,6 +15,7 @@ import pytest
 import yaml
 from tests.integration.operator_fixtures import kube, namespace, operator, wait_phase
 from tests.integration.operator_harness import REPO, Kube, OperatorProcess, running_ranks, wait_for
+from tests.integration.topology_nodes import ranks_by_order
 
 pytestmark = pytest.mark.integration
 __all__ = ["kube", "namespace", "operator"]  # fixtures, imported for pytest
@@ -94,9 +95,10 @@ def _check_placement_shown(
     labels = {
         n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in kube.json("get", "nodes")["items"]
     }
-    actual = {
-        int(p["metadata"]["labels"]["ddp.dev/rank"]): labels[p["spec"]["nodeName"]].get(key, "") for p in pods
-    }
+    domain_of_node = {node: node_labels.get(key, "") for node, node_labels in labels.items()}
+    bound = [kube.json("get", "pod", p["metadata"]["name"], "-n", namespace) for p in pods]
+    # The ranks the rendezvous gives (an InPlace job's follow the topology: the pods' order keys).
+    actual = dict(enumerate(ranks_by_order(bound, domain_of_node)))
     listed = {rank: domain["name"] for domain in shown["domains"] for rank in _ranks(domain["ranks"])}
     assert (shown["key"], listed) == (key, actual), shown
 

@@ -100,3 +100,24 @@ def node_pool(
 
 def _as_list(items: list[dict[str, Any]]) -> str:
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+
+
+ORDER_ANNOTATION = "ddp.dev/rank-order"
+
+
+def ranks_by_order(pods: list[dict[str, Any]], domain_of_node: dict[str, str]) -> list[str]:
+    """The domain of each group rank of a job whose ranks follow the topology, from the order key the
+    operator wrote on each bound pod (``ORDER_ANNOTATION``): torch's rendezvous ranks the pods by sorting
+    their keys. Asserts what the order must give: every pod has a key, rank 0's pod ranks first, and each
+    domain's pods hold consecutive ranks."""
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    keys = {
+        p["metadata"]["name"]: (p["metadata"].get("annotations") or {}).get(ORDER_ANNOTATION) for p in live
+    }
+    assert all(keys.values()), f"a bound pod without its order key: {keys}"
+    ordered = sorted(live, key=lambda p: keys[p["metadata"]["name"]])
+    assert ordered[0]["metadata"]["labels"][RANK_LABEL] == "0", keys
+    domains = [domain_of_node[p["spec"]["nodeName"]] for p in ordered]
+    runs = [d for i, d in enumerate(domains) if i == 0 or domains[i - 1] != d]
+    assert len(runs) == len(set(domains)), f"a domain's pods on ranks apart: {domains} (keys {keys})"
+    return domains

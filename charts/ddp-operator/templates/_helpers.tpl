@@ -72,9 +72,9 @@ watches); the same rules go into the ClusterRole (cluster-wide) or each namespac
 - apiGroups: ["ddp.dev"]
   resources: ["ddpjobs/finalizers"]
   verbs: ["update"]
-# Rank pods: created per attempt, deleted for a gang restart, watched by label; get after a 409. patch,
-# for Kueue groups only: drop Kueue's finalizer from an old pod Kueue would still count, and mark a
-# failed group retriable-in-group "false" (docs/scheduling.md).
+# Rank pods: created per attempt, deleted for a gang restart, watched by label; get after a 409. patch:
+# drop Kueue's finalizer from an old pod Kueue would still count, mark a failed Kueue group
+# retriable-in-group "false", write a bound pod's rank order key (docs/scheduling.md).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["create", "delete", "get", "list", "watch", "patch"]

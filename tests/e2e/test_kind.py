@@ -65,6 +65,10 @@ KIND_CLUSTER = os.environ.get("DDP_E2E_KIND_CLUSTER", "ddp-e2e")
 KIND_SERVICE_SUBNET = "10.96.0.0/16"
 
 
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+ORDER_ANNOTATION = "ddp.dev/rank-order"
+
+
 def _progress(message: str) -> None:
     print(f"[kind] {message}", file=sys.stderr, flush=True)
 
@@ -237,6 +241,10 @@ def test_a_process_failure_restarts_the_gang_in_place(
     manifest = suite.digits_job(
         job, "--throttle-ms", "60", "--checkpoint-every", "20", *extra_args, storage_class=checkpoint_storage
     )
+    if how == "exit":
+        # The ranks follow the topology: each launcher waits for the order key the operator writes on
+        # its bound pod, which the kubelet shows through a downward API file after the container started.
+        manifest["spec"]["scheduling"] = {"topology": {"preferred": HOSTNAME_LABEL}}
     cluster.apply_json(manifest, "-n", namespace)
     pods, rank0_log = _started_with_a_checkpoint(cluster, namespace, job)
     before = _pod_uids(cluster, namespace, job)
@@ -248,6 +256,32 @@ def test_a_process_failure_restarts_the_gang_in_place(
     record = _assert_recovered(status, rank0_log.text(), "InPlace", "ExitCode")
     assert (record.get("rank"), record.get("exitCode")) == (1, 137), record
     suite.TIMINGS.record(f"in_place_{how}_resumed_s", float(record["resumedSeconds"]))
+    if how == "exit":
+        _assert_ranks_followed_the_keys(cluster, namespace, job, status, rank0_log.text())
+
+
+def _assert_ranks_followed_the_keys(
+    cluster: suite.ExternalCluster, namespace: str, job: str, status: dict[str, Any], rank0_logs: str
+) -> None:
+    """Every pod got its order key, rank 0's launcher brought its own to the rendezvous (through the
+    kubelet's file), and status.topology shows the one node with no ring link leaving it."""
+    pods = suite.rank_pods(cluster, namespace, job)
+    keys = {
+        p["metadata"]["labels"]["ddp.dev/rank"]: (p["metadata"].get("annotations") or {}).get(
+            ORDER_ANNOTATION
+        )
+        for p in pods
+    }
+    assert all(keys.values()) and len(keys) == 2, keys
+    ordered = [line for line in suite.status_lines(rank0_logs, "launcher") if line.get("event") == "ordered"]
+    assert ordered and ordered[0]["key"] == keys["0"], (ordered, keys)
+    node = pods[0]["spec"]["nodeName"]
+    assert status.get("topology") == {
+        "key": HOSTNAME_LABEL,
+        "path": "Affinity",
+        "domains": [{"name": node, "ranks": "0-1"}],
+        "ringCrossings": 0,
+    }, status.get("topology")
 
 
 def test_a_deleted_rank_pod_is_replaced_alone_and_the_others_keep_theirs(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -294,3 +295,32 @@ def test_machine_defaults_never_override(
 ) -> None:
     spec = plan_process(pod({"image": "x", "env": CLUSTER_ENV + manifest_env}), 0, ADDRESSES, HOST, shell)
     assert spec.env["OMP_NUM_THREADS"] == expected
+
+
+def test_a_topology_manifest_runs_locally_with_ranks_in_pod_order(tmp_path: Path) -> None:
+    """Every local rank shares this machine: `ddpjob run` plans no rank order file (a launcher would
+    wait for a key nobody writes) and the rendezvous ranks the pods by NODE_RANK."""
+    import io
+
+    from ddp_operator.local.console import Console
+    from ddp_operator.local.runner import LocalJobRunner, RunOptions, StopRequest
+    from ddp_operator.spec import parse_job
+
+    job = parse_job(
+        {
+            "apiVersion": "ddp.dev/v1alpha1",
+            "kind": "DDPJob",
+            "metadata": {"name": "demo"},
+            "spec": {
+                "replicas": 2,
+                "scheduling": {"topology": {"preferred": "topology.kubernetes.io/rack"}},
+                "template": {"spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}},
+            },
+        }
+    )
+    runner = LocalJobRunner(
+        job, RunOptions(workdir=tmp_path), Console(io.StringIO(), live=False), StopRequest()
+    )
+    specs = runner.plan(0, tmp_path / "checkpoints")
+    assert [spec.env["DDP_RESTART_MODE"] for spec in specs] == ["InPlace", "InPlace"]
+    assert not any("DDP_RANK_ORDER_FILE" in spec.env for spec in specs)

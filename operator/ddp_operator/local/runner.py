@@ -145,7 +145,9 @@ class StopRequest:
 
 class LocalJobRunner:
     def __init__(self, job: JobSpec, options: RunOptions, console: Console, stop: StopRequest) -> None:
-        self.job = job
+        # Every local rank runs on this machine (run_policy.SCHEDULING warns): no topology to place or
+        # order the ranks by, so the pods are planned without one and the ranks follow NODE_RANK.
+        self.job = replace(job, scheduling=replace(job.scheduling, topology=None))
         self.options = options
         self.console = console
         self.stop = stop

@@ -182,6 +182,28 @@ def _container_pid(namespace: str, pod: str) -> int:
     return int(crictl("inspect", "--output", "go-template", "--template", "{{.info.pid}}", container))
 
 
+def _freeze_pod(namespace: str, pod: str) -> int:
+    """SIGSTOP every process of the pod's trainer container from its node, as a hung GPU, a dead NIC or
+    a stuck collective leaves them: nothing exits, no socket closes, the metrics endpoint stops
+    answering. Every process in the container's PID namespace (its launcher, the forkserver, the
+    workers), found by that namespace rather than by parentage (forked workers are not the launcher's
+    children). Returns how many were stopped."""
+    pid = _container_pid(namespace, pod)
+    script = (
+        f"ns=$(readlink /proc/{pid}/ns/pid); n=0; for p in /proc/[0-9]*; do "
+        'if [ "$(readlink $p/ns/pid 2>/dev/null)" = "$ns" ]; then kill -STOP ${p#/proc/} && n=$((n+1)); fi; '
+        "done; echo $n"
+    )
+    done = subprocess.run(
+        ["docker", "exec", f"{KIND_CLUSTER}-control-plane", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return int(done.stdout.strip())
+
+
 def _pod_uids(cluster: suite.ExternalCluster, namespace: str, job: str) -> dict[str, str]:
     return {p["metadata"]["name"]: p["metadata"]["uid"] for p in suite.rank_pods(cluster, namespace, job)}
 
@@ -329,6 +351,38 @@ def _replaced_alone(
     if how == "kill":
         assert (record.get("rank"), record.get("exitCode")) == (1, 137), record
     suite.TIMINGS.record(f"pod_replaced_{how}_resumed_s", float(record["resumedSeconds"]))
+
+
+def test_a_frozen_pod_is_found_without_a_stall_timeout_and_replaced_alone(
+    cluster: suite.ExternalCluster,
+    checkpoint_storage: str | None,  # noqa: F811 (the suite's fixtures)
+    operator_release: str,  # noqa: F811
+    restricted_namespace: str,  # noqa: F811
+) -> None:
+    """Every process of rank 1's pod stopped from the node, in a job that sets no stallTimeoutSeconds:
+    the operator's own stall limit (max(30 s, 10x the step time)) finds the gang stalled, its silent
+    metrics single the pod out, and it is deleted at once (a stopped process takes no SIGTERM) and
+    replaced alone; rank 0 keeps its pod and the job Succeeds having redone no step."""
+    namespace, job = restricted_namespace, "frozen"
+    manifest = suite.digits_job(
+        job, "--throttle-ms", "60", "--checkpoint-every", "20", storage_class=checkpoint_storage
+    )
+    assert "stallTimeoutSeconds" not in (manifest["spec"].get("runPolicy") or {})
+    cluster.apply_json(manifest, "-n", namespace)
+    _, rank0_log = _started_with_a_checkpoint(cluster, namespace, job)
+    before = _pod_uids(cluster, namespace, job)
+    frozen = time.time()  # the operator and the kind node share this machine's clock
+    assert _freeze_pod(namespace, f"{job}-1-0") >= 2, "the launcher and at least its worker"
+    status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
+    after = _pod_uids(cluster, namespace, job)
+    assert after.get(f"{job}-0-0") == before[f"{job}-0-0"], "rank 0 keeps its pod"
+    assert f"{job}-1-0r1" in after and f"{job}-1-0" not in after, after
+    assert status.get("attempt") == 0 and status.get("podReplacements") == 1, status
+    record = _assert_recovered(status, rank0_log.text(), "PodReplaced", "Stalled")
+    assert record.get("rank") == 1, record
+    found = datetime.fromisoformat(str(record["failureTime"]).replace("Z", "+00:00")).timestamp()
+    suite.TIMINGS.record("frozen_pod_found_s", found - frozen)
+    suite.TIMINGS.record("frozen_pod_resumed_s", float(record["resumedSeconds"]))
 
 
 # ---- elastic jobs (docs/elastic.md): shrink in place when capacity is lost, grow back when it returns ----

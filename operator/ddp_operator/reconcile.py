@@ -80,16 +80,11 @@ from ddp_operator.status import (
     status_changed,
 )
 
-# Reasons that fail a job which must stop consuming resources whatever cleanPodPolicy says.
+# Reasons that end a job whose pods must stop consuming resources whatever cleanPodPolicy says.
 _STOP_REASONS: Final = frozenset(
-    {
-        deadline.REASON_DEADLINE,
-        deadline.REASON_UNSCHEDULABLE,
-        deadline.REASON_IMAGE_PULL,
-        deadline.REASON_STARTUP_TIMEOUT,
-        REASON_POD_CREATE_FORBIDDEN,
-        REASON_INVALID_SPEC,
-    }
+    {deadline.REASON_DEADLINE, deadline.REASON_UNSCHEDULABLE, deadline.REASON_IMAGE_PULL}
+    | {deadline.REASON_STARTUP_TIMEOUT, success.REASON_HUNG_AFTER_TRAINING}
+    | {REASON_POD_CREATE_FORBIDDEN, REASON_INVALID_SPEC}
 )
 # While waiting for the old attempt's pods to go, look again this often even without pod events.
 RESTART_POLL_SECONDS: Final = 5.0
@@ -675,6 +670,7 @@ def _rule_judged(live: _LiveAttempt) -> Decision | None:
         success.succeeded_ranks(live.current),
         elastic_min=live.job.elastic.min_replicas if live.job.elastic is not None else None,
         running_ranks=frozenset(p.rank for p in live.current if p.rank is not None and p.running),
+        finish_grace_left=success.finish_grace_left(live.current, live.now),
     )
     if verdict.outcome == "retry":
         return _restart(live, verdict.reason, verdict.message, verdict.counted, verdict.failure)
@@ -832,6 +828,7 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
             live.startup_left,
             live.decision_window_left,
             live.stall_left,
+            success.finish_grace_left(live.current, live.now),
             live.straggler_left,
             live.straggler_verdict.left,
             # While queued, what Kueue says changes without a pod event: look again now and then.

@@ -381,12 +381,22 @@ WAITING = {"phase": "Pending", "scheduled": False, "unschedulable": "0/4 nodes a
         ),
         pytest.param(
             [
-                pod(0, phase="Succeeded", exit_code=0),
-                pod(1, phase="Succeeded", exit_code=0),
+                # Rank 0 finished 10 s before the decision: well inside success.FINISH_GRACE_SECONDS.
+                pod(0, phase="Succeeded", exit_code=0, finished=290),
+                pod(1, phase="Succeeded", exit_code=0, finished=290),
                 pod(2, replacement=1),
             ],
             "Running",
             id="a-running-member-is-waited-for",
+        ),
+        pytest.param(
+            [
+                pod(0, phase="Succeeded", exit_code=0, finished=100),
+                pod(1, phase="Succeeded", exit_code=0, finished=100),
+                pod(2, replacement=1),
+            ],
+            "Succeeded",
+            id="a-member-still-running-after-the-finish-grace-is-hung",
         ),
         pytest.param(
             [pod(0, phase="Succeeded", exit_code=0), pod(1, **WAITING), pod(2, **WAITING)],

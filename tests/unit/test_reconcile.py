@@ -10,6 +10,7 @@ from tests.unit.kube_factories import at, job_spec, observe, pod, with_run_polic
 from ddp_operator import builders, names
 from ddp_operator.decision import CreateRefusal, Decision
 from ddp_operator.observe import format_time
+from ddp_operator.policies import success
 from ddp_operator.policies.attempt import judge_attempt
 from ddp_operator.policies.failure import RankFailure, exit_code_from_returncode
 from ddp_operator.reconcile import decide, decide_invalid_spec
@@ -188,6 +189,31 @@ def test_success_finishes_the_job_and_flips_conditions() -> None:
     assert running is not None and running["status"] == "False"
     assert decision.delete.pods == ()
     assert decision.report.event is not None and decision.report.event.type == "Normal"
+
+
+@pytest.mark.parametrize("clean_pod_policy", ["Running", "None", "All"])
+def test_a_rank_hung_after_rank_0_finished_ends_in_success_after_the_grace(clean_pod_policy: str) -> None:
+    """Rank 0 exited 0 at t=100 (training is over); rank 1's pod still runs (a wedged exit): the job
+    waits FINISH_GRACE_SECONDS for it, then succeeds without it and deletes its pod whatever
+    cleanPodPolicy says (a hung pod must not hold its node)."""
+    job = job_spec(**with_run_policy(cleanPodPolicy=clean_pod_policy))
+    pods = [pod(0, exit_code=0, finished=100), pod(1)]
+    grace = success.FINISH_GRACE_SECONDS
+    waiting = run(job, live_status(), pods, now=100 + grace - 20)
+    assert waiting.report.status["phase"] == "Running" and waiting.delete.pods == ()
+    assert waiting.requeue_after is not None and waiting.requeue_after <= 20
+    late = run(job, live_status(), pods, now=100 + grace)
+    assert late.report.status["phase"] == "Succeeded"
+    succeeded = condition(late.report.status, "Succeeded")
+    assert succeeded is not None and succeeded["reason"] == success.REASON_HUNG_AFTER_TRAINING
+    assert "rank(s) 1" in succeeded["message"]
+    assert late.delete.pods == (("mnist-0-0",) if clean_pod_policy == "All" else ()) + ("mnist-1-0",)
+
+
+def test_a_failure_after_rank_0_finished_is_still_a_failure() -> None:
+    pods = [pod(0, exit_code=0, finished=100), pod(1, exit_code=1, finished=110)]
+    decision = run(job_spec(), live_status(), pods, now=100 + success.FINISH_GRACE_SECONDS + 5)
+    assert decision.report.status["phase"] != "Succeeded"
 
 
 def test_observed_generation_follows_the_job() -> None:

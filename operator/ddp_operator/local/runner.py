@@ -27,7 +27,7 @@ from ddp_operator.local.console import Console
 from ddp_operator.local.plan import Host, LocalAddresses, PlanError, ProcessSpec, find_trainer, plan_process
 from ddp_operator.local.scrape import Scraper
 from ddp_operator.local.supervisor import Exit, Gang
-from ddp_operator.policies import failure, recovery, stall
+from ddp_operator.policies import failure, recovery, stall, success
 from ddp_operator.policies.attempt import AttemptVerdict, judge_attempt
 from ddp_operator.policies.deadline import REASON_DEADLINE
 from ddp_operator.progress.render import (
@@ -158,6 +158,8 @@ class LocalJobRunner:
         self._gang: Gang | None = None
         # The failure of a stalled attempt and what to say about it (policies.stall), once one stalls.
         self._stall: tuple[failure.RankFailure, str] | None = None
+        # Ranks still running success.FINISH_GRACE_SECONDS after rank 0 exited 0: hung after training.
+        self._hung: frozenset[int] = frozenset()
         # Gang restarts spent: whole attempts, and those the launchers made in place (policies.recovery,
         # counted from rank 0's metrics as the operator counts them), with the last one's record.
         self.restarts = 0
@@ -330,6 +332,10 @@ class LocalJobRunner:
         if stalled is not None:
             # The ranks' exits are the stop's doing, as pods deleted by the operator: the stall decides.
             failures, succeeded = [stalled[0]], []
+        hung = self._hung if ending == "hung" else frozenset()
+        if hung:
+            # The hung ranks' exits are the stop's doing: training was over when it began.
+            failures, succeeded = [], [rank for rank in succeeded if rank not in hung]
         verdict = judge_attempt(
             job.restart_policy,
             job.run_policy.backoff_limit,
@@ -338,6 +344,8 @@ class LocalJobRunner:
             job.replicas,
             failures,
             succeeded,
+            running_ranks=hung,
+            finish_grace_left=0.0 if hung else None,
         )
         return verdict if stalled is None else replace(verdict, message=f"{stalled[1]}; {verdict.message}")
 
@@ -389,6 +397,10 @@ class LocalJobRunner:
                 self.console.note("activeDeadlineSeconds reached: stopping every rank")
                 gang.stop(grace, should_hurry=self._hurry_noting(grace))
                 break
+            if self._hung_after_training(exits, gang):
+                ending = "hung"
+                gang.stop(grace, should_hurry=self._hurry_noting(grace))
+                break
             # A rank that exited 0 passed the final barrier: training is over, nothing can stall.
             self._stall = None if exits else self._stalled()
             if self._stall is not None:
@@ -415,6 +427,17 @@ class LocalJobRunner:
         while (more := gang.next_exit(timeout=0)) is not None:
             exits.setdefault(more.rank, more)
         return exits, ending
+
+    def _hung_after_training(self, exits: Mapping[int, Exit], gang: Gang) -> bool:
+        """Rank 0 exited 0 (training is over) and ranks still run success.FINISH_GRACE_SECONDS later."""
+        first = exits.get(0)
+        if first is None or first.exit_code != 0:
+            return False
+        if time.time() - first.finished_at < success.FINISH_GRACE_SECONDS:
+            return False
+        self._hung = frozenset(range(self.job.replicas)) - {r for r, e in exits.items() if e.exit_code == 0}
+        self.console.note(f"{success.hung_message(self._hung, self.attempt)}: stopping them")
+        return bool(self._hung)
 
     def _hurry_noting(self, grace: float) -> Callable[[], bool]:
         """``should_hurry`` for a stop that a failure or the deadline began: a Ctrl-C meanwhile is noted

@@ -42,6 +42,7 @@ def judge_attempt(
     *,
     elastic_min: int | None = None,
     running_ranks: Collection[int] = (),
+    finish_grace_left: float | None = None,
 ) -> AttemptVerdict:
     """Succeeded, retry the gang as attempt + 1, failed, or still running.
 
@@ -49,7 +50,8 @@ def judge_attempt(
     ranks exited 0 and none of the others still runs: a pod that never started (a replacement still
     waiting for capacity) is not waited for, and one that came too late to join and failed to reach the
     finished group (its host gone) took no part: rank 0's 0 means every member passed the final
-    barrier (docs/elastic.md).
+    barrier (docs/elastic.md). ``finish_grace_left`` (success.finish_grace_left): once it has run out
+    with no failure, the ranks still running are hung after training and the attempt succeeded.
     """
     if elastic_min is not None and success.elastic_group_succeeded(
         elastic_min, succeeded_ranks, running_ranks
@@ -67,6 +69,11 @@ def judge_attempt(
             verdict.message,
             verdict.counted,
             verdict.failure,
+        )
+    if finish_grace_left is not None and finish_grace_left <= 0:
+        hung = frozenset(running_ranks) - frozenset(succeeded_ranks)
+        return AttemptVerdict(
+            "succeeded", success.REASON_HUNG_AFTER_TRAINING, success.hung_message(hung, attempt)
         )
     if frozenset(succeeded_ranks) >= frozenset(range(replicas)):
         return AttemptVerdict(

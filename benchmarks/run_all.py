@@ -22,6 +22,7 @@ BENCHMARKS = (
     "bench_inplace_restart.py",
     "bench_state_snapshot.py",
     "bench_health_check.py",
+    "bench_rendezvous_scale.py",
 )
 
 

@@ -107,3 +107,6 @@ def test_the_rank_the_health_check_found_slow_is_replaced_alone_at_once(
         )
     after = kube.status(namespace, JOB)
     assert after["stragglerReplacements"] == 1 and after.get("podReplacements") == 1, after
+    # The check rank 0's pod last exported is shown with the job's progress.
+    check = after["progress"].get("healthCheck") or {}
+    assert check.get("time") and float(check.get("busBandwidthBytesPerSecond", 0)) > 0, after["progress"]

@@ -254,3 +254,45 @@ def test_a_re_formed_group_starts_the_sighting_anew() -> None:
     kept = tracker.follow_straggler(before, rank_zero(20, 20, 0, straggler=(2, 2.5)), at(20), 1.5)
     anew = tracker.follow_straggler(kept, rank_zero(30, 30, 0, straggler=(2, 2.5)), at(30), 1.5, at(25))
     assert (kept and kept.since, anew and anew.since, anew and anew.group_since) == (at(10), at(30), at(25))
+
+
+HEALTH_SERIES = {
+    "none-ran": ([], None),
+    "all-links-fine": (
+        [
+            'ddp_health_check_timestamp_seconds{rank="0"} 1735732800.5',
+            'ddp_health_busbw_bytes_per_second{rank="0"} 123456789.0',
+            'ddp_health_check_seconds{rank="0"} 0.68',
+            'ddp_health_slow_rank{rank="0"} -1',
+            'ddp_health_slow_link{rank="0"} -1',
+        ],
+        {"time": "2025-01-01T12:00:00Z", "busBandwidthBytesPerSecond": "123456789", "seconds": "0.68"},
+    ),
+    "a-slow-rank-and-link": (
+        [
+            'ddp_health_check_timestamp_seconds{rank="0"} 1735732800.5',
+            'ddp_health_busbw_bytes_per_second{rank="0"} 2.5e6',
+            'ddp_health_slow_rank{rank="0"} 2',
+            'ddp_health_slow_link{rank="0"} 1',
+        ],
+        {
+            "time": "2025-01-01T12:00:00Z",
+            "busBandwidthBytesPerSecond": "2500000",
+            "slowRank": 2,
+            "slowLink": 1,
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HEALTH_SERIES))
+def test_the_last_health_check_is_shown_in_progress(case: str) -> None:
+    """status.progress.healthCheck: rank 0's last gang health check as its pod exports it (a check that
+    found nothing is shown too: its bandwidth is what a user compares jobs by); none without a check."""
+    lines, expected = HEALTH_SERIES[case]
+    base = 'ddp_sync_steps_total{rank="0"} 10\n'
+    health = reduce_text(base + "".join(f"{line}\n" for line in lines)).health
+    followed = tracker.ProgressTracker(2, 2)
+    followed.record(at(0), {0: rank_zero(0, 10, 640)})
+    progress = render.status_progress(followed.view(), health)
+    assert progress is not None and progress.get("healthCheck") == expected

@@ -116,7 +116,7 @@ def _check_verdict(
     """The health check measured the links before the group trained: a rank far below the median is
     acted on at once. A check that ended before the rank's pod started measured an earlier pod of that
     rank (the one replaced): the new pod is judged by the check its joining brings."""
-    if pod is None or pod.rank is None or pod.deleting or pod.phase != "Running":
+    if check.slow_rank is None or pod is None or pod.rank is None or pod.deleting or pod.phase != "Running":
         return NONE
     began = pod.started_at or pod.created_at
     if began is not None and check.checked_at <= began.timestamp():

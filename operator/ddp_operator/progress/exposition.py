@@ -33,11 +33,16 @@ _READ_PREFIXES: Final = tuple(f"{name}{end}" for name in sorted(series.READ) for
 
 @dataclass(frozen=True)
 class HealthCheck:
-    """The gang health check's last verdict as rank 0's pod exports it (docs/trainer.md, "Health check"):
-    the rank whose links were far below the group's median, and when the check ended (unix seconds)."""
+    """The gang health check's last result as rank 0's pod exports it (docs/trainer.md, "Health check"):
+    when the check ended (unix seconds), the rank whose links were far below the group's median (None:
+    none), the slowest link's first rank when far below the median of links (None: none), the
+    all-reduce bus bandwidth (bytes/s) and how long the check took."""
 
-    slow_rank: int
     checked_at: float
+    slow_rank: int | None = None
+    slow_link: int | None = None
+    bus_bandwidth: float | None = None
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -141,13 +146,21 @@ def reduce_samples(samples: Iterable[Sample]) -> PodScrape:
 
 
 def _health(by_rank: Mapping[str, Mapping[str, float]]) -> HealthCheck | None:
-    slow, checked = (
-        _max(by_rank[series.HEALTH_SLOW_RANK].values()),
-        _max(by_rank[series.HEALTH_CHECKED_AT].values()),
-    )
-    if slow is None or slow < 0 or checked is None:
+    """The last check's result; None when no check has run (its series are absent while it is off)."""
+    checked = _max(by_rank[series.HEALTH_CHECKED_AT].values())
+    if checked is None:
         return None
-    return HealthCheck(slow_rank=int(slow), checked_at=checked)
+    slow, link = (
+        _max(by_rank[series.HEALTH_SLOW_RANK].values()),
+        _max(by_rank[series.HEALTH_SLOW_LINK].values()),
+    )
+    return HealthCheck(
+        checked_at=checked,
+        slow_rank=int(slow) if slow is not None and slow >= 0 else None,
+        slow_link=int(link) if link is not None and link >= 0 else None,
+        bus_bandwidth=_max(by_rank[series.HEALTH_BUS_BANDWIDTH].values()),
+        seconds=_max(by_rank[series.HEALTH_SECONDS].values()),
+    )
 
 
 def _optional_int(value: str | None) -> int | None:

@@ -177,7 +177,7 @@ class ProgressScraper:
             attempt=target.attempt,
             step=tracker.step,
             step_changed_at=tracker.step_changed_at or now,
-            status=render.status_progress(tracker.view()),
+            status=render.status_progress(tracker.view(), rank_zero.health),
             straggler=tracker.straggler,
             rank_steps=rank_steps,
             step_seconds=tracker.step_seconds,

@@ -6,9 +6,10 @@ from __future__ import annotations
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from ddp_operator.observe import PodObservation, format_time
-from ddp_operator.progress.exposition import PodScrape
+from ddp_operator.progress.exposition import HealthCheck, PodScrape
 from ddp_operator.progress.tracker import ProgressView, StragglerSighting, persistence_left, slow_rank
 
 
@@ -17,9 +18,9 @@ def _decimal(value: float) -> str:
     return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
 
 
-def status_progress(view: ProgressView) -> dict[str, object] | None:
-    """``status.progress``; None before the first synchronized step (a job that has not trained
-    has no progress to show)."""
+def status_progress(view: ProgressView, health: HealthCheck | None = None) -> dict[str, object] | None:
+    """``status.progress``, with rank 0's last gang health check (``health``) when one ran; None before
+    the first synchronized step (a job that has not trained has no progress to show)."""
     if view.step is None or view.step <= 0 or view.observed_at is None:
         return None
     progress: dict[str, object] = {"step": view.step, "observedTime": format_time(view.observed_at)}
@@ -37,7 +38,24 @@ def status_progress(view: ProgressView) -> dict[str, object] | None:
         progress["percentComplete"] = view.percent_complete
     if view.seconds_remaining is not None:
         progress["estimatedSecondsRemaining"] = view.seconds_remaining
+    if health is not None:
+        progress["healthCheck"] = health_status(health)
     return progress
+
+
+def health_status(health: HealthCheck) -> dict[str, object]:
+    """``status.progress.healthCheck``: when the last gang health check ended, what it measured and the
+    rank (or link) it found far below the group's median, if any."""
+    shown: dict[str, object] = {"time": format_time(datetime.fromtimestamp(health.checked_at, UTC))}
+    if health.bus_bandwidth is not None:
+        shown["busBandwidthBytesPerSecond"] = _decimal(health.bus_bandwidth)
+    if health.seconds is not None:
+        shown["seconds"] = _decimal(health.seconds)
+    if health.slow_rank is not None:
+        shown["slowRank"] = health.slow_rank
+    if health.slow_link is not None:
+        shown["slowLink"] = health.slow_link
+    return shown
 
 
 def straggler_status(sighting: StragglerSighting, pod: str, node: str) -> dict[str, object]:

@@ -56,6 +56,11 @@ DEPRECATED: Final = {
 # group's median in the last check (-1: none), and when that check ended (unix seconds, the rank's clock).
 HEALTH_SLOW_RANK: Final = "ddp_health_slow_rank"
 HEALTH_CHECKED_AT: Final = "ddp_health_check_timestamp_seconds"
+# ... and what it measured: the all-reduce bus bandwidth, the slowest link when far below the median of
+# links (its first rank, -1: none), and the seconds the check took (shown in status.progress.healthCheck).
+HEALTH_BUS_BANDWIDTH: Final = "ddp_health_busbw_bytes_per_second"
+HEALTH_SLOW_LINK: Final = "ddp_health_slow_link"
+HEALTH_SECONDS: Final = "ddp_health_check_seconds"
 # Exported by the in-place launcher, not by a worker's registry.
 LAUNCHER: Final = frozenset(
     {
@@ -94,6 +99,9 @@ READ: Final = frozenset(
         RESUMED,
         HEALTH_SLOW_RANK,
         HEALTH_CHECKED_AT,
+        HEALTH_BUS_BANDWIDTH,
+        HEALTH_SLOW_LINK,
+        HEALTH_SECONDS,
     }
     | LAUNCHER
     | frozenset(DEPRECATED.values())

@@ -11,7 +11,7 @@ from tests.unit.kube_factories import RUNNING_STATUS, at, job_spec, observe, pod
 
 from ddp_operator.policies import recovery, stall
 from ddp_operator.policies.recovery import GroupRestartReport
-from ddp_operator.progress.exposition import PodScrape
+from ddp_operator.progress.exposition import PodScrape, reduce_text
 from ddp_operator.progress.tracker import ProgressObservation, ProgressTracker
 from ddp_operator.reconcile import decide
 
@@ -153,6 +153,27 @@ def test_the_pace_is_the_steps_the_reads_saw_made_and_a_hang_does_not_change_it(
     assert tracker.step_seconds == pytest.approx(1.0)
     tracker.reset()
     assert tracker.step_seconds is None
+
+
+def test_a_group_that_hangs_before_two_reads_saw_steps_is_watched_by_rank_0s_own_step_times() -> None:
+    """The first read already shows step 36, and the group hangs before the next: the reads saw no step
+    made, so the pace is rank 0's pod's own timing of its steps (ddp_step_duration_seconds), and the
+    hang is found at the floor instead of never."""
+    series = (
+        'ddp_sync_steps_total{rank="0"} 36\n'
+        'ddp_step_duration_seconds_sum{rank="0"} 7.2\n'
+        'ddp_step_duration_seconds_count{rank="0"} 36\n'
+    )
+    tracker = ProgressTracker(pods=2, world_size=2)
+    tracker.record(at(30), {0: reduce_text(series)})
+    assert tracker.step_seconds == pytest.approx(0.2)
+    tracker.record(at(45), {0: reduce_text(series)})
+    limit, since = stall.clock(None, tracker.step_seconds, tracker.step_changed_at)
+    assert (limit, since) == (stall.HANG_FLOOR_SECONDS, at(30))
+    # Without the histogram (a trainer that does not time its steps) the pace stays unknown.
+    bare = ProgressTracker(pods=2, world_size=2)
+    bare.record(at(30), {0: reduce_text('ddp_sync_steps_total{rank="0"} 36\n')})
+    assert bare.step_seconds is None
 
 
 @pytest.mark.parametrize(

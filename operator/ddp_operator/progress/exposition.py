@@ -64,6 +64,8 @@ class PodScrape:
     service_seconds: float | None = None
     allreduce_buckets: histogram.Buckets = field(default_factory=dict)
     last_sync: float | None = None
+    # The mean seconds of a step as the slowest local rank timed its own (ddp_step_duration_seconds).
+    step_seconds: float | None = None
     straggler_rank: int | None = None
     straggler_slowdown: float | None = None
     # The phase it lost its time in: data, compute or communication.
@@ -96,6 +98,11 @@ def _mean(values: Iterable[float]) -> float | None:
 def _sum(values: Iterable[float]) -> float | None:
     listed = list(values)
     return sum(listed) if listed else None
+
+
+def _mean_step(sums: Mapping[str, float], counts: Mapping[str, float]) -> float | None:
+    """The slowest local rank's mean step time from its step-duration histogram."""
+    return _max(sums[r] / counts[r] for r in sums if counts.get(r, 0) > 0)
 
 
 def read_lines(text: str) -> list[str]:
@@ -136,6 +143,7 @@ def reduce_samples(samples: Iterable[Sample]) -> PodScrape:
         service_seconds=_sum(by_rank[series.ALLREDUCE_SERVICE_SECONDS].values()),
         allreduce_buckets=buckets,
         last_sync=_max(by_rank[series.LAST_SYNC].values()),
+        step_seconds=_mean_step(by_rank[series.STEP_DURATION_SUM], by_rank[series.STEP_DURATION_COUNT]),
         straggler_rank=int(straggler) if straggler is not None and straggler >= 0 else None,
         straggler_slowdown=_max(by_rank[series.STRAGGLER_SLOWDOWN].values()),
         straggler_phase=phase,

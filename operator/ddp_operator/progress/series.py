@@ -19,6 +19,10 @@ ALLREDUCE_BYTES: Final = "ddp_allreduce_bytes_total"
 ALLREDUCE_SERVICE_SECONDS: Final = "ddp_allreduce_service_seconds_total"
 ALLREDUCE_DURATION_BUCKET: Final = "ddp_allreduce_duration_seconds_bucket"
 LAST_SYNC: Final = "ddp_last_sync_timestamp_seconds"
+# The steps' own durations as the rank timed them (a histogram's sum and count): the pace before two
+# reads have seen steps made (ProgressTracker.step_seconds).
+STEP_DURATION_SUM: Final = "ddp_step_duration_seconds_sum"
+STEP_DURATION_COUNT: Final = "ddp_step_duration_seconds_count"
 # Rank 0 only: the rank the others wait for, the job's step time with it over without it, and the
 # phase it lost its time in (1 on that phase's sample, label ``phase``).
 STRAGGLER_RANK: Final = "ddp_straggler_rank"
@@ -81,6 +85,8 @@ LAUNCHER: Final = frozenset(
 
 READ: Final = frozenset(
     {
+        STEP_DURATION_SUM,
+        STEP_DURATION_COUNT,
         STEPS,
         SAMPLES,
         TARGET_STEPS,

@@ -222,9 +222,12 @@ class ProgressTracker:
     @property
     def step_seconds(self) -> float | None:
         """Seconds per step over the steps this attempt's reads saw made (from the first read that
-        showed a step to the read that showed the newest one): a hang does not change it."""
+        showed a step to the read that showed the newest one); until two reads have seen steps made,
+        rank 0's pod's own timing of its steps (a group that hangs within its first read intervals
+        is watched too). A hang changes neither."""
         if self._first_step is None or self.step_changed_at is None or self.step <= self._first_step[0]:
-            return None
+            own = self.latest[0].step_seconds if 0 in self.latest and self.step > 0 else None
+            return own if own is not None and own > 0 else None
         first_step, first_at = self._first_step
         return (self.step_changed_at - first_at).total_seconds() / (self.step - first_step)
 

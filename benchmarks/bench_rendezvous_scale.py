@@ -223,7 +223,12 @@ def main() -> int:
             round_trips_per_reform=statistics.median(r.round_trips_per_reform for r in runs),
         )
         rows.append((members, median))
-        print(f"members={members} runs={[round(r.reform, 2) for r in runs]}", flush=True)
+        print(
+            f"members={members} form={[round(r.form, 2) for r in runs]} reform={[round(r.reform, 2) for r in runs]} "
+            f"idle_state_ops_per_s={[round(r.polls_per_second) for r in runs]} "
+            f"round_trips_per_reform={[round(r.round_trips_per_reform) for r in runs]}",
+            flush=True,
+        )
     base = rows[0][1]
     print()
     print(

@@ -36,6 +36,7 @@ from tests.integration.topology_nodes import (
     Pool,
     node_pool,
     ranks_by_order,
+    ranks_of,
 )
 
 from ddp_harness import EXIT_CODE_ANNOTATION
@@ -800,15 +801,6 @@ def topology_job(
 
 def placed(kueue: KueueProcess, namespace: str, job: str, pool: Pool, key: str) -> dict[int, str]:
     return pool.placed(job_pods(kueue, namespace, job), key)
-
-
-def ranks_of(ranges: str) -> list[int]:
-    """status.topology's "0-2,5" -> [0, 1, 2, 5]."""
-    found: list[int] = []
-    for part in ranges.split(","):
-        first, _, last = part.partition("-")
-        found.extend(range(int(first), int(last or first) + 1))
-    return found
 
 
 def runs_of(values: dict[int, str]) -> list[str]:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from tests.integration.operator_fixtures import kube, namespace, operator, wait_phase
 from tests.integration.operator_harness import REPO, Kube, OperatorProcess, running_ranks, wait_for
-from tests.integration.topology_nodes import ranks_by_order
+from tests.integration.topology_nodes import ranks_by_order, ranks_of
 
 pytestmark = pytest.mark.integration
 __all__ = ["kube", "namespace", "operator"]  # fixtures, imported for pytest
@@ -77,15 +77,6 @@ def test_example_gets_its_service_and_running_rank_pods(
             kube.run("delete", "pv", volume, "--wait=false", check=False)
 
 
-def _ranks(ranges: str) -> list[int]:
-    """ "0-2,5" -> [0, 1, 2, 5]."""
-    ranks: list[int] = []
-    for part in ranges.split(","):
-        first, _, last = part.partition("-")
-        ranks.extend(range(int(first), int(last or first) + 1))
-    return ranks
-
-
 def _check_placement_shown(
     kube: Kube, namespace: str, name: str, asked: dict[str, str], pods: list[dict[str, Any]]
 ) -> None:
@@ -99,7 +90,7 @@ def _check_placement_shown(
     bound = [kube.json("get", "pod", p["metadata"]["name"], "-n", namespace) for p in pods]
     # The ranks the rendezvous gives (an InPlace job's follow the topology: the pods' order keys).
     actual = dict(enumerate(ranks_by_order(bound, domain_of_node)))
-    listed = {rank: domain["name"] for domain in shown["domains"] for rank in _ranks(domain["ranks"])}
+    listed = {rank: domain["name"] for domain in shown["domains"] for rank in ranks_of(domain["ranks"])}
     assert (shown["key"], listed) == (key, actual), shown
 
 

@@ -121,3 +121,12 @@ def ranks_by_order(pods: list[dict[str, Any]], domain_of_node: dict[str, str]) -
     runs = [d for i, d in enumerate(domains) if i == 0 or domains[i - 1] != d]
     assert len(runs) == len(set(domains)), f"a domain's pods on ranks apart: {domains} (keys {keys})"
     return domains
+
+
+def ranks_of(ranges: str) -> list[int]:
+    """status.topology's "0-2,5" -> [0, 1, 2, 5]."""
+    found: list[int] = []
+    for part in ranges.split(","):
+        first, _, last = part.partition("-")
+        found.extend(range(int(first), int(last or first) + 1))
+    return found

@@ -35,6 +35,7 @@ def rank_zero_registry() -> CollectorRegistry:
     metrics.allreduce_bytes.inc(4096)
     metrics.allreduce_service_seconds.inc(0.002)
     metrics.allreduce_duration.observe(0.002)
+    metrics.step_duration.observe(0.05)
     metrics.loss.set(0.5)
     metrics.target_steps.set(100)
     metrics.comm_overlap_ratio.set(0.25)

@@ -90,7 +90,7 @@ test-e2e: venv k8s-binaries node-binaries kube-router images kind
 ## The e2e tier in two halves that `make test` runs side by side: Docker and the real node; kind.
 E2E_KIND  = tests/e2e/test_kind.py
 test-e2e-node: venv k8s-binaries node-binaries kube-router images
-	$(PYTEST) tests/e2e -q $(DURATIONS) --ignore=$(E2E_KIND)
+	$(PYTEST) tests/e2e -q $(DURATIONS) --ignore=$(E2E_KIND) -m "not kind_suite"
 
 test-e2e-kind: venv k8s-binaries node-binaries kube-router images kind
 	$(PYTEST) $(E2E_KIND) -q $(DURATIONS)

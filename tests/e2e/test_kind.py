@@ -1,13 +1,15 @@
 """The e2e suite on kind: a single-node kind cluster from our own node image (hack/build-kind.sh: no
 registry involved), our two images loaded with `kind load docker-image`, the chart installed with helm.
 
-The tests are the real-node suite's (tests/e2e/test_real_node.py), run here against the kind cluster:
-DNS and a ClusterIP Service from a pod, the digits example across two ranks with a checkpoint volume
-from the default StorageClass (local-path-provisioner), metrics scraped from both ranks through the
-apiserver's pod proxy, a rank exiting 1 failing the job with its reason, and the job's NetworkPolicy
-fencing its ranks; the recovery modes of docs/restarts.md with a real kubelet (a SIGKILLed worker and a
-rank exiting 137 restart the gang in place, a deleted rank pod is replaced alone); a rank pod resized in
-place to a small CPU limit is named the straggler with its node. The node image has no NetworkPolicy
+The tests are the real-node suite's (tests/e2e/test_real_node.py) that carry the `kind_suite` mark, run
+here against the kind cluster: DNS and a ClusterIP Service from a pod, the digits example across two ranks
+with a checkpoint volume from the default StorageClass (local-path-provisioner), metrics scraped from both
+ranks through the apiserver's pod proxy, and a rank exiting 1 failing the job with its reason; and the
+recovery modes of docs/restarts.md with a real kubelet (a SIGKILLed worker and a rank exiting 137 restart
+the gang in place, a deleted rank pod is replaced alone, a pod killed with its launcher and a frozen pod are
+replaced alone, an elastic job shrinks and grows). `make test` runs the other real-node tests (the job's
+NetworkPolicy fencing its ranks, a straggler slowed by its CPU limit, the Recreate path) on the real node
+only, beside this suite, so no behaviour is run twice (docs/testing.md). The node image has no NetworkPolicy
 enforcer of its own (kind's, kube-network-policies, needs CONFIG_NFT_QUEUE, which these machines' kernel
 lacks), so kube-router's firewall runs as a process of this machine inside the node container's network
 namespace (docs/kind.md); the suite checks that it enforces before any job runs.
@@ -47,9 +49,7 @@ from test_real_node import (  # noqa: F401  (fixtures and tests that run here on
     restricted_namespace,
     test_a_pod_resolves_kubernetes_default_and_reaches_a_cluster_ip_service,
     test_a_rank_exiting_1_fails_the_job_with_the_reason,
-    test_a_rank_pod_slowed_by_its_cpu_limit_is_named_the_straggler,
     test_digits_trains_across_two_pods_with_equal_allreduce_bytes_and_succeeds,
-    test_the_jobs_network_policy_fences_its_ranks,
 )
 
 from ddp_harness import netpol_enforcer

@@ -515,6 +515,7 @@ print("SMOKE " + json.dumps(result))
 """
 
 
+@pytest.mark.kind_suite
 def test_a_pod_resolves_kubernetes_default_and_reaches_a_cluster_ip_service(
     cluster: Cluster,
 ) -> None:
@@ -593,6 +594,7 @@ def test_a_pod_resolves_kubernetes_default_and_reaches_a_cluster_ip_service(
 # ---- the user's path --------------------------------------------------------------------------------
 
 
+@pytest.mark.kind_suite
 def test_digits_trains_across_two_pods_with_equal_allreduce_bytes_and_succeeds(
     cluster: Cluster, checkpoint_storage: str | None, operator_release: str, restricted_namespace: str
 ) -> None:
@@ -745,6 +747,7 @@ def test_deleting_a_rank_pod_restarts_the_gang_which_resumes_from_the_checkpoint
     assert status_lines(logs, "final"), logs[-2000:]
 
 
+@pytest.mark.kind_suite
 def test_a_rank_exiting_1_fails_the_job_with_the_reason(
     cluster: Cluster, checkpoint_storage: str | None, operator_release: str, restricted_namespace: str
 ) -> None:

@@ -4,6 +4,7 @@ fails the run naming the build that failed. The real steps take an hour; here ea
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -125,3 +126,34 @@ def test_a_failed_build_fails_the_run_and_names_it(tmp_path: Path, fail: str) ->
         result.stdout + result.stderr
     )
     assert "test-e2e-kind" not in spans and "kind-cluster down layout-test" in spans
+
+
+def _real_node_tests() -> dict[str, bool]:
+    """Each test function of the real-node module, and whether it carries the ``kind_suite`` mark."""
+    tree = ast.parse((ROOT / "tests" / "e2e" / "test_real_node.py").read_text())
+    return {
+        node.name: any(ast.unparse(d) == "pytest.mark.kind_suite" for d in node.decorator_list)
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+    }
+
+
+def _imported_by_kind_suite() -> set[str]:
+    tree = ast.parse((ROOT / "tests" / "e2e" / "test_kind.py").read_text())
+    return {
+        alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module == "test_real_node"
+        for alias in node.names
+        if alias.name.startswith("test_")
+    }
+
+
+def test_each_real_node_test_runs_once_in_make_test() -> None:
+    """The kind suite runs exactly the marked real-node tests, and lane A deselects exactly those."""
+    marked = {name for name, kind in _real_node_tests().items() if kind}
+    assert marked, "no real-node test is marked kind_suite"
+    assert _imported_by_kind_suite() == marked
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("\ntest-e2e-node:", 1)[1].split("\n\n", 1)[0]
+    assert '-m "not kind_suite"' in recipe, recipe

@@ -18,10 +18,12 @@ from typing import Any, Final
 from ddp_operator import names
 from ddp_operator.observe import format_time
 from ddp_operator.policies import recovery, straggler, topology
-from ddp_operator.spec import RESTART_MODE_IN_PLACE, JobSpec
+from ddp_operator.spec import RESTART_MODE_IN_PLACE, JobSpec, trainer_container
 
 # Long enough for rank 0 to finish a step and write a checkpoint after SIGTERM.
 DEFAULT_TERMINATION_GRACE_SECONDS: Final = 120
+# The rendezvous pod writes nothing on its way out.
+RENDEZVOUS_GRACE_SECONDS: Final = 5
 # A lost node is noticed in seconds instead of the apiserver's default 300.
 NODE_LOSS_TOLERATION_SECONDS: Final = 30
 NODE_LOSS_TAINTS: Final = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
@@ -66,6 +68,7 @@ CONTRACT_ENV: Final = (
     "PET_RDZV_CONF",
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
     "DDP_RANK_ORDER_FILE",
+    "DDP_RENDEZVOUS_ENDPOINT",
     "POD_IP",
 )
 # Defaults the template may override.
@@ -167,6 +170,81 @@ def build_checkpoint_pvc(job: JobSpec) -> dict[str, Any] | None:
     }
 
 
+# The rendezvous pod's program: torch's own TCPStore server, and nothing of ours, so it runs in any image
+# the trainer container runs (a stock torchrun image as well as ours). It serves until SIGTERM.
+RENDEZVOUS_STORE_PROGRAM: Final = """\
+import signal, sys
+from datetime import timedelta
+from torch.distributed import TCPStore
+port = int(sys.argv[1])
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+store = TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+print(f"rendezvous store serving on port {port}", flush=True)
+signal.sigwait({signal.SIGTERM, signal.SIGINT})
+print("rendezvous store stopped", flush=True)
+"""
+# What the store needs: a Python interpreter with torch imported, and a few connections per pod.
+RENDEZVOUS_RESOURCES: Final = {"requests": {"cpu": "50m", "memory": "256Mi"}}
+# Template pod fields the rendezvous pod keeps: where the trainer's image may run and be pulled from.
+RENDEZVOUS_KEPT_FIELDS: Final = (
+    "imagePullSecrets",
+    "nodeSelector",
+    "tolerations",
+    "priorityClassName",
+    "securityContext",
+    "runtimeClassName",
+)
+
+
+def build_rendezvous_pod(job: JobSpec, attempt: int) -> dict[str, Any] | None:
+    """The attempt's rendezvous pod (docs/restarts.md, "No rank is special"): the c10d store every
+    rank's launcher meets at, in a pod that is no rank's, so the store outlives any rank's pod. It runs
+    the trainer container's image, under the template's pod security context and placement fields, and
+    is reached at ``names.rendezvous_addr`` (the headless Service publishes it with the attempt's pods;
+    the NetworkPolicy admits the job's own pods to it). None for a job without one
+    (policies.recovery.rendezvous_apart)."""
+    if not recovery.rendezvous_apart(job):
+        return None
+    template_spec: Mapping[str, Any] = job.template.get("spec") or {}
+    trainer = trainer_container(job.template)
+    container: dict[str, Any] = {
+        "name": names.RENDEZVOUS_CONTAINER,
+        "image": trainer["image"],
+        "command": ["python3", "-c", RENDEZVOUS_STORE_PROGRAM, str(job.rendezvous_port)],
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "ports": [
+            {"name": names.RENDEZVOUS_PORT_NAME, "containerPort": job.rendezvous_port, "protocol": "TCP"}
+        ],
+        "resources": copy.deepcopy(RENDEZVOUS_RESOURCES),
+        "securityContext": copy.deepcopy(trainer.get("securityContext") or {}),
+    }
+    if trainer.get("imagePullPolicy"):
+        container["imagePullPolicy"] = trainer["imagePullPolicy"]
+    _restrict_container(container)
+    pod_spec: dict[str, Any] = {
+        key: copy.deepcopy(template_spec[key]) for key in RENDEZVOUS_KEPT_FIELDS if key in template_spec
+    }
+    pod_spec.update(
+        restartPolicy="Never",
+        hostname=names.rendezvous_hostname(job.name),
+        subdomain=names.service_name(job.name),
+        enableServiceLinks=False,
+        automountServiceAccountToken=False,
+        terminationGracePeriodSeconds=RENDEZVOUS_GRACE_SECONDS,
+        containers=[container],
+    )
+    context: dict[str, Any] = pod_spec.setdefault("securityContext", {})
+    context.setdefault("runAsNonRoot", True)
+    context.setdefault("seccompProfile", {"type": "RuntimeDefault"})
+    _add_tolerations(pod_spec)
+    labels = {
+        **names.attempt_selector(job.name, job.uid, attempt),
+        names.LABEL_ROLE: names.ROLE_RENDEZVOUS,
+    }
+    metadata = _metadata(job, names.rendezvous_pod_name(job.name, attempt), labels)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
 def run_id(job: JobSpec, attempt: int) -> str:
     """The rendezvous run id of one attempt: unique per job object and attempt, so no agent of an older
     attempt or of an older job of the same name can join the group (docs/restarts.md)."""
@@ -174,14 +252,20 @@ def run_id(job: JobSpec, attempt: int) -> str:
 
 
 def restart_env(job: JobSpec, rank: int, attempt: int, restart_budget: int) -> list[tuple[str, str]]:
-    """How the pod's launcher recovers a failure (docs/trainer.md): in place on a c10d rendezvous hosted
-    by rank 0's pod, at most ``restart_budget`` more gang restarts; or not at all (Recreate)."""
+    """How the pod's launcher recovers a failure (docs/trainer.md): in place on a c10d rendezvous whose
+    store is the attempt's rendezvous pod (rank 0's launcher where the job has a single pod), at most
+    ``restart_budget`` more gang restarts; or not at all (Recreate)."""
     values: list[tuple[str, str]] = [("DDP_RESTART_MODE", job.run_policy.restart_mode)]
     if job.run_policy.restart_mode != RESTART_MODE_IN_PLACE:
         return values
     budget = str(max(0, restart_budget))
-    endpoint = f"{names.master_addr(job.name, job.namespace)}:{job.rendezvous_port}"
-    rdzv_conf = f"is_host={1 if rank == 0 else 0}"
+    apart = recovery.rendezvous_apart(job)
+    host = names.rendezvous_addr if apart else names.master_addr
+    endpoint = f"{host(job.name, job.namespace)}:{job.rendezvous_port}"
+    # No launcher hosts the store when the rendezvous pod does.
+    rdzv_conf = f"is_host={1 if rank == 0 and not apart else 0}"
+    if apart:
+        values.append(("DDP_RENDEZVOUS_ENDPOINT", endpoint))
     if job.elastic is not None:
         # An elastic job trains on DDP_MIN_MEMBERS..NNODES pods; a round waits this long for missing ones.
         # Its deprecated name, the same value, is what an older trainer image reads (docs/api.md,

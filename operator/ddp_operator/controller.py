@@ -667,10 +667,10 @@ class Controller:
         report = await self.api.create_children(pods, accept, on_result=on_result)
         if isinstance(report.error, PodCreateForbidden | ChildInvalid):
             labels = ((report.failed or {}).get("metadata") or {}).get("labels") or {}
-            rank = int(labels.get(names.LABEL_RANK, -1))
+            rank = labels.get(names.LABEL_RANK)
             return CreateRefusal(
                 isinstance(report.error, PodCreateForbidden),
-                f"rank {rank}'s pod",
+                f"rank {rank}'s pod" if rank is not None else "the rendezvous pod",
                 decision.create.attempt,
                 report.error.message or report.error.reason,
             )
@@ -770,10 +770,13 @@ def _log_decision(key: JobKey, decision: Decision) -> None:
 
 def _rank_pods(job: JobSpec, decision: Decision, patch: Mapping[str, Any] | None) -> list[JsonDict]:
     """The attempt's missing ranks and the replacements of lost pods, each with the gang's restart budget,
-    kept off the nodes the job moved away from (the status the decision writes records them)."""
+    kept off the nodes the job moved away from (the status the decision writes records them); first the
+    attempt's rendezvous pod, where the job has one (created once: later it already exists, and is ours)."""
     attempt, budget = decision.create.attempt, decision.create.restart_budget
     avoid = straggler.avoided_nodes(decision.report.status)
-    pods = [
+    store = builders.build_rendezvous_pod(job, attempt)
+    pods = [store] if store is not None else []
+    pods += [
         builders.build_rank_pod(
             job, rank, attempt, pod_spec_patch=patch, restart_budget=budget, avoid_nodes=avoid
         )

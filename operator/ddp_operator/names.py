@@ -2,7 +2,9 @@
 
 A job `<job>` owns a headless Service `<job>`, one pod per rank and attempt `<job>-<rank>-<attempt>`
 whose hostname is `<job>-<rank>` under the subdomain `<job>`, a NetworkPolicy `<job>` (unless
-`spec.networkPolicy.enabled` is false), and optionally a PVC `<job>-checkpoint`.
+`spec.networkPolicy.enabled` is false), optionally a PVC `<job>-checkpoint`, and for a job whose pods
+restart in place, one rendezvous pod per attempt `<job>-rdzv-<attempt>` (hostname `<job>-rdzv`): the
+c10d store that outlives any rank's pod (docs/restarts.md, "No rank is special").
 The hostname must be a DNS label (63 characters), which is why a job name is limited to
 ``MAX_JOB_NAME_LENGTH``: `<job>-` plus a rank of up to four digits still fits. Pod names carry the
 attempt and are DNS subdomains (253 characters), which they always are for any attempt number.
@@ -33,6 +35,10 @@ LABEL_REPLACEMENT: Final = "ddp.dev/replacement"
 LABEL_SPEC_HASH: Final = "ddp.dev/spec-hash"
 # The UID of the DDPJob object: a job re-created under the same name has other pods.
 LABEL_JOB_UID: Final = "ddp.dev/job-uid"
+# On the pod of a job that is no rank's: the rendezvous pod (ROLE_RENDEZVOUS). Rank pods carry none.
+LABEL_ROLE: Final = "ddp.dev/role"
+ROLE_RENDEZVOUS: Final = "rendezvous"
+RENDEZVOUS_CONTAINER: Final = "rendezvous"
 
 TRAINER_CONTAINER: Final = "trainer"
 SHM_VOLUME: Final = "dshm"
@@ -135,6 +141,22 @@ def pod_name(job: str, rank: int, attempt: int, replacement: int = 0) -> str:
 def pod_hostname(job: str, rank: int) -> str:
     """Stable across attempts, so rank 0's DNS name never changes."""
     return f"{job}-{rank}"
+
+
+def rendezvous_pod_name(job: str, attempt: int) -> str:
+    """The rendezvous pod of one attempt: ``<job>-rdzv-<attempt>``. A rank pod's name ends in two
+    numbers, so no rank pod of any job has this name."""
+    return f"{job}-rdzv-{attempt}"
+
+
+def rendezvous_hostname(job: str) -> str:
+    """``<job>-rdzv``: as long as ``<job>-<rank>`` with a four-digit rank, so a DNS label too."""
+    return f"{job}-rdzv"
+
+
+def rendezvous_addr(job: str, namespace: str) -> str:
+    """Where every rank's launcher meets the others: the rendezvous pod's DNS name."""
+    return f"{rendezvous_hostname(job)}.{service_name(job)}.{namespace}.svc"
 
 
 def service_name(job: str) -> str:

@@ -124,6 +124,8 @@ class PodObservation:
     kueue_finalizer: bool = False
     kueue_unretriable: bool = False
     finalizers: tuple[str, ...] = ()
+    # The job's rendezvous pod (names.ROLE_RENDEZVOUS), which is no rank's: rank is None on it.
+    rendezvous: bool = False
     # The rendezvous order key the operator wrote on the bound pod (names.ANNOTATION_RANK_ORDER,
     # policies.topology.order_key); None until then, and on a job whose ranks are not ordered.
     rank_order: str | None = None
@@ -375,4 +377,5 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         kueue_unretriable=annotations.get(names.KUEUE_RETRIABLE_IN_GROUP_ANNOTATION) == "false",
         rank_order=str(annotations.get(names.ANNOTATION_RANK_ORDER) or "") or None,
         finalizers=finalizers,
+        rendezvous=labels.get(names.LABEL_ROLE) == names.ROLE_RENDEZVOUS,
     )

@@ -51,12 +51,11 @@ from ddp_operator.decision import (
 )
 from ddp_operator.kueue import QueueObservation, queued_message
 from ddp_operator.observe import PodObservation, format_time, int_field, parse_time, superseded
-from ddp_operator.policies import deadline, elastic, recovery, stall, straggler, success, ttl
+from ddp_operator.policies import creation, deadline, elastic, recovery, stall, straggler, success, ttl
 from ddp_operator.policies import kueue as kueue_policy
 from ddp_operator.policies.attempt import judge_attempt
 from ddp_operator.policies.failure import (
     REASON_BACKOFF,
-    REASON_POD_DELETED,
     REASON_STALLED,
     RankFailure,
     failure_of,
@@ -280,56 +279,6 @@ def _start_attempt(
     )
 
 
-def _ranks_created(
-    job: JobSpec, old: Mapping[str, Any], attempt: int, current: Sequence[PodObservation]
-) -> bool:
-    """Every rank's pod of ``attempt`` has existed: all are observed now, or status.ranksCreated
-    recorded it the first time they were."""
-    if {p.rank for p in current} >= set(range(job.replicas)):
-        return True
-    recorded = old.get("ranksCreated")
-    if recorded is None:
-        # A status written before status.ranksCreated existed: inferred as it was then, from
-        # status.replicas (a counter that lags) and a replacement (which needs every pod to have
-        # existed). The first decision that finds every rank's pod created records the field, and
-        # from then on the record answers.
-        return int_field(old.get("replicas"), 0) >= job.replicas or _replaced_in(old, current)
-    return int_field(recorded, -1) >= attempt
-
-
-def _replaced_in(old: Mapping[str, Any], current: Sequence[PodObservation]) -> bool:
-    """A pod of this attempt was replaced, which only happens once every rank's pod existed (the last
-    restart's record says so until a later restart overwrites it; a replacement pod, while it is seen)."""
-    last = old.get("lastRestart")
-    replaced_here = (
-        isinstance(last, Mapping)
-        and last.get("mode") == recovery.MODE_POD_REPLACED
-        and last.get("attempt") == old.get("attempt")
-    )
-    return replaced_here or any(p.replacement for p in current)
-
-
-def _missing_ranks(
-    job: JobSpec, current: Sequence[PodObservation], created: bool, now: datetime
-) -> tuple[tuple[int, ...], list[RankFailure]]:
-    """Ranks of the current attempt without a pod: still to create, or deleted under the job.
-
-    Until every rank's pod has been observed once (``created``), a missing pod may never have been
-    created (an operator stopped mid-create) or not yet be in the watch cache; creating it again is
-    idempotent. After that, a missing pod was deleted (node loss, a user) and fails its rank like any
-    other disruption.
-    """
-    present = {p.rank for p in current}
-    missing = tuple(r for r in range(job.replicas) if r not in present)
-    if not missing:
-        return (), []
-    if not created:
-        return missing, []
-    return (), [
-        RankFailure(rank=r, finish_key=now.timestamp(), disruption=REASON_POD_DELETED) for r in missing
-    ]
-
-
 # --- a live attempt: an ordered list of rules, like the policy table in docs/restarts.md -------------
 
 
@@ -439,7 +388,14 @@ class _LiveAttempt:
         check = self.progress.health if self.progress is not None else None
         check_pod = self.pod_of(check.slow_rank if check is not None else None)
         return straggler.verdict(
-            policy, self.sighting, self.straggler_pod, self.now, replaced, check, check_pod
+            policy,
+            self.sighting,
+            self.straggler_pod,
+            self.now,
+            replaced,
+            check,
+            check_pod,
+            rank0=recovery.rank0_replaceable(self.job),
         )
 
     @cached_property
@@ -537,8 +493,8 @@ def _live_attempt(
     replaced = superseded(pods)
     stale = [p for p in pods if p.attempt != attempt or (p.rank or 0) >= job.replicas or p in replaced]
     current = [p for p in pods if p not in stale]
-    created = _ranks_created(job, old, attempt, current)
-    to_create, missing = _missing_ranks(job, current, created, now)
+    created = creation.ranks_created(job, old, attempt, current)
+    to_create, missing = creation.missing_ranks(job, current, created, now)
     failures = [f for f in (failure_of(p, now) for p in current) if f is not None]
     progress = observed if observed is not None and observed.attempt == attempt else None
     accounting = (
@@ -618,7 +574,9 @@ def _restart(
     """
     preemptions = int_field(live.old.get("preemptions"), 0)
     in_place = live.job.run_policy.restart_mode == recovery.MODE_IN_PLACE
-    note = recovery.fallback_note(live.failures) if in_place else ""
+    note = (
+        recovery.fallback_note(live.failures, rank0=recovery.rank0_replaceable(live.job)) if in_place else ""
+    )
     record = recovery.new_record(
         cause=reason,
         mode=recovery.MODE_WHOLE_GANG,
@@ -726,7 +684,10 @@ def _rule_stalled(live: _LiveAttempt) -> Decision | None:
     if not verdict.retry:
         return _finish(live, names.PHASE_FAILED, verdict.reason, f"{detail}; {verdict.message}")
     alone = recovery.replaceable_hung(
-        live.job.run_policy.restart_mode, [p.rank for p in silent], queued=live.job.kueue is not None
+        live.job.run_policy.restart_mode,
+        [p.rank for p in silent],
+        queued=live.job.kueue is not None,
+        rank0=recovery.rank0_replaceable(live.job),
     )
     if alone is not None:
         # The pods that stopped answering take no SIGTERM: deleted at once, their ranks replaced alone.
@@ -856,9 +817,11 @@ def _restart_notices(live: _LiveAttempt) -> tuple[PhaseEvent, ...]:
 
 
 def _rule_replace_lost(live: _LiveAttempt) -> Decision | None:
-    """InPlace: a lost pod (deleted, evicted, its node gone) other than rank 0's is replaced alone; its
-    peers restart in place and wait for the new pod on the rendezvous's next round."""
-    ranks = recovery.replaceable_ranks(live.job.run_policy.restart_mode, live.failures)
+    """InPlace: a lost pod (deleted, evicted, its node gone) is replaced alone (rank 0's too, unless
+    policies.recovery.rank0_replaceable says no); its peers restart in place and wait for the new pod on
+    the rendezvous's next round."""
+    mode, rank0 = live.job.run_policy.restart_mode, recovery.rank0_replaceable(live.job)
+    ranks = recovery.replaceable_ranks(mode, live.failures, rank0=rank0, replicas=live.job.replicas)
     if ranks is None:
         return None
     verdict = judge_failures(
@@ -1063,7 +1026,23 @@ def decide(
     Kueue says of the job's group while it is queued.
     """
     old: Mapping[str, Any] = status or {}
-    ours = _ours(job, pods)
+    decision = _decide(job, old, _ours(job, pods), now, refusal, rules, observed, queue)
+    # The rendezvous pods (no rank's, so not in _ours) go with the attempt they served.
+    stores = [p for p in pods if not job.uid or p.owner_uid in (None, job.uid)]
+    doomed = recovery.stores_to_delete(stores, decision.phase, decision.report.status.get("attempt"))
+    return replace(decision, delete=replace(decision.delete, pods=decision.delete.pods + doomed))
+
+
+def _decide(
+    job: JobSpec,
+    old: Mapping[str, Any],
+    ours: Sequence[PodObservation],
+    now: datetime,
+    refusal: CreateRefusal | None,
+    rules: TimingRules,
+    observed: ProgressObservation | None,
+    queue: QueueObservation | None,
+) -> Decision:
     phase = old.get("phase")
     if phase in names.FINISHED_PHASES:
         return _cleanup(job, old, ours, now)

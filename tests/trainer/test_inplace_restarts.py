@@ -1,5 +1,6 @@
 """In-place restarts (DDP_RESTART_MODE=InPlace): "pods" are launcher processes on loopback, each with
-its NODE_RANK, forming one gloo group through the c10d rendezvous that NODE_RANK 0's launcher hosts.
+its NODE_RANK, forming one gloo group through the c10d rendezvous that NODE_RANK 0's launcher hosts, or,
+as the operator runs them, the job's rendezvous pod (a process of its own here).
 
 The order of events is asserted (a failure, then every pod's workers stopped, then the round
 re-formed, then rank 0's resume), never the seconds between them: benchmarks/bench_inplace_restart.py
@@ -27,6 +28,7 @@ from trainer_gang import (
     wait_all,
 )
 
+from ddp_operator import builders
 from ddp_operator.policies import topology
 from ddp_trainer.exitcodes import EXIT_PEER_LOST
 
@@ -247,22 +249,39 @@ def test_the_budget_ends_the_second_failure_with_the_workers_code(gangs: Gangs, 
     assert "spent its restart budget (1); exiting 137" in pods[1].stderr
 
 
+def rendezvous_pod(gangs: Gangs) -> dict[str, str]:
+    """The operator's rendezvous pod on loopback: its own program (builders.RENDEZVOUS_STORE_PROGRAM) in a
+    process of its own; returns the pods' variables that point them at it, as the operator sets them."""
+    port = free_port()
+    store = gangs.start(
+        "rendezvous", {}, [str(port)], program=[PYTHON, "-c", builders.RENDEZVOUS_STORE_PROGRAM]
+    )
+    store.wait_for_stdout(r"^rendezvous store serving on port ")
+    return {"DDP_RENDEZVOUS_ENDPOINT": f"127.0.0.1:{port}", "POD_IP": "127.0.0.1"}
+
+
+@pytest.mark.parametrize("lost", [2, 0], ids=["rank-2", "rank-0"])
 def test_a_lost_pod_started_again_joins_the_survivors_without_restarting_them(
-    gangs: Gangs, tmp_path: Path
+    gangs: Gangs, tmp_path: Path, lost: int
 ) -> None:
-    pods = gangs.pods(3, 1, in_place_args(tmp_path / "ckpt", "--metrics-linger", "120"), env=IN_PLACE)
+    """Any pod, rank 0's included: the store is the rendezvous pod's, which outlives every rank's pod,
+    and the gang's counts and the restart's record live in it, not in rank 0's launcher."""
+    env = {**IN_PLACE, **rendezvous_pod(gangs)}
+    pods = gangs.pods(3, 1, in_place_args(tmp_path / "ckpt", "--metrics-linger", "120"), env=env)
     pods[0].wait_for_stdout(r"^progress step=35 ")
-    pods[2].end()  # the whole pod: its launcher and its worker, SIGKILL
-    for survivor in pods[:2]:
+    pods[lost].end()  # the whole pod: its launcher and its worker, SIGKILL
+    survivors = [pod for rank, pod in enumerate(pods) if rank != lost]
+    for survivor in survivors:
         survivor.wait_for_stdout(r"^launcher event=stopped ")
-    replacement = gangs.again(pods[2], "pod2-again")
+    replacement = gangs.again(pods[lost], f"pod{lost}-again")
     # The survivors' launchers never ended: the replacement joined them in place.
-    assert all(pod.process.poll() is None for pod in pods[:2]), describe(pods)
-    scrapes = finish([pods[0], pods[1], replacement])
+    assert all(pod.process.poll() is None for pod in survivors), describe(pods)
+    ended = [replacement if rank == lost else pod for rank, pod in enumerate(pods)]
+    scrapes = finish(ended)
     # The survivors hold step 35 or later; the replacement receives it from them over the group.
-    match = pods[0].wait_for_stdout(r"^resumed step=(\d+) epoch=\d+ from=(\w+)")
-    assert int(match.group(1)) >= 35 and match.group(2) == "peer", describe(pods)
-    digests = [pods[0].digests(), pods[1].digests(), replacement.digests()]
+    match = ended[0].wait_for_stdout(r"^resumed step=(\d+) epoch=\d+ from=(\w+)")
+    assert int(match.group(1)) >= 35 and match.group(2) == "peer", describe(ended)
+    digests = [pod.digests() for pod in ended]
     assert [list(d) for d in digests] == [[0], [1], [2]]
     assert {d for found in digests for d in found.values()} == {uninterrupted_digest(gangs)}
     # One restart, however long the survivors waited for the replacement, on every pod.
@@ -270,6 +289,8 @@ def test_a_lost_pod_started_again_joins_the_survivors_without_restarting_them(
         assert samples(text, "ddp_group_restarts_total") == {str(rank): 1.0}
     info = labelled(scrapes[0], "ddp_last_restart_info")
     assert info is not None and info["cause"] == "PeerLost" and info["exit_code"] == str(EXIT_PEER_LOST)
+    # Nothing completed was done again: the survivors' steps when they stopped are where the group resumed.
+    assert samples(scrapes[0], "ddp_last_restart_steps_redone") == {"0": 0.0}, scrapes[0]
 
 
 def test_losing_the_rendezvous_host_ends_the_other_pods_with_peer_lost(gangs: Gangs, tmp_path: Path) -> None:

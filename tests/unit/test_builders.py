@@ -125,7 +125,8 @@ def test_the_service_selects_every_rank_pod_of_its_attempt_and_no_other() -> Non
                 "DDP_RESTART_BUDGET": "3",
                 "DDP_RUN_ID": "uid-1234-4",
                 "PET_RDZV_BACKEND": "c10d",
-                "PET_RDZV_ENDPOINT": "mnist-0.mnist.team-a.svc:29500",
+                "DDP_RENDEZVOUS_ENDPOINT": "mnist-rdzv.mnist.team-a.svc:29500",
+                "PET_RDZV_ENDPOINT": "mnist-rdzv.mnist.team-a.svc:29500",
                 "PET_RDZV_ID": "uid-1234-4",
                 "PET_MAX_RESTARTS": "3",
                 "PET_RDZV_CONF": "is_host=0",
@@ -511,3 +512,64 @@ def test_network_policy_does_not_share_the_callers_peers() -> None:
 
 def test_default_metrics_allow_from_is_the_monitoring_namespace() -> None:
     assert builders.DEFAULT_METRICS_ALLOW_FROM == PROMETHEUS
+
+
+@pytest.mark.parametrize(
+    ("spec", "rank", "endpoint", "conf"),
+    [
+        pytest.param(
+            {"replicas": 3}, 0, "mnist-rdzv.mnist.team-a.svc:29500", "is_host=0", id="rendezvous-pod"
+        ),
+        pytest.param(
+            {"replicas": 1}, 0, "mnist-0.mnist.team-a.svc:29500", "is_host=1", id="one-pod-hosts-it"
+        ),
+    ],
+)
+def test_the_launchers_meet_at_the_rendezvous_pod(
+    spec: dict[str, Any], rank: int, endpoint: str, conf: str
+) -> None:
+    """No launcher hosts the store where the job has a rendezvous pod; a job of one pod hosts its own."""
+    job = job_spec(**spec)
+    env = env_of(builders.build_rank_pod(job, rank, 0))
+    assert (env["PET_RDZV_ENDPOINT"], env["PET_RDZV_CONF"]) == (endpoint, conf)
+    assert env.get("DDP_RENDEZVOUS_ENDPOINT") == (endpoint if "rdzv" in endpoint else None)
+    assert (builders.build_rendezvous_pod(job, 0) is not None) == ("rdzv" in endpoint)
+
+
+def test_the_rendezvous_pod_runs_the_trainers_image_as_no_rank_under_the_templates_security() -> None:
+    template = {
+        "spec": {
+            "securityContext": {"runAsUser": 1000},
+            "nodeSelector": {"pool": "train"},
+            "imagePullSecrets": [{"name": "registry"}],
+            "affinity": {"podAntiAffinity": {}},
+            "containers": [{"name": "trainer", "image": "team/trainer:1", "imagePullPolicy": "Never"}],
+        }
+    }
+    job = job_spec(replicas=2, template=template)
+    store = builders.build_rendezvous_pod(job, 3)
+    assert store is not None
+    meta, spec = store["metadata"], store["spec"]
+    assert meta["name"] == "mnist-rdzv-3" and meta["labels"]["ddp.dev/role"] == "rendezvous"
+    assert "ddp.dev/rank" not in meta["labels"], "no rank's pod: the rank rules never count it"
+    # The Service (this attempt's pods) publishes it; the NetworkPolicy (the job's pods) admits its peers.
+    assert builders.build_service(job, 3)["spec"]["selector"].items() <= meta["labels"].items()
+    policy = builders.build_network_policy(job, ())
+    assert (
+        policy is not None and policy["spec"]["podSelector"]["matchLabels"].items() <= meta["labels"].items()
+    )
+    assert (spec["hostname"], spec["subdomain"]) == ("mnist-rdzv", "mnist")
+    assert spec["securityContext"] == {
+        "runAsUser": 1000,
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert spec["nodeSelector"] == {"pool": "train"} and "affinity" not in spec, "placed as no rank is"
+    assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
+    [container] = spec["containers"]
+    assert (container["image"], container["imagePullPolicy"]) == ("team/trainer:1", "Never")
+    assert container["command"][:2] == ["python3", "-c"] and container["command"][-1] == "29500"
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }

@@ -290,12 +290,14 @@ def test_a_rank_the_health_check_found_slow_is_replaced_alone_spending_no_restar
     assert again.delete.pods == () and again.create.replacements == ()
 
 
-def test_rank_0_is_reported_only() -> None:
+def test_rank_0_is_replaced_like_any_other_except_where_it_is_special() -> None:
     pods = observe(pod(0), pod(1), pod(2))
-    held = decide(
-        replace_job(), {**RUNNING_STATUS, "replicas": 3}, pods, at(600), observed=observed(sighting(rank=0))
-    )
-    assert held.delete.pods == () and "rendezvous" in held.report.status["straggler"]["note"]
+    seen = observed(sighting(rank=0))
+    replaced = decide(replace_job(), {**RUNNING_STATUS, "replicas": 3}, pods, at(600), observed=seen)
+    assert replaced.delete.pods == ("mnist-0-0",) and replaced.create.replacements == ((0, 1),)
+    # Where rank 0 is special (an elastic job: policies.recovery.rank0_replaceable), it is reported only.
+    held = straggler.verdict(REPLACE, sighting(rank=0), pods[0], at(600), 0, rank0=False)
+    assert held.replace is None and held.held is not None and "elastic" in held.held
 
 
 # ---- the pods built after it --------------------------------------------------------------------------

@@ -246,8 +246,8 @@ def test_no_hang_is_declared_while_the_group_is_changing_or_done(
         # Rank 1's pod stopped answering (frozen, wedged): a lost pod, replaced alone; rank 0 keeps its.
         pytest.param("InPlace", {0: 120}, "Running", ((1, 1),), id="in-place-replaces-the-hung-pod-alone"),
         pytest.param("Recreate", {0: 120}, "Restarting", (), id="recreate-restarts-the-gang"),
-        # Rank 0's pod hosts the rendezvous: nothing is left to meet at without it.
-        pytest.param("InPlace", {1: 120}, "Restarting", (), id="rank-0-hung-restarts-the-gang"),
+        # The store is the rendezvous pod's: rank 0's hung pod is replaced alone like any other.
+        pytest.param("InPlace", {1: 120}, "Running", ((0, 1),), id="rank-0-hung-replaced-alone"),
     ],
 )
 def test_a_hung_pod_that_stopped_answering_is_deleted_without_a_grace_period(
@@ -279,7 +279,7 @@ def test_a_hung_pod_that_stopped_answering_is_deleted_without_a_grace_period(
     [
         pytest.param("InPlace", [2, 1], False, (1, 2), id="hung-pods-replaced-alone"),
         pytest.param("InPlace", [], False, None, id="nobody-singled-out"),
-        pytest.param("InPlace", [0, 1], False, None, id="rank-0-among-them"),
+        pytest.param("InPlace", [0, 1], False, None, id="rank-0-among-them-where-it-is-special"),
         pytest.param("InPlace", [1], True, None, id="a-kueue-group"),
         pytest.param("Recreate", [1], False, None, id="recreate"),
     ],

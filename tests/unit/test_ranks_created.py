@@ -1,5 +1,5 @@
 """status.ranksCreated: "every rank's pod of the attempt was created once" is recorded when it happens,
-and decides whether a missing pod is still to create or was lost (reconcile._missing_ranks)."""
+and decides whether a missing pod is still to create or was lost (policies.creation.missing_ranks)."""
 
 from __future__ import annotations
 

@@ -8,13 +8,14 @@ from typing import Any
 
 import pytest
 from tests.unit.kube_factories import at, job_spec, kueue_job, kueue_managed, observe, pod, with_run_policy
+from tests.unit.test_elastic import elastic_object
 from tests.unit.test_reconcile import live_status
 
 from ddp_operator.decision import Decision
 from ddp_operator.policies.recovery import GroupRestartReport
 from ddp_operator.progress.tracker import ProgressObservation
 from ddp_operator.reconcile import decide
-from ddp_operator.spec import JobSpec
+from ddp_operator.spec import JobSpec, parse_job
 
 pytestmark = pytest.mark.unit
 
@@ -90,6 +91,37 @@ def test_a_lost_pod_is_replaced_alone(
     assert "mnist-1-0r1" in decision.report.notices[0].message
 
 
+@pytest.mark.parametrize(
+    ("lost", "elastic", "replaced"),
+    [
+        pytest.param(pod(0, deleting_at=20), False, ((0, 1),), id="deleted"),
+        pytest.param(
+            pod(0, exit_code=137, finished=20, launcher_killed=True),
+            False,
+            ((0, 1),),
+            id="killed-with-its-launcher",
+        ),
+        # An elastic round without pod 0 would make another pod's worker global rank 0, without the volume.
+        pytest.param(pod(0, deleting_at=20), True, (), id="elastic-recreates-the-gang"),
+    ],
+)
+def test_rank_0s_lost_pod_is_replaced_alone_like_any_other(
+    lost: dict[str, Any], elastic: bool, replaced: tuple[tuple[int, int], ...]
+) -> None:
+    """The c10d store is the attempt's rendezvous pod's, which outlives rank 0's pod (docs/restarts.md)."""
+    job = parse_job(elastic_object(1, 2)) if elastic else job_spec()
+    decision = run(job, live_status(restarts=0), [lost, pod(1)], now=30)
+    assert decision.create.replacements == replaced
+    if replaced:
+        assert "mnist-1-0" not in decision.delete.pods, "the survivor keeps its pod"
+        record = decision.report.status["lastRestart"]
+        assert (record["mode"], record["rank"], record.get("note")) == ("PodReplaced", 0, None)
+    else:
+        record = decision.report.status["lastRestart"]
+        assert decision.report.status["phase"] == "Restarting" and record["mode"] == "WholeGang"
+        assert "elastic" in record["note"], record
+
+
 def test_the_replacement_supersedes_the_lost_pod() -> None:
     status = live_status(restarts=1, podReplacements=1)
     status["lastRestart"] = {"mode": "PodReplaced", "attempt": 0, "groupRestarts": 1, "failureTime": "x"}
@@ -112,7 +144,7 @@ def test_a_lost_replacement_gets_a_new_name() -> None:
     ("pods", "restarts", "phase", "reason"),
     [
         pytest.param(
-            [pod(0, deleting_at=20), pod(1)], 0, "Restarting", "PodDeleted", id="rank-0-holds-the-rendezvous"
+            [pod(0, deleting_at=20), pod(1, deleting_at=21)], 0, "Restarting", "PodDeleted", id="no-survivor"
         ),
         pytest.param(
             [pod(0), pod(1, deleting_at=20)], 3, "Failed", "BackoffLimitExceeded", id="budget-spent"
@@ -124,11 +156,11 @@ def test_a_lost_replacement_gets_a_new_name() -> None:
             [pod(0), pod(1, exit_code=3, finished=20)], 0, "Failed", "ExitCode", id="permanent-code"
         ),
         pytest.param(
-            [pod(0, exit_code=137, finished=20, launcher_killed=True), pod(1)],
+            [pod(0, exit_code=137, finished=20, launcher_killed=True), pod(1, exit_code=137, finished=21)],
             0,
             "Restarting",
             "ExitCode",
-            id="rank-0-killed-with-its-launcher",
+            id="rank-0-killed-with-its-launcher-and-the-other-gave-up",
         ),
     ],
 )
@@ -142,7 +174,7 @@ def test_what_one_new_pod_cannot_mend(
     if phase == "Restarting":
         record = decision.report.status["lastRestart"]
         assert record["mode"] == "WholeGang"
-        assert ("rank 0" in record.get("note", "")) == (record["rank"] == 0)
+        assert "note" not in record, "rank 0 is not special in a fixed-size job"
 
 
 @pytest.mark.parametrize(

@@ -124,8 +124,18 @@ POD = {
         ),
         pytest.param(
             {"WORLD_SIZE": "1", "DDP_RESTART_MODE": "InPlace"},
-            {"run_id": "ddp-trainer-0", "launches_workers": True},
+            {"run_id": "ddp-trainer-0", "launches_workers": True, "rendezvous_endpoint": None},
             id="local-default-run-id",
+        ),
+        pytest.param(
+            {
+                **POD,
+                "DDP_RESTART_MODE": "InPlace",
+                "DDP_RENDEZVOUS_ENDPOINT": "job-rdzv.job.ns.svc:29500",
+                "POD_IP": "10.0.0.7",
+            },
+            {"rendezvous_endpoint": ("job-rdzv.job.ns.svc", 29500), "pod_ip": "10.0.0.7"},
+            id="the-rendezvous-pods-store",
         ),
     ],
 )
@@ -429,3 +439,29 @@ def test_a_once_fault_goes_off_in_the_jobs_first_run_only(
         faults.inject(once, 1, "step", 3)
     with pytest.raises(ValueError):
         faults.inject(every, 1, "step", 3)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        pytest.param(
+            {**POD, "DDP_RENDEZVOUS_ENDPOINT": "job-rdzv:29500"},
+            "only DDP_RESTART_MODE=InPlace",
+            id="recreate",
+        ),
+        pytest.param(
+            {**POD, "DDP_RESTART_MODE": "InPlace", "DDP_RENDEZVOUS_ENDPOINT": "job-rdzv"},
+            "must be host:port",
+            id="no-port",
+        ),
+        pytest.param(
+            {**POD, "DDP_RESTART_MODE": "InPlace", "DDP_RENDEZVOUS_ENDPOINT": "job-rdzv:70000"},
+            "must be host:port",
+            id="not-a-port",
+        ),
+    ],
+)
+def test_a_bad_rendezvous_endpoint_names_the_variable(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match="DDP_RENDEZVOUS_ENDPOINT") as raised:
+        parse_env(env)
+    assert message in str(raised.value)

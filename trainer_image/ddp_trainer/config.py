@@ -103,6 +103,12 @@ class DistEnv:
     # DDP_RANK_ORDER_FILE: where the operator's rendezvous order key of this pod appears (a job whose
     # ranks follow the topology, ddp_trainer.rank_order); None: the ranks follow NODE_RANK.
     rank_order_file: str | None = None
+    # DDP_RENDEZVOUS_ENDPOINT (host:port): the job's rendezvous pod, whose store every launcher meets
+    # at; None: NODE_RANK 0's launcher hosts the store at MASTER_ADDR:MASTER_PORT.
+    rendezvous_endpoint: tuple[str, int] | None = None
+    # POD_IP (the downward API): where this pod's first worker serves the workers' store when it is
+    # global rank 0 and the store is apart (a replaced rank 0's DNS name may still answer its predecessor).
+    pod_ip: str | None = None
 
     @property
     def elastic(self) -> bool:
@@ -172,13 +178,8 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
     restart_mode, restart_budget = _restarts(env)
     min_members, replacement_wait = _elastic(env, nnodes, restart_mode)
     health_check, health_check_bytes = _health_check(env)
-    rank_order_file = (env.get("DDP_RANK_ORDER_FILE") or "").strip() or None
-    if rank_order_file is not None and restart_mode != "InPlace":
-        raise ConfigError(
-            "DDP_RANK_ORDER_FILE",
-            "orders the ranks of the c10d rendezvous, which only DDP_RESTART_MODE=InPlace uses",
-            "unset DDP_RANK_ORDER_FILE, or set DDP_RESTART_MODE=InPlace",
-        )
+    rank_order_file = _in_place_only(env, "DDP_RANK_ORDER_FILE", restart_mode, "orders the ranks of")
+    endpoint = _in_place_only(env, "DDP_RENDEZVOUS_ENDPOINT", restart_mode, "is the store of")
     job_name = env.get("DDPJOB_NAME") or None
     run_id = (env.get("DDP_RUN_ID") or "").strip() or f"{job_name or 'ddp-trainer'}-{attempt}"
     return DistEnv(
@@ -206,7 +207,30 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
         health_check=health_check,
         health_check_bytes=health_check_bytes,
         rank_order_file=rank_order_file,
+        rendezvous_endpoint=_endpoint(endpoint) if endpoint is not None else None,
+        pod_ip=(env.get("POD_IP") or "").strip() or None,
     )
+
+
+def _in_place_only(env: Mapping[str, str], name: str, restart_mode: str, what: str) -> str | None:
+    """A variable of the c10d rendezvous, which only the in-place launcher uses."""
+    value = (env.get(name) or "").strip() or None
+    if value is not None and restart_mode != "InPlace":
+        raise ConfigError(
+            name,
+            f"{what} the c10d rendezvous, which only DDP_RESTART_MODE=InPlace uses",
+            f"unset {name}, or set DDP_RESTART_MODE=InPlace",
+        )
+    return value
+
+
+def _endpoint(text: str) -> tuple[str, int]:
+    """DDP_RENDEZVOUS_ENDPOINT's host and port."""
+    host, _, port = text.rpartition(":")
+    fix = "set DDP_RENDEZVOUS_ENDPOINT to host:port (the job's rendezvous pod), or unset it"
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError("DDP_RENDEZVOUS_ENDPOINT", f"must be host:port, got {text!r}", fix)
+    return host, int(port)
 
 
 def _round_view(env: Mapping[str, str], launched_worker: bool) -> Mapping[str, str]:

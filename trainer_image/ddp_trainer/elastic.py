@@ -1,8 +1,10 @@
 """In-place restarts (DDP_RESTART_MODE=InPlace): torch's elastic agent on a c10d rendezvous.
 
 Every pod runs one ``LocalElasticAgent`` (torch's), which starts the pod's workers once every pod has
-joined a round of a ``DynamicRendezvousHandler`` (torch's) whose state lives in a TCP store at
-MASTER_ADDR:MASTER_PORT, hosted by the agent of NODE_RANK 0. When a worker fails, its agent stops
+joined a round of a ``DynamicRendezvousHandler`` (torch's) whose state lives in a TCP store: the job's
+rendezvous pod at DDP_RENDEZVOUS_ENDPOINT, which outlives any rank's pod (so rank 0's pod is replaced
+alone like any other), or, without it, one that the agent of NODE_RANK 0 hosts at
+MASTER_ADDR:MASTER_PORT (``ddpjob run``, a single pod). When a worker fails, its agent stops
 the pod's workers and joins the next round; torch's other agents see a pod waiting
 (``num_nodes_waiting() > 0``, polled every ``monitor_interval``), stop theirs and join too; once all
 pods are in, each starts its workers again and rank 0 resumes from the newest checkpoint.
@@ -13,7 +15,8 @@ What this module adds to torch's agent (:class:`InPlaceAgent`, a small subclass,
   smaller round, the k-th pod present, or, where the ranks follow the topology, the pod whose order
   key (``ddp_trainer.rank_order``) sorts k-th; pod 0 is rank 0 always; checked after every round.
 - **One gang-wide budget**: torch counts restarts per agent. The gang's count is the round number,
-  which rank 0's agent publishes in each round's store; a failed agent restarts only while the count
+  which rank 0's agent takes from a counter in the rendezvous store (not from its own memory: a
+  replaced rank 0 pod's agent continues it) and publishes in each round's store; a failed agent restarts only while the count
   is below DDP_RESTART_BUDGET, and not at all for a permanent exit code (docs/restarts.md). Then it
   returns the failure, the launcher exits with the worker's code and closes the rendezvous, so the
   other agents stop waiting for it.
@@ -21,9 +24,10 @@ What this module adds to torch's agent (:class:`InPlaceAgent`, a small subclass,
   SIGTERM stop (docs/trainer.md) could never complete; a worker blocked in a collective is ended by
   the kernel, not after torch's 30 s shutdown grace. A pod's own SIGTERM (its deletion) still goes
   to the workers as SIGTERM, for the agreed stop and the checkpoint, and so does a grow's stop.
-- **Measuring**: each agent appends its failures and its "workers stopped" time to the store of the
-  round it leaves; rank 0's agent, once the next round is complete, turns them into the record of
-  the last restart (``ddp_trainer.restarts.RestartRecord``), exported by the launcher's endpoint.
+- **Measuring**: each agent appends its failures and its "workers stopped" time and step to the
+  rendezvous store under the restart count of the round it leaves; rank 0's agent, once the next round
+  is complete, turns them into the record of the last restart (``ddp_trainer.restarts.RestartRecord``),
+  exported by the launcher's endpoint. A rank 0 pod that replaced a lost one finds them there too.
 - **Elastic jobs** (DDP_MIN_MEMBERS, docs/trainer.md "Elastic jobs"): a round may have
   DDP_MIN_MEMBERS to NNODES members (``last_call_timeout``: DDP_REPLACEMENT_WAIT_SECONDS). A pod after a missing one
   ranks lower (pod 0 stays rank 0: ``ddp_trainer.restarts.rank_mismatch``). When a pod joins a smaller healthy round, torch's agents restart
@@ -52,7 +56,7 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any, Final
 
-from torch._C._distributed_c10d import Store, TCPStore
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, RunProcsResult
@@ -138,6 +142,12 @@ def check_torch_agent(agent_class: type = LocalElasticAgent, agent: object | Non
 
 # Keys in each round's store (a PrefixStore of the round, so a key is per round).
 RESTARTS_KEY = "ddp/group_restarts"
+# Keys in the rendezvous store itself, the same for every round of the attempt: the gang's counters
+# (``add`` returns the new total) and, per restart count, what the round that count left held.
+ROUNDS_TOTAL_KEY = "ddp/gang/rounds"
+GROWS_TOTAL_KEY = "ddp/gang/grows"
+RESIZES_TOTAL_KEY = "ddp/gang/resizes"
+MEMBERS_KEY = "members"
 GROWS_KEY = "ddp/group_grows"
 RESIZES_KEY = "ddp/group_resizes"
 # Set by an agent that stops its healthy workers for a grow, before it stops them (see _restart_workers).
@@ -189,6 +199,7 @@ class InPlaceAgent(LocalElasticAgent):
         exit_dir: Path,
         progress_dir: Path,
         ledger: RestartLedger,
+        gang_store: Store,
     ) -> None:
         super().__init__(
             spec, logs_specs=DefaultLogsSpecs(), start_method="forkserver", shutdown_timeout=SHUTDOWN_TIMEOUT
@@ -204,11 +215,8 @@ class InPlaceAgent(LocalElasticAgent):
         self._grows = 0  # of the gang's restarts, the grows (not budgeted)
         self._members = 0  # members of the current round
         self._ledger = ledger
-        self._rounds = 0  # rank 0: the rounds it has joined
-        self._gang_grows = 0  # rank 0: the grows it has counted
-        self._gang_resizes = 0  # rank 0: the rounds it has seen change the group's size
+        self._gang_store = gang_store
         self._round_store: Store | None = None
-        self._steps_before: int | None = None
         # Set when a failed group ends the pod: the code it exits with and why.
         self.exit_code: int | None = None
         self.ending: Decision | None = None
@@ -220,7 +228,6 @@ class InPlaceAgent(LocalElasticAgent):
 
     # --- the round -------------------------------------------------------------------------------
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
-        previous, members_before = self._round_store, self._members
         super()._rendezvous(worker_group)
         reformed = time.time()
         store, group_rank = worker_group.store, worker_group.group_rank
@@ -229,9 +236,7 @@ class InPlaceAgent(LocalElasticAgent):
         problem = rank_mismatch(self._pod_rank, group_rank, self._elastic, self._ordered)
         if problem is not None:
             raise PodRankMismatchError(problem)
-        record = (
-            self._publish(store, previous, members_before, members, reformed) if group_rank == 0 else None
-        )
+        record = self._publish(store, members, reformed) if group_rank == 0 else None
         # Rank 0 sets the grows and resizes before the restarts, and a get waits for its key: all are there.
         self._restarts = int(store.get(RESTARTS_KEY))
         self._grows = int(store.get(GROWS_KEY))
@@ -253,25 +258,30 @@ class InPlaceAgent(LocalElasticAgent):
             time=f"{reformed:.6f}",
         )
 
-    def _publish(
-        self, store: Store, previous: Store | None, members_before: int, members: int, reformed: float
-    ) -> RestartRecord | None:
+    def _publish(self, store: Store, members: int, reformed: float) -> RestartRecord | None:
         """Rank 0's agent, once a round is complete: the gang's counts for it, in its store; returns
-        the record of the restart that led to it (from what the agents left in the previous round's),
-        None for the first round. The caller puts it in the ledger with the counts, in one update."""
-        self._rounds += 1
-        restarts = self._rounds - 1
+        the record of the restart that led to it (from what the agents left under the previous round's
+        restart count), None for the first round. The caller puts it in the ledger with the counts, in
+        one update. Every count comes from the rendezvous store, so a rank 0 pod that replaced a lost
+        one continues them."""
+        gang = self._gang_store
+        restarts = gang.add(ROUNDS_TOTAL_KEY, 1) - 1
         record: RestartRecord | None = None
-        if previous is not None:
-            failures = [Failure.decode(line) for line in _read_all(previous, FAILURES_KEY)]
-            stopped = [float(line.split()[1]) for line in _read_all(previous, STOPPED_KEY)]
+        grew = resized = 0
+        if restarts > 0:
+            left = _books(gang, restarts - 1)
+            failures = [Failure.decode(line) for line in _read_all(left, FAILURES_KEY)]
+            stops = [line.split() for line in _read_all(left, STOPPED_KEY)]
+            stopped = [float(fields[1]) for fields in stops]
+            steps = [int(fields[2]) for fields in stops if len(fields) > 2 and fields[2] != "-"]
+            members_before = int(left.get(MEMBERS_KEY)) if left.check([MEMBERS_KEY]) else None
             record = build_record(
-                restarts, failures, stopped, reformed, self._steps_before, members_before, members
+                restarts, failures, stopped, reformed, max(steps, default=None), members_before, members
             )
-            self._gang_grows += record.grow
-            self._gang_resizes += members_before != members
-        store.set(GROWS_KEY, str(self._gang_grows))
-        store.set(RESIZES_KEY, str(self._gang_resizes))
+            grew, resized = int(record.grow), int(members_before is not None and members_before != members)
+        _books(gang, restarts).set(MEMBERS_KEY, str(members))
+        store.set(GROWS_KEY, str(gang.add(GROWS_TOTAL_KEY, grew)))
+        store.set(RESIZES_KEY, str(gang.add(RESIZES_TOTAL_KEY, resized)))
         store.set(RESTARTS_KEY, str(restarts))
         return record
 
@@ -326,7 +336,7 @@ class InPlaceAgent(LocalElasticAgent):
             self._remaining_restarts = max(int(self._remaining_restarts), 1)
             if self._round_store is not None:
                 record = Failure(pod_rank=self._pod_rank, global_rank=rank, exit_code=code, time=seen)
-                _push(self._round_store, FAILURES_KEY, record.encode())
+                _push(_books(self._gang_store, self._restarts), FAILURES_KEY, record.encode())
         else:
             self._remaining_restarts = 0
             self.exit_code = code
@@ -392,13 +402,19 @@ class InPlaceAgent(LocalElasticAgent):
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(death_sig=signal.SIGKILL)
         stopped = time.time()
-        if self._pod_rank == 0:
-            ranks = [worker.global_rank for worker in worker_group.workers]
-            if 0 in ranks:
-                self._steps_before = read_step_marker(step_marker_path(self._progress_dir, 0))
+        # The steps this pod's first worker completed: every rank completes the same steps, ± one in flight.
+        ranks = [worker.global_rank for worker in worker_group.workers if worker.global_rank is not None]
+        steps = read_step_marker(step_marker_path(self._progress_dir, min(ranks))) if ranks else None
         _status("stopped", pod=self._pod_rank, time=f"{stopped:.6f}")
         if self._round_store is not None and self.ending is None:
-            _push(self._round_store, STOPPED_KEY, f"{self._pod_rank} {stopped:.6f}")
+            line = f"{self._pod_rank} {stopped:.6f} {'-' if steps is None else steps}"
+            _push(_books(self._gang_store, self._restarts), STOPPED_KEY, line)
+
+
+def _books(gang: Store, restarts: int) -> Store:
+    """What the round with this restart count left (its members, its failures and stops), in the
+    rendezvous store: kept after the round's own store is replaced, and where any pod finds it."""
+    return PrefixStore(f"ddp/gang/restart/{restarts}", gang)
 
 
 def _push(store: Store, key: str, value: str) -> None:
@@ -450,19 +466,22 @@ def quiet_worker_failures() -> None:
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_NoTraceback())
 
 
-def rendezvous_handler(env: DistEnv, config: TrainConfig) -> RendezvousHandler:
-    """The c10d rendezvous at MASTER_ADDR:MASTER_PORT; NODE_RANK 0's launcher hosts its store."""
+def rendezvous_handler(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHandler, Store]:
+    """The c10d rendezvous and its store: the job's rendezvous pod at DDP_RENDEZVOUS_ENDPOINT (every
+    launcher a client, waiting up to the init timeout for it to listen), or, without one, the store
+    NODE_RANK 0's launcher hosts at MASTER_ADDR:MASTER_PORT."""
     started = time.monotonic()
     timeout = timedelta(seconds=config.init_timeout)
-    is_host = env.node_rank == 0
+    host, port = env.rendezvous_endpoint or (env.master_addr, env.master_port)
+    is_host = env.rendezvous_endpoint is None and env.node_rank == 0
     store = TCPStore(
-        env.master_addr,
-        env.master_port,
+        host,
+        port,
         is_master=is_host,
         timeout=timeout,
         wait_for_workers=False,
         # A job on one machine stays on loopback (docs/trainer.md, "Where rank 0 listens").
-        master_listen_fd=loopback_listener(env.master_addr, env.master_port) if is_host else None,
+        master_listen_fd=loopback_listener(host, port) if is_host else None,
     )
     # An elastic job's round completes once DDP_MIN_MEMBERS pods have joined and then the replacement
     # wait has passed (or all NNODES are in): survivors go on without a pod that cannot be placed, and
@@ -470,7 +489,7 @@ def rendezvous_handler(env: DistEnv, config: TrainConfig) -> RendezvousHandler:
     elastic = {"last_call_timeout": env.replacement_wait} if env.elastic else {}
     params = RendezvousParameters(
         backend="c10d",
-        endpoint=f"{env.master_addr}:{env.master_port}",
+        endpoint=f"{host}:{port}",
         run_id=env.run_id,
         min_nodes=env.min_members if env.min_members is not None else env.nnodes,
         max_nodes=env.nnodes,
@@ -484,7 +503,7 @@ def rendezvous_handler(env: DistEnv, config: TrainConfig) -> RendezvousHandler:
         keep_alive_max_attempt=KEEP_ALIVE_MAX_ATTEMPT,
         **elastic,
     )
-    return create_handler(store, C10dRendezvousBackend(store, env.run_id), params)
+    return create_handler(store, C10dRendezvousBackend(store, env.run_id), params), store
 
 
 def _order_key(env: DistEnv, timeout: float) -> str | None:
@@ -501,9 +520,9 @@ def _order_key(env: DistEnv, timeout: float) -> str | None:
     return key
 
 
-def _joined_rendezvous(env: DistEnv, config: TrainConfig) -> RendezvousHandler | None:
-    """The rendezvous handler, the workers' forkserver started; None when this pod's order key never
-    came (said in its log)."""
+def _joined_rendezvous(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHandler, Store] | None:
+    """The rendezvous handler and its store, the workers' forkserver started; None when this pod's
+    order key never came (said in its log)."""
     # Rank 0 publishes the workers' store address in every round (see the module's docstring).
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     start_forkserver(config.workload)
@@ -526,9 +545,10 @@ def run_in_place(
     """Run this pod's agent until the job ends; returns the pod's exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    handler = _joined_rendezvous(env, config)
-    if handler is None:
+    joined = _joined_rendezvous(env, config)
+    if joined is None:
         return EXIT_PEER_LOST
+    handler, gang_store = joined
     spec = WorkerSpec(
         role="trainer",
         local_world_size=env.nproc_per_node,
@@ -538,8 +558,9 @@ def run_in_place(
         max_restarts=env.restart_budget,
         monitor_interval=MONITOR_INTERVAL,
         # Rank 0's workers listen on this pod's name (port: a free one, picked per round by rank 0's
-        # agent); the node descriptor's address is only a sort key.
-        master_addr=env.master_addr,
+        # agent), or on its IP where rank 0's pod may be replaced (its name may still resolve to its
+        # predecessor for a while); the node descriptor's address is only a sort key.
+        master_addr=(env.pod_ip if env.rendezvous_endpoint is not None else None) or env.master_addr,
     )
     agent = InPlaceAgent(
         spec,
@@ -547,6 +568,7 @@ def run_in_place(
         exit_dir=exit_dir,
         progress_dir=progress_dir,
         ledger=ledger,
+        gang_store=gang_store,
     )
     try:
         check_torch_agent(agent=agent)  # before the first round: nothing has started yet
@@ -581,17 +603,25 @@ def run_in_place(
                 f"the elastic group had ended when this pod came to join it ({type(error).__name__}); exiting 0"
             )
             return EXIT_OK
-        # The rendezvous failed: its host (rank 0's pod) is gone, it timed out waiting for a pod, or
-        # it was closed by a pod that ended the job. The operator restarts the gang: retried.
+        # The rendezvous failed: its store (the rendezvous pod, or rank 0's pod) is gone, it timed out
+        # waiting for a pod, or it was closed by a pod that ended the job. The operator restarts the
+        # gang: retried.
         log(
-            f"pod {env.node_rank} left the rendezvous at MASTER_ADDR:MASTER_PORT = "
-            f"{env.master_addr}:{env.master_port} ({type(error).__name__}: {error}); exiting {EXIT_PEER_LOST}"
+            f"pod {env.node_rank} left {_where(env)} ({type(error).__name__}: {error}); exiting {EXIT_PEER_LOST}"
         )
         code = EXIT_PEER_LOST
     finally:
         if close_rendezvous:
             _close(handler)
     return code
+
+
+def _where(env: DistEnv) -> str:
+    """The rendezvous this pod meets at, for its log."""
+    if env.rendezvous_endpoint is not None:
+        host, port = env.rendezvous_endpoint
+        return f"the rendezvous pod's store at DDP_RENDEZVOUS_ENDPOINT = {host}:{port}"
+    return f"the rendezvous at MASTER_ADDR:MASTER_PORT = {env.master_addr}:{env.master_port}"
 
 
 # What a pod that comes to join a group that has ended meets: a closed rendezvous, or no host at all.

@@ -331,8 +331,15 @@ def _local_env(addresses: LocalAddresses, contract: Mapping[str, str]) -> dict[s
         "DDP_METRICS_HOST": LOCALHOST,
     }
     if "PET_RDZV_ENDPOINT" in contract:
-        # In place (docs/restarts.md): the rendezvous rank 0's launcher hosts, on this machine.
+        # In place (docs/restarts.md): the rendezvous rank 0's launcher hosts, on this machine. There is
+        # no rendezvous pod here (a local pod lost restarts the whole gang: docs/cli.md), so an empty
+        # DDP_RENDEZVOUS_ENDPOINT (unset, to the trainer) and rank 0 the store's host.
         local["PET_RDZV_ENDPOINT"] = f"{LOCALHOST}:{addresses.master_port}"
+        rank0 = contract.get("NODE_RANK", contract.get("PET_NODE_RANK")) == "0"
+        conf = contract.get("PET_RDZV_CONF", "is_host=0").split(",")
+        local["PET_RDZV_CONF"] = ",".join([f"is_host={int(rank0)}", *conf[1:]])
+        if "DDP_RENDEZVOUS_ENDPOINT" in contract:
+            local["DDP_RENDEZVOUS_ENDPOINT"] = ""
     return local
 
 

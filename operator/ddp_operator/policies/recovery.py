@@ -7,11 +7,13 @@ Three recovery modes (docs/restarts.md):
   this on their own, within the gang-wide budget the operator gave them (``DDP_RESTART_BUDGET``); the
   operator learns of it from rank 0's metrics (``ddp_group_restarts_total`` and the
   ``ddp_last_restart_*`` gauges) and counts it in ``status.restarts``.
-- **one pod replaced**: a pod was lost (deleted, evicted, its node gone) but not rank 0's, which hosts
-  the rendezvous: the operator creates a new pod for that rank only, and the survivors restart in place
-  and wait for it on the next round.
-- **whole gang**: every pod deleted and the next attempt created. Rank 0's pod was lost, a launcher gave up (its budget spent, or the
-  rendezvous host gone), Kueue evicted the group, a stall, or ``runPolicy.restartMode: Recreate``.
+- **one pod replaced**: a pod was lost (deleted, evicted, its node gone): the operator creates a new pod
+  for that rank only, and the survivors restart in place and wait for it on the next round. The c10d
+  store lives in the attempt's rendezvous pod (``rendezvous_apart``), so rank 0's pod is replaced alone
+  like any other; only an elastic job keeps rank 0 special (its rounds must keep pod 0 as rank 0).
+- **whole gang**: every pod deleted and the next attempt created. A launcher gave up (its budget
+  spent, or the rendezvous pod gone), Kueue evicted the group, a stall no pod was singled out for, an
+  elastic job's rank 0 lost, or ``runPolicy.restartMode: Recreate``.
 
 Each restart is recorded in ``status.lastRestart``: cause, mode, the seconds from the failure to the
 survivors stopped, to the group re-formed and to the first training step after the resume, and the
@@ -25,7 +27,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
-from ddp_operator.observe import int_field
+from ddp_operator import names
+from ddp_operator.observe import PodObservation, int_field
 from ddp_operator.policies.failure import REASON_EVICTED, REASON_POD_DELETED, REASON_PREEMPTED, RankFailure
 from ddp_operator.spec import JobSpec
 
@@ -37,42 +40,59 @@ RECOVERY_MODES: Final = (MODE_IN_PLACE, MODE_POD_REPLACED, MODE_WHOLE_GANG)
 # A pod that went away with its process (not a process that failed inside a live pod): the only kind
 # of failure one new pod can mend.
 LOST_POD_REASONS: Final = frozenset({REASON_POD_DELETED, REASON_EVICTED, REASON_PREEMPTED})
-# Rank 0's pod hosts the c10d rendezvous (its store is in that pod's launcher): losing it loses the
-# group's meeting point, so only a whole new gang can meet again.
+# The rank whose pod is special where the store is not apart (``rank0_replaceable``): without a
+# rendezvous pod, rank 0's launcher hosts the c10d store, and losing it loses the group's meeting point.
 RENDEZVOUS_RANK: Final = 0
 
 
-def replaceable_ranks(restart_mode: str, failures: Sequence[RankFailure]) -> tuple[int, ...] | None:
+def rendezvous_apart(job: JobSpec) -> bool:
+    """The job's c10d store lives in a rendezvous pod of its own, not in rank 0's launcher: every job
+    whose pods restart in place and that has more than one pod (names.rendezvous_pod_name)."""
+    return job.run_policy.restart_mode == MODE_IN_PLACE and job.replicas > 1
+
+
+def rank0_replaceable(job: JobSpec) -> bool:
+    """Rank 0's lost pod is replaced alone like any other: the store outlives it, and the job is not
+    elastic (an elastic round without pod 0 would make another pod's worker global rank 0, which has
+    no checkpoint volume: there rank 0's loss still recreates the gang)."""
+    return rendezvous_apart(job) and job.elastic is None
+
+
+def replaceable_ranks(
+    restart_mode: str, failures: Sequence[RankFailure], *, rank0: bool = False, replicas: int = 0
+) -> tuple[int, ...] | None:
     """The ranks whose lost pods are replaced alone, or None when the attempt takes the whole-gang path.
 
     Every failure must be a lost pod: deleted, evicted or preempted (its process may have exited, by
     the SIGTERM of the deletion), or killed from outside with its launcher (``launcher_killed``: no
     launcher is left in it to restart anything). A process that exited by its launcher's decision in a
     pod that stays means the launcher gave up (a permanent code, or the gang's budget spent), which the
-    attempt's judge decides. A Kueue eviction takes the whole group away, and rank 0's pod holds the
-    rendezvous.
+    attempt's judge decides. A Kueue eviction takes the whole group away. ``rank0``: rank 0's pod may be
+    replaced alone too (``rank0_replaceable``). When every one of the ``replicas`` pods is lost, no
+    survivor holds the state: the whole gang restarts, from the disk.
     """
     if restart_mode != MODE_IN_PLACE or not failures:
         return None
     for failure in failures:
         if not is_lost_pod(failure) or failure.by_queue:
             return None
-        if failure.rank == RENDEZVOUS_RANK:
+        if failure.rank == RENDEZVOUS_RANK and not rank0:
             return None
-    return tuple(sorted({f.rank for f in failures}))
+    ranks = tuple(sorted({f.rank for f in failures}))
+    return None if replicas and len(ranks) >= replicas else ranks
 
 
 def replaceable_hung(
-    restart_mode: str, silent: Sequence[int | None], *, queued: bool
+    restart_mode: str, silent: Sequence[int | None], *, queued: bool, rank0: bool = False
 ) -> tuple[int, ...] | None:
     """The ranks of a stalled attempt's pods to replace alone: those whose metrics stopped answering
-    while the others' did (frozen or wedged pods, deleted without a grace period), when none of them is
-    rank 0's (the rendezvous' host); None: the whole gang restarts (Recreate, no pod singled out, or a
-    Kueue group, which would count the hung pod until its deletion is confirmed)."""
+    while the others' did (frozen or wedged pods, deleted without a grace period), rank 0's among them
+    only where ``rank0`` (``rank0_replaceable``); None: the whole gang restarts (Recreate, no pod singled
+    out, or a Kueue group, which would count the hung pod until its deletion is confirmed)."""
     if restart_mode != MODE_IN_PLACE or queued or not silent or any(r is None for r in silent):
         return None
     ranks = tuple(sorted({r for r in silent if r is not None}))
-    return None if RENDEZVOUS_RANK in ranks else ranks
+    return None if RENDEZVOUS_RANK in ranks and not rank0 else ranks
 
 
 def is_lost_pod(failure: RankFailure) -> bool:
@@ -80,11 +100,29 @@ def is_lost_pod(failure: RankFailure) -> bool:
     return failure.disruption in LOST_POD_REASONS or failure.launcher_killed
 
 
-def fallback_note(failures: Sequence[RankFailure]) -> str:
+def fallback_note(failures: Sequence[RankFailure], *, rank0: bool = False) -> str:
     """Why a lost pod recreates the whole gang under InPlace, for the restart's record and message."""
-    if any(f.rank == RENDEZVOUS_RANK and is_lost_pod(f) for f in failures):
-        return "rank 0's pod, which hosts the rendezvous, was lost: the whole gang is recreated"
+    if not rank0 and any(f.rank == RENDEZVOUS_RANK and is_lost_pod(f) for f in failures):
+        return "rank 0's pod was lost, and an elastic job's rounds keep pod 0 as rank 0: the whole gang is recreated"
     return ""
+
+
+# The phases in which an attempt is live: its rendezvous pod stays.
+_STORE_PHASES: Final = frozenset(
+    {names.PHASE_QUEUED, names.PHASE_PENDING, names.PHASE_STARTING, names.PHASE_RUNNING}
+)
+
+
+def stores_to_delete(pods: Sequence[PodObservation], phase: str | None, attempt: object) -> tuple[str, ...]:
+    """Rendezvous pods (``pods``: the job's own) that have no live attempt to serve: an earlier
+    attempt's, and every one once the job restarts its gang, is suspended or has finished (a store holds
+    nothing a finished job needs, whatever cleanPodPolicy keeps)."""
+    live = phase in _STORE_PHASES and isinstance(attempt, int)
+    return tuple(
+        sorted(
+            p.name for p in pods if p.rendezvous and not p.deleting and not (live and p.attempt == attempt)
+        )
+    )
 
 
 @dataclass(frozen=True)

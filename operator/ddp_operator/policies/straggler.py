@@ -66,15 +66,18 @@ def verdict(
     replaced: int,
     check: HealthCheck | None = None,
     check_pod: PodObservation | None = None,
+    *,
+    rank0: bool = False,
 ) -> StragglerVerdict:
     """Whether the straggler's pod (``pod``), or the pod of the rank the last health check found slow
-    (``check_pod``), is due for a replacement now."""
+    (``check_pod``), is due for a replacement now. ``rank0``: rank 0's pod may be replaced alone too
+    (policies.recovery.rank0_replaceable)."""
     if policy.action != STRAGGLER_REPLACE:
         return NONE
-    slow = _sighting_verdict(policy, sighting, pod, now, replaced)
+    slow = _sighting_verdict(policy, sighting, pod, now, replaced, rank0)
     if slow.replace is not None or slow.held is not None or check is None:
         return slow
-    found = _check_verdict(policy, check, check_pod, replaced)
+    found = _check_verdict(policy, check, check_pod, replaced, rank0)
     return found if found.replace is not None or found.held is not None else slow
 
 
@@ -84,6 +87,7 @@ def _sighting_verdict(
     pod: PodObservation | None,
     now: datetime,
     replaced: int,
+    rank0: bool,
 ) -> StragglerVerdict:
     if sighting is None or sighting.slowdown < policy.slowdown:
         return NONE
@@ -107,11 +111,11 @@ def _sighting_verdict(
         return StragglerVerdict(left=left)
     if pod is None or pod.rank is None or pod.deleting or pod.phase != "Running":
         return NONE
-    return _bounded(policy, sighting.rank, pod, replaced, replacement_text(policy, sighting, pod))
+    return _bounded(policy, sighting.rank, pod, replaced, replacement_text(policy, sighting, pod), rank0)
 
 
 def _check_verdict(
-    policy: StragglerPolicy, check: HealthCheck, pod: PodObservation | None, replaced: int
+    policy: StragglerPolicy, check: HealthCheck, pod: PodObservation | None, replaced: int, rank0: bool
 ) -> StragglerVerdict:
     """The health check measured the links before the group trained: a rank far below the median is
     acted on at once. A check that ended before the rank's pod started measured an earlier pod of that
@@ -126,17 +130,18 @@ def _check_verdict(
         f'({pod.name} on node {pod.node or "unknown"}; docs/trainer.md, "Health check"; runPolicy.'
         f"stragglerPolicy {policy.action}); its pod is replaced away from that node"
     )
-    return _bounded(policy, check.slow_rank, pod, replaced, text)
+    return _bounded(policy, check.slow_rank, pod, replaced, text, rank0)
 
 
 def _bounded(
-    policy: StragglerPolicy, rank: int, pod: PodObservation, replaced: int, text: str
+    policy: StragglerPolicy, rank: int, pod: PodObservation, replaced: int, text: str, rank0: bool
 ) -> StragglerVerdict:
-    """Replace ``pod``, unless it is rank 0's or the job's bound is reached (then say why not)."""
-    if pod.rank == RENDEZVOUS_RANK:
+    """Replace ``pod``, unless it is rank 0's where that is not replaced alone, or the job's bound is
+    reached (then say why not)."""
+    if pod.rank == RENDEZVOUS_RANK and not rank0:
         return StragglerVerdict(
-            held=f"rank {rank}'s pod {pod.name} hosts the rendezvous and is not replaced alone: "
-            "the straggler is reported only"
+            held=f"rank {rank}'s pod {pod.name} is rank 0's of an elastic job (or one without a rendezvous "
+            "pod), which is not replaced alone: the straggler is reported only"
         )
     if replaced >= policy.max_replacements:
         return StragglerVerdict(

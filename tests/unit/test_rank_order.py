@@ -60,7 +60,7 @@ def test_the_rendezvous_puts_each_domain_and_node_on_consecutive_ranks(
     for seed in range(5):
         placement = random_placement(seed, pods, domains, nodes)
         order = rendezvous_ranks(placement, seed)
-        assert order[0] == 0, "rank 0's pod hosts the rendezvous and holds the checkpoint"
+        assert order[0] == 0, "rank 0's pod holds the checkpoint"
         assert sorted(order) == list(range(pods))
         racks = [placement[r].domain for r in order]
         hosts = [placement[r].node for r in order]

@@ -68,8 +68,7 @@ def rank_mismatch(pod_rank: int, group_rank: int, elastic: bool, ordered: bool =
     round ranks the pods present in ``NODE_RANK`` order (:func:`node_addr`), so a pod after a missing
     one moves down: its group rank is at most its NODE_RANK. A job whose ranks follow the topology
     (``ordered``) ranks them by their order keys, any order but one: pod 0 is always rank 0, as in every
-    job: its launcher hosts the rendezvous store and its first worker, global rank 0, holds the
-    checkpoint volume.
+    job: its first worker, global rank 0, holds the checkpoint volume.
     """
     if pod_rank == 0 and group_rank != 0:
         return f"the rendezvous ranked NODE_RANK 0 as group rank {group_rank}: two pods claim NODE_RANK 0"

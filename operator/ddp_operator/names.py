@@ -202,10 +202,11 @@ def job_selector(job: str) -> dict[str, str]:
 
 
 def label_selector(job: str | None = None) -> str:
-    """The selector string for a server-side LIST/WATCH: all our pods, or one job's."""
+    """The selector string for a server-side LIST/WATCH: all our pods (the operator's watch: rank and
+    rendezvous pods), or one job's rank pods."""
     if job is None:
         return f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE},{LABEL_JOB_NAME}"
-    return ",".join(f"{key}={value}" for key, value in job_selector(job).items())
+    return ",".join([*(f"{key}={value}" for key, value in job_selector(job).items()), LABEL_RANK])
 
 
 def job_object_selector(job: str, uid: str) -> dict[str, str]:

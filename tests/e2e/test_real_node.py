@@ -382,9 +382,9 @@ def job_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
 
 
 def rank_pods(cluster: Cluster, namespace: str, job: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = get_json(cluster, "pods", "-n", namespace, "-l", f"ddp.dev/job-name={job}")[
-        "items"
-    ]
+    """The job's rank pods (not its rendezvous pod, which carries no rank)."""
+    selector = f"ddp.dev/job-name={job},ddp.dev/rank"
+    items: list[dict[str, Any]] = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
     return sorted(
         items, key=lambda p: (int(p["metadata"]["labels"]["ddp.dev/attempt"]), p["metadata"]["name"])
     )
@@ -609,10 +609,14 @@ def test_digits_trains_across_two_pods_with_equal_allreduce_bytes_and_succeeds(
     pods = wait_for("both ranks Running", lambda: running_ranks(cluster, namespace, job, 0, 2), timeout=600)
     TIMINGS.record("apply_to_all_ranks_running_s", time.monotonic() - applied)
 
-    # The rendezvous address is rank 0's stable DNS name through the headless Service.
+    # Rank 0's stable DNS name through the headless Service; the rendezvous store is the attempt's
+    # rendezvous pod, published by the same Service, which outlives any rank's pod.
     for pod in pods:
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
         assert env["MASTER_ADDR"] == f"{job}-0.{job}.{namespace}.svc", env
+        assert env["DDP_RENDEZVOUS_ENDPOINT"] == f"{job}-rdzv.{job}.{namespace}.svc:{RENDEZVOUS_PORT}", env
+    store = get_json(cluster, "pod", f"{job}-rdzv-0", "-n", namespace)
+    assert store["metadata"]["labels"]["ddp.dev/role"] == "rendezvous", store["metadata"]
 
     rank0 = next(p["metadata"]["name"] for p in pods if p["metadata"]["labels"]["ddp.dev/rank"] == "0")
     rank0_log = LogFollower(cluster, namespace, rank0)
@@ -1104,10 +1108,20 @@ def test_the_jobs_network_policy_fences_its_ranks(
         peers = peer_ports(cluster, namespace, rank1["metadata"]["name"])
         other_peers = peer_ports(cluster, namespace, other1["metadata"]["name"])
         assert peers and other_peers, f"rank 1 listens on no collective port: {peers}, {other_peers}"
-        rendezvous, peer, metrics0 = f"{ip0}:{RENDEZVOUS_PORT}", f"{ip1}:{peers[0]}", f"{ip0}:{METRICS_PORT}"
+        # The c10d store listens in each job's rendezvous pod (docs/restarts.md), which the policy fences
+        # like a rank.
+        store_ip, other_store_ip = (
+            get_json(cluster, "pod", f"{name}-rdzv-0", "-n", namespace)["status"]["podIP"]
+            for name in (job, open_job)
+        )
+        rendezvous, peer, metrics0 = (
+            f"{store_ip}:{RENDEZVOUS_PORT}",
+            f"{ip1}:{peers[0]}",
+            f"{ip0}:{METRICS_PORT}",
+        )
         fenced_ports = [rendezvous, peer, metrics0]
         open_ports = [
-            f"{other0['status']['podIP']}:{RENDEZVOUS_PORT}",
+            f"{other_store_ip}:{RENDEZVOUS_PORT}",
             f"{other1['status']['podIP']}:{other_peers[0]}",
         ]
 

@@ -277,6 +277,31 @@ def test_the_operators_own_pod_plans_to_a_local_rank() -> None:
     assert spec.pod_name == "demo-2-4"
 
 
+@pytest.mark.parametrize(("rank", "host"), [(0, "is_host=1"), (1, "is_host=0")])
+def test_a_local_gang_meets_at_rank_0_not_at_a_rendezvous_pod(rank: int, host: str) -> None:
+    """`ddpjob run` has no rendezvous pod: rank 0's launcher hosts the store on loopback."""
+    from ddp_operator import builders
+    from ddp_operator.spec import parse_job
+
+    job = parse_job(
+        {
+            "apiVersion": "ddp.dev/v1alpha1",
+            "kind": "DDPJob",
+            "metadata": {"name": "demo"},
+            "spec": {
+                "replicas": 2,
+                "template": {"spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}},
+            },
+        }
+    )
+    pod_manifest = builders.build_rank_pod(job, rank, 0)
+    assert "DDP_RENDEZVOUS_ENDPOINT" in {e["name"] for e in pod_manifest["spec"]["containers"][0]["env"]}
+    spec = plan_process(pod_manifest, rank, ADDRESSES, HOST, {})
+    assert spec.env["DDP_RENDEZVOUS_ENDPOINT"] == "", "empty: unset to the trainer"
+    assert spec.env["PET_RDZV_ENDPOINT"] == "127.0.0.1:41000"
+    assert spec.env["PET_RDZV_CONF"] == host
+
+
 def test_machine_defaults_share_the_cores_and_stay_on_loopback() -> None:
     spec = plan_process(pod({"image": "x", "env": CLUSTER_ENV}), 0, ADDRESSES, HOST, {})
     assert (spec.env["OMP_NUM_THREADS"], spec.env["GLOO_SOCKET_IFNAME"]) == ("4", "lo")

@@ -6,6 +6,8 @@ Three modes (docs/restarts.md), each on a digits job of 2 ranks with a checkpoin
   launcher restarts its workers on a new rendezvous round, no pod is created or deleted;
 - ``pod-replaced``: rank 1's pod is deleted; the operator creates one new pod for rank 1, rank 0
   restarts in place and waits for it;
+- ``rank-0-replaced``: rank 0's pod is deleted; the store is the attempt's rendezvous pod, so rank 0's
+  pod is replaced alone like any other (before the rendezvous pod, this was the whole gang's path);
 - ``whole-gang``: the same deletion under ``runPolicy.restartMode: Recreate``: every pod is recreated.
 
 Each mode's job takes ``--runs`` failures one after the other (backoffLimit leaves room for all), each
@@ -41,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits-cpu.yaml"
 NAMESPACE = "bench-recovery"
 METRICS_PORT = 9400
-MODES = ("in-place", "pod-replaced", "whole-gang")
+MODES = ("in-place", "pod-replaced", "rank-0-replaced", "whole-gang")
 T = TypeVar("T")
 
 
@@ -136,8 +138,11 @@ def rank0_metrics(kube: Kube, job: str) -> dict[str, float]:
 
 
 def fail(kube: Kube, job: str, mode: str) -> float:
-    """Fail rank 1 the mode's way; when it was done, on this machine's clock."""
-    pods = kube.json("get", "pods", "-n", NAMESPACE, "-l", f"ddp.dev/job-name={job},ddp.dev/rank=1")["items"]
+    """Fail rank 1 (rank 0 for ``rank-0-replaced``) the mode's way; when it was done, on this machine's
+    clock."""
+    rank = 0 if mode == "rank-0-replaced" else 1
+    selector = f"ddp.dev/job-name={job},ddp.dev/rank={rank}"
+    pods = kube.json("get", "pods", "-n", NAMESPACE, "-l", selector)["items"]
     victim = next(
         p["metadata"]["name"]
         for p in pods

@@ -148,6 +148,9 @@ ROUNDS_TOTAL_KEY = "ddp/gang/rounds"
 GROWS_TOTAL_KEY = "ddp/gang/grows"
 RESIZES_TOTAL_KEY = "ddp/gang/resizes"
 MEMBERS_KEY = "members"
+# In each round's store, where the store is apart: the address of the pod whose first worker is global
+# rank 0 and serves the workers' store.
+WORKERS_HOST_KEY = "ddp/workers_host"
 GROWS_KEY = "ddp/group_grows"
 RESIZES_KEY = "ddp/group_resizes"
 # Set by an agent that stops its healthy workers for a grow, before it stops them (see _restart_workers).
@@ -216,6 +219,9 @@ class InPlaceAgent(LocalElasticAgent):
         self._members = 0  # members of the current round
         self._ledger = ledger
         self._gang_store = gang_store
+        # Where rank 0's pod may be replaced (the store apart), its IP: its name may still resolve to
+        # its predecessor for a few seconds after a replacement.
+        self._pod_ip = env.pod_ip if env.rendezvous_endpoint is not None else None
         self._round_store: Store | None = None
         # Set when a failed group ends the pod: the code it exits with and why.
         self.exit_code: int | None = None
@@ -237,6 +243,12 @@ class InPlaceAgent(LocalElasticAgent):
         if problem is not None:
             raise PodRankMismatchError(problem)
         record = self._publish(store, members, reformed) if group_rank == 0 else None
+        if self._pod_ip is not None:
+            # torch gives every agent's workers spec.master_addr (the same name on every pod); this
+            # round's rank 0 says where it is instead, and every agent waits for it in the round's store.
+            if group_rank == 0:
+                store.set(WORKERS_HOST_KEY, self._pod_ip)
+            worker_group.master_addr = store.get(WORKERS_HOST_KEY).decode()
         # Rank 0 sets the grows and resizes before the restarts, and a get waits for its key: all are there.
         self._restarts = int(store.get(RESTARTS_KEY))
         self._grows = int(store.get(GROWS_KEY))
@@ -558,9 +570,9 @@ def run_in_place(
         max_restarts=env.restart_budget,
         monitor_interval=MONITOR_INTERVAL,
         # Rank 0's workers listen on this pod's name (port: a free one, picked per round by rank 0's
-        # agent), or on its IP where rank 0's pod may be replaced (its name may still resolve to its
-        # predecessor for a while); the node descriptor's address is only a sort key.
-        master_addr=(env.pod_ip if env.rendezvous_endpoint is not None else None) or env.master_addr,
+        # agent; where rank 0's pod may be replaced, the round says its IP: InPlaceAgent._rendezvous);
+        # the node descriptor's address is only a sort key.
+        master_addr=env.master_addr,
     )
     agent = InPlaceAgent(
         spec,

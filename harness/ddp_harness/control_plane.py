@@ -197,6 +197,23 @@ class LocalCluster:
         env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
         return env
 
+    def wait_established(self, *crds: str, timeout: float = 60.0) -> None:
+        """Until each CRD (by name) is Established. `kubectl wait` fails at once, rather than waiting,
+        when it reads a CRD before the apiserver wrote any condition on it ("accessor error: <nil>"): seen
+        on a loaded machine right after an apply. That read is retried, like one of a CRD not there yet."""
+        deadline = time.monotonic() + timeout
+        targets = [f"crd/{name}" for name in crds]
+        while True:
+            result = self.kubectl_run(
+                "wait", "--for=condition=Established", "--timeout=10s", *targets, check=False
+            )
+            if result.returncode == 0:
+                return
+            early = "accessor error" in result.stderr or "NotFound" in result.stderr
+            if not early or time.monotonic() > deadline:
+                raise KubectlError(result.returncode, result.args, result.stdout, result.stderr)
+            time.sleep(0.5)
+
     def kubectl_run(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60.0
     ) -> subprocess.CompletedProcess[str]:

@@ -115,7 +115,7 @@ def build_service(job: JobSpec, attempt: int) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": names.attempt_selector(job.name, job.uid, attempt),
+            "selector": names.service_selector(job.name, job.uid, attempt),
             "ports": ports,
         },
     }
@@ -237,10 +237,7 @@ def build_rendezvous_pod(job: JobSpec, attempt: int) -> dict[str, Any] | None:
     context.setdefault("runAsNonRoot", True)
     context.setdefault("seccompProfile", {"type": "RuntimeDefault"})
     _add_tolerations(pod_spec)
-    labels = {
-        **names.attempt_selector(job.name, job.uid, attempt),
-        names.LABEL_ROLE: names.ROLE_RENDEZVOUS,
-    }
+    labels = names.rendezvous_labels(job.name, job.uid, attempt)
     metadata = _metadata(job, names.rendezvous_pod_name(job.name, attempt), labels)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 

@@ -644,7 +644,8 @@ class Controller:
 
         def on_result(pod: JsonDict, created: bool) -> None:
             self.pods.remember(pod)
-            if created and self.metrics is not None:
+            rank_pod = names.LABEL_RANK in ((pod.get("metadata") or {}).get("labels") or {})
+            if created and rank_pod and self.metrics is not None:
                 self.metrics.pods_created.inc()
 
         attempt = decision.create.attempt

@@ -37,6 +37,9 @@ LABEL_SPEC_HASH: Final = "ddp.dev/spec-hash"
 LABEL_JOB_UID: Final = "ddp.dev/job-uid"
 # On the pod of a job that is no rank's: the rendezvous pod (ROLE_RENDEZVOUS). Rank pods carry none.
 LABEL_ROLE: Final = "ddp.dev/role"
+# The rendezvous pod's job, in place of LABEL_JOB_NAME: the users' rules for rank pods (a required pod
+# anti-affinity on ddp.dev/job-name, one rank per node) must never count it.
+LABEL_RENDEZVOUS_OF: Final = "ddp.dev/rendezvous-of"
 ROLE_RENDEZVOUS: Final = "rendezvous"
 RENDEZVOUS_CONTAINER: Final = "rendezvous"
 
@@ -205,27 +208,38 @@ def label_selector(job: str | None = None) -> str:
     """The selector string for a server-side LIST/WATCH: all our pods (the operator's watch: rank and
     rendezvous pods), or one job's rank pods."""
     if job is None:
-        return f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE},{LABEL_JOB_NAME}"
+        return f"{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}"
     return ",".join([*(f"{key}={value}" for key, value in job_selector(job).items()), LABEL_RANK])
 
 
 def job_object_selector(job: str, uid: str) -> dict[str, str]:
-    """Labels that select every rank pod of one job object, whatever the attempt: its NetworkPolicy's.
-
-    Without the UID, a later job of the same name would share an earlier one's policy.
+    """Labels that select every pod of one job object, whatever the attempt, its rendezvous pods too:
+    its NetworkPolicy's. The UID says which job (a later job of the same name has another); only
+    without one (a spec parsed without its object) does the name stand in.
     """
-    selector = job_selector(job)
     if uid:
-        selector[LABEL_JOB_UID] = uid
-    return selector
+        return {LABEL_MANAGED_BY: MANAGED_BY_VALUE, LABEL_JOB_UID: uid}
+    return job_selector(job)
+
+
+def service_selector(job: str, uid: str, attempt: int) -> dict[str, str]:
+    """Labels that select the pods of one attempt of one job object, its rendezvous pod too: what its
+    headless Service publishes. Neither a Terminating pod of an earlier attempt nor one of an earlier
+    job of the same name may be resolved or reached by a rank of this attempt."""
+    return {**job_object_selector(job, uid), LABEL_ATTEMPT: str(attempt)}
+
+
+def rendezvous_labels(job: str, uid: str, attempt: int) -> dict[str, str]:
+    """The rendezvous pod's labels: its Service's and its policy's, and no ddp.dev/job-name."""
+    return {
+        **service_selector(job, uid, attempt),
+        LABEL_RENDEZVOUS_OF: job,
+        LABEL_ROLE: ROLE_RENDEZVOUS,
+    }
 
 
 def attempt_selector(job: str, uid: str, attempt: int) -> dict[str, str]:
-    """Labels that select the pods of one attempt of one job object: what its Service publishes.
-
-    Neither a Terminating pod of an earlier attempt nor one of an earlier job of the same name may be
-    resolved or reached by a rank of this attempt.
-    """
+    """Labels every rank pod of one attempt of one job object carries (``rank_labels``)."""
     selector = {**job_selector(job), LABEL_ATTEMPT: str(attempt)}
     if uid:
         selector[LABEL_JOB_UID] = uid

@@ -34,8 +34,10 @@ JobKey = tuple[str, str]  # (namespace, job name)
 
 
 def job_key_of(pod: JsonDict) -> JobKey | None:
+    """The job a pod of ours belongs to: a rank pod's, or a rendezvous pod's (names.LABEL_RENDEZVOUS_OF)."""
     meta = pod.get("metadata") or {}
-    job = (meta.get("labels") or {}).get(names.LABEL_JOB_NAME)
+    labels = meta.get("labels") or {}
+    job = labels.get(names.LABEL_JOB_NAME) or labels.get(names.LABEL_RENDEZVOUS_OF)
     if not job:
         return None
     return str(meta.get("namespace", "")), str(job)

@@ -417,12 +417,7 @@ def start_kueue(
     # Too large for client-side apply's last-applied annotation.
     kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=ddp-kueue-harness", "-f", "-",
             stdin=json.dumps(patched))  # fmt: skip
-    kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        *(f"crd/{c['metadata']['name']}" for c in crds),
-    )
+    cluster.wait_established(*(c["metadata"]["name"] for c in crds))
     manifests = list(yaml.safe_load_all((prefix / "webhooks.yaml").read_text()))
     webhooks = {
         "apiVersion": "v1",

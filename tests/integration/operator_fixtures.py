@@ -16,7 +16,7 @@ def kube(local_cluster: Any) -> Kube:
     kube = Kube(local_cluster)
     crd_dir = REPO / "crds"
     kube.run("apply", "-f", str(crd_dir))
-    kube.run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    kube.cluster.wait_established("ddpjobs.ddp.dev")
     return kube
 
 

@@ -537,7 +537,7 @@ def test_install_creates_crd_rbac_and_deployment(
     kube: Kube, release_factory: Callable[[dict[str, str]], Release]
 ) -> None:
     release = release_factory({})
-    kube.run("wait", "--for=condition=Established", "--timeout=60s", f"crd/{names.CRD_NAME}")
+    kube.cluster.wait_established(names.CRD_NAME)
     for kind, name in (
         ("clusterrole", release.service_account),
         ("clusterrole", f"{release.service_account}-kopf"),

@@ -159,7 +159,7 @@ def kubectl(local_cluster: Any) -> Iterator[Callable[..., Any]]:
         return local_cluster.kubectl_run(*args, check=check, input=input)
 
     run("apply", "-f", str(CRD))
-    run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    local_cluster.wait_established("ddpjobs.ddp.dev")
     run("create", "namespace", NAMESPACE)
     yield run
     run("delete", "namespace", NAMESPACE, "--wait=false", check=False)

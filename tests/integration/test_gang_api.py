@@ -241,7 +241,7 @@ def test_two_jobs_that_each_fit_deadlock_pod_by_pod_and_run_one_after_the_other_
     ranks, and the first job ran.
     """
     gated_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
-    gated_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    gated_cluster.wait_established("ddpjobs.ddp.dev")
     suffix = uuid.uuid4().hex[:6]
     namespace = f"gang-op-{suffix}"
     waits, preempts = f"gang-test-waits-{suffix}", f"gang-test-preempts-{suffix}"
@@ -354,7 +354,7 @@ def test_one_new_member_of_a_scheduled_pod_group_is_placed_alone(
     scheduled and never returns to not-scheduled. What the 1.36 scheduler does with that one new member:
     it places it alone (the gang's minimum was met once), and the job keeps its other pods."""
     gated_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
-    gated_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    gated_cluster.wait_established("ddpjobs.ddp.dev")
     namespace = f"gang-mend-{uuid.uuid4().hex[:6]}"
     gated_cluster.create_namespace(namespace)
     operator = OperatorProcess(gated_cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
@@ -403,7 +403,7 @@ def test_an_elastic_gang_asks_the_scheduler_for_min_replicas(
     with it, seen here: with room for only 2 of its 4 pods (two of the four nodes cordoned), it binds
     2, which is enough for the group to train, and the job is Running; the other two wait."""
     gated_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
-    gated_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    gated_cluster.wait_established("ddpjobs.ddp.dev")
     namespace = f"gang-elastic-{uuid.uuid4().hex[:6]}"
     gated_cluster.create_namespace(namespace)
     nodes = sorted(n["metadata"]["name"] for n in gated_cluster.get_json("nodes")["items"])[:2]
@@ -448,7 +448,7 @@ def test_kueue_admission_and_the_in_tree_gang_combine(gated_cluster: LocalCluste
     beyond the quota stays Queued with no pod bound, and runs once the first is done."""
     prefix = ensure_built()
     gated_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
-    gated_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    gated_cluster.wait_established("ddpjobs.ddp.dev")
     kueue = start_kueue(gated_cluster, tmp_path / "kueue", prefix)
     suffix = uuid.uuid4().hex[:6]
     namespace, cluster_queue = f"gang-kueue-{suffix}", f"cq-{suffix}"
@@ -580,7 +580,7 @@ def test_a_required_rack_places_the_gang_and_its_replacement_in_one_rack_or_not_
     though free GPUs wait in every other rack. A 5-rank job fits no rack (4 GPUs each): none of its pods
     is bound, the PodGroup is refused by the scheduler."""
     gated_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
-    gated_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    gated_cluster.wait_established("ddpjobs.ddp.dev")
     namespace = f"gang-topo-{uuid.uuid4().hex[:6]}"
     gated_cluster.create_namespace(namespace)
     with node_pool(gated_cluster) as pool:

@@ -126,8 +126,9 @@ def test_logs_follow_ranks_across_a_replaced_pod_and_a_new_attempt(
             follower.err
         )
 
-        # Rank 0's pod lost: the whole gang starts attempt 1; both ranks move to it.
-        kube.run("delete", "pod", "follow-0-0", "-n", namespace, "--wait=false")
+        # Rank 0's launcher gives up (a retried code, its own decision): the whole gang starts attempt 1;
+        # both ranks move to it.
+        kube.end_pod(namespace, "follow-0-0", 143)
         running_ranks(kube, namespace, "follow", 2, attempt=1)
         say(kube, namespace, "follow-0-1", follower, "rank 0 attempt 1 line 1")
         say(kube, namespace, "follow-1-1", follower, "rank 1 attempt 1 line 1")

@@ -359,7 +359,7 @@ def serving(
 ) -> Iterator[OperatorProcess]:
     """The operator serving ``namespace``, the CRD installed first."""
     local_cluster.kubectl_run("apply", "--server-side", "-f", str(REPO / "crds"))
-    local_cluster.kubectl_run("wait", "--for=condition=Established", "--timeout=60s", "crd/ddpjobs.ddp.dev")
+    local_cluster.wait_established("ddpjobs.ddp.dev")
     process = OperatorProcess(local_cluster.kubeconfig, [namespace], tmp_path / "operator.log").start()
     try:
         yield process

@@ -54,7 +54,8 @@ def test_every_job_gets_a_policy_admitting_its_own_pods_and_prometheus_only(
     assert meta["labels"] == names.job_selector("fenced")
     assert not meta.get("finalizers")
 
-    own = {"matchLabels": {**names.job_selector("fenced"), names.LABEL_JOB_UID: uid}}
+    # The job object's pods by its UID: its rendezvous pod (no ddp.dev/job-name) is fenced like a rank.
+    own = {"matchLabels": {names.LABEL_MANAGED_BY: names.MANAGED_BY_VALUE, names.LABEL_JOB_UID: uid}}
     assert policy["spec"]["podSelector"] == own
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     assert policy["spec"]["ingress"] == [
@@ -63,8 +64,10 @@ def test_every_job_gets_a_policy_admitting_its_own_pods_and_prometheus_only(
         # Prometheus (the default: the namespace `monitoring`) on the metrics port only.
         {"from": list(builders.DEFAULT_METRICS_ALLOW_FROM), "ports": [{"protocol": "TCP", "port": 9400}]},
     ]
-    # What the apiserver's own label selection makes of it: exactly the job's rank pods.
-    assert _selected_pods(kube, namespace, policy) == sorted(p["metadata"]["name"] for p in pods)
+    # What the apiserver's own label selection makes of it: exactly the job's rank pods and the attempt's
+    # rendezvous pod, whose store the ranks reach.
+    expected = [*(p["metadata"]["name"] for p in pods), names.rendezvous_pod_name("fenced", 0)]
+    assert _selected_pods(kube, namespace, policy) == sorted(expected)
 
 
 def test_a_job_that_turns_it_off_gets_no_policy(

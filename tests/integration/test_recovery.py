@@ -100,13 +100,14 @@ def test_a_deleted_rank_pod_is_replaced_alone(
     assert "PodReplaced" in reasons
     assert not any(c["type"] == "Restarting" for c in status["conditions"]), "the job never left Running"
 
-    # The Service publishes exactly the group's pods: the replacement in, the deleted pod out.
+    # The Service publishes exactly the group's pods: the replacement in, the deleted pod out, and the
+    # attempt's rendezvous pod, where every launcher meets.
     def published() -> set[str] | None:
         slices = kube.json(
             "get", "endpointslices", "-n", namespace, "-l", "kubernetes.io/service-name=alone"
         )["items"]
         targets = {e.get("targetRef", {}).get("name") for s in slices for e in s.get("endpoints") or []}
-        return targets if targets == {"alone-0-0", "alone-1-0r1", "alone-2-0"} else None
+        return targets if targets == {"alone-0-0", "alone-1-0r1", "alone-2-0", "alone-rdzv-0"} else None
 
     wait_for("the Service to publish the current group", published, timeout=60)
 
@@ -141,18 +142,46 @@ def test_a_pod_killed_with_its_launcher_is_replaced_alone(
     assert (record["mode"], record["cause"], record["rank"], status["restarts"]) == (mode, "ExitCode", 2, 1)
 
 
-def test_losing_rank_0s_pod_recreates_the_whole_gang(
+def test_losing_rank_0s_pod_replaces_it_alone_and_the_rendezvous_pod_stays(
     kube: Kube, namespace: str, tmp_path: Path, operators: list[OperatorProcess]
 ) -> None:
-    started(kube, namespace, tmp_path, operators, ddpjob("host", replicas=2))
+    """No rank is special: the store is the attempt's rendezvous pod, which outlives rank 0's pod."""
+    before = uids(started(kube, namespace, tmp_path, operators, ddpjob("host", replicas=2)))
+    store = kube.json("get", "pod", "host-rdzv-0", "-n", namespace)["metadata"]["uid"]
     delete_pod(kube, namespace, "host-0-0")
-    running_ranks(kube, namespace, "host", 2, attempt=1)
+    members = replaced(kube, namespace, "host", 2, 0, by="host-0-0r1")
+    assert members[1]["metadata"]["uid"] == before[1], "the survivor keeps its pod"
     status = wait_phase(kube, namespace, "host", "Running")
-    assert (status["attempt"], status["restarts"]) == (1, 1)
+    assert (status["attempt"], status["restarts"], status["podReplacements"]) == (0, 1, 1)
     record = status["lastRestart"]
-    assert (record["mode"], record["rank"]) == ("WholeGang", 0)
-    assert "rendezvous" in record["note"]
-    assert not any("r" in p["metadata"]["name"].rsplit("-", 1)[1] for p in kube.live_pods(namespace, "host"))
+    assert (record["mode"], record["cause"], record["rank"]) == ("PodReplaced", "PodDeleted", 0)
+    assert "note" not in record
+    assert kube.json("get", "pod", "host-rdzv-0", "-n", namespace)["metadata"]["uid"] == store, (
+        "the rendezvous pod outlives rank 0's"
+    )
+
+
+def test_the_rendezvous_pod_goes_with_its_attempt(
+    kube: Kube, namespace: str, tmp_path: Path, operators: list[OperatorProcess]
+) -> None:
+    """A whole-gang restart meets in a new store; a finished job keeps none, whatever cleanPodPolicy."""
+    job = ddpjob("stores", replicas=2, run_policy={"cleanPodPolicy": "None"})
+    started(kube, namespace, tmp_path, operators, job)
+    kube.end_pod(namespace, "stores-1-0", 143)  # its launcher gave up: the whole gang
+    running_ranks(kube, namespace, "stores", 2, attempt=1)
+
+    def stores() -> list[str]:
+        listed = kube.json("get", "pods", "-n", namespace, "-l", f"{names.LABEL_RENDEZVOUS_OF}=stores")
+        return sorted(
+            p["metadata"]["name"] for p in listed["items"] if not p["metadata"].get("deletionTimestamp")
+        )
+
+    wait_for("only attempt 1's rendezvous pod", lambda: stores() == ["stores-rdzv-1"], timeout=60)
+    for rank in (0, 1):
+        kube.end_pod(namespace, f"stores-{rank}-1", 0)
+    wait_phase(kube, namespace, "stores", "Succeeded")
+    wait_for("no rendezvous pod", lambda: stores() == [], timeout=60)
+    assert len(kube.live_pods(namespace, "stores")) == 2, "cleanPodPolicy None keeps the rank pods"
 
 
 def test_replacements_spend_backoff_limit(

@@ -16,6 +16,8 @@ from typing import Any
 
 from tests.integration.operator_harness import free_port
 
+from ddp_operator import builders
+
 
 def container_env(pod: dict[str, Any]) -> dict[str, str]:
     trainer = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
@@ -40,10 +42,18 @@ def trainer_processes(
     pods: list[dict[str, Any]], logs: Path, program: list[str], extra_env: dict[str, str] | None = None
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """One real trainer process per rank pod (``python <program...>``), with that pod's env and
-    ``extra_env``, serving /metrics at the pod's IP; killed at the end."""
+    ``extra_env``, serving /metrics at the pod's IP; killed at the end. Where the pods meet at the job's
+    rendezvous pod (DDP_RENDEZVOUS_ENDPOINT), its program runs too, as a process on loopback."""
     rendezvous = free_port()
     started: list[subprocess.Popen[bytes]] = []
     try:
+        apart = any("DDP_RENDEZVOUS_ENDPOINT" in container_env(pod) for pod in pods)
+        if apart:
+            store = [sys.executable, "-c", builders.RENDEZVOUS_STORE_PROGRAM, str(rendezvous)]
+            with open(logs / "rendezvous.log", "wb") as log:
+                started.append(
+                    subprocess.Popen(store, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                )
         for pod in pods:
             env_contract = container_env(pod)
             rank = env_contract["RANK"]
@@ -58,11 +68,14 @@ def trainer_processes(
                 MASTER_PORT=str(rendezvous),
                 LOCAL_RANK="0",
                 DDP_METRICS_HOST=pod["status"]["podIP"],
+                POD_IP=pod["status"]["podIP"],
                 GLOO_SOCKET_IFNAME="lo",
                 OMP_NUM_THREADS="1",
                 PYTHONUNBUFFERED="1",
                 **(extra_env or {}),
             )
+            if apart:
+                env["DDP_RENDEZVOUS_ENDPOINT"] = env["PET_RDZV_ENDPOINT"] = f"127.0.0.1:{rendezvous}"
             with open(logs / f"rank{rank}.log", "wb") as log:
                 started.append(
                     subprocess.Popen(

@@ -74,9 +74,9 @@ def test_service_is_headless_and_publishes_not_ready_addresses() -> None:
     assert service["metadata"]["name"] == "mnist"
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
+    # The job object's UID, not its name: the rendezvous pod carries no ddp.dev/job-name.
     assert service["spec"]["selector"] == {
         "app.kubernetes.io/managed-by": "ddp-operator",
-        "ddp.dev/job-name": "mnist",
         "ddp.dev/job-uid": JOB_UID,
         "ddp.dev/attempt": "3",
     }
@@ -418,9 +418,9 @@ def test_spec_hash_follows_what_shapes_the_pods(change: dict[str, Any], changes_
 # ---- the NetworkPolicy --------------------------------------------------------------------------
 
 PROMETHEUS = ({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},)
+# Every pod of the job object, its rendezvous pod too (which carries no ddp.dev/job-name).
 OWN_PODS = {
     "app.kubernetes.io/managed-by": "ddp-operator",
-    "ddp.dev/job-name": "mnist",
     "ddp.dev/job-uid": JOB_UID,
 }
 
@@ -551,7 +551,10 @@ def test_the_rendezvous_pod_runs_the_trainers_image_as_no_rank_under_the_templat
     assert store is not None
     meta, spec = store["metadata"], store["spec"]
     assert meta["name"] == "mnist-rdzv-3" and meta["labels"]["ddp.dev/role"] == "rendezvous"
-    assert "ddp.dev/rank" not in meta["labels"], "no rank's pod: the rank rules never count it"
+    # No rank's pod: the operator's rank rules never count it, nor do the users' rules for rank pods (a
+    # required anti-affinity on ddp.dev/job-name, one rank per node).
+    assert "ddp.dev/rank" not in meta["labels"] and "ddp.dev/job-name" not in meta["labels"]
+    assert meta["labels"]["ddp.dev/rendezvous-of"] == "mnist"
     # The Service (this attempt's pods) publishes it; the NetworkPolicy (the job's pods) admits its peers.
     assert builders.build_service(job, 3)["spec"]["selector"].items() <= meta["labels"].items()
     policy = builders.build_network_policy(job, ())

@@ -141,7 +141,10 @@ def test_the_affinity_path_keeps_the_templates_affinity_and_prefers_the_jobs_own
     assert terms[1] == {
         "weight": 100,
         "podAffinityTerm": {
-            "labelSelector": {"matchLabels": {names.LABEL_JOB_UID: JOB_UID}},
+            "labelSelector": {
+                "matchLabels": {names.LABEL_JOB_UID: JOB_UID},
+                "matchExpressions": [{"key": names.LABEL_RANK, "operator": "Exists"}],
+            },
             "topologyKey": "example.com/rack",
         },
     }

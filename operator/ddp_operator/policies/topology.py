@@ -124,9 +124,14 @@ def affinity_term(job: JobSpec) -> dict[str, Any] | None:
     if topology is None or job_path(job) != PATH_AFFINITY:
         return None
     selector = {names.LABEL_JOB_UID: job.uid} if job.uid else names.job_selector(job.name)
+    # The job's rank pods: its rendezvous pod carries no rank (and placing ranks near it gains nothing).
+    ranks = [{"key": names.LABEL_RANK, "operator": "Exists"}]
     return {
         "weight": AFFINITY_WEIGHT,
-        "podAffinityTerm": {"labelSelector": {"matchLabels": selector}, "topologyKey": topology.key},
+        "podAffinityTerm": {
+            "labelSelector": {"matchLabels": selector, "matchExpressions": ranks},
+            "topologyKey": topology.key,
+        },
     }
 
 

@@ -346,18 +346,10 @@ def _replaced_alone(
     else:
         _kill_container(namespace, lost)
     if rank == 0:
-        # The new rank 0 pod's log holds the resume and the final line.
-        replacement = suite.wait_for(
-            f"{lost}r1 running",
-            lambda: (
-                suite.running_ranks(cluster, namespace, job, 0, 2)
-                and any(
-                    p["metadata"]["name"] == f"{lost}r1" for p in suite.rank_pods(cluster, namespace, job)
-                )
-            ),
-            timeout=600,
+        # The new rank 0 pod's log holds the resume and the final line: followed once its trainer runs.
+        suite.wait_for(
+            f"{lost}r1's trainer running", lambda: _trainer_running(cluster, namespace, f"{lost}r1")
         )
-        assert replacement
         rank0_log = suite.LogFollower(cluster, namespace, f"{lost}r1")
     status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
     after = _pod_uids(cluster, namespace, job)
@@ -377,6 +369,15 @@ def _replaced_alone(
         timeout=120,
     )
     suite.TIMINGS.record(f"pod_replaced_{how}_rank{rank}_resumed_s", float(record["resumedSeconds"]))
+
+
+def _trainer_running(cluster: suite.ExternalCluster, namespace: str, pod: str) -> bool:
+    """The pod's trainer container has started (its log can be followed from its first line)."""
+    found = cluster.kubectl_run("get", "pod", pod, "-n", namespace, "-o", "json", check=False)
+    if found.returncode != 0:
+        return False
+    statuses = json.loads(found.stdout).get("status", {}).get("containerStatuses") or []
+    return any(s.get("name") == "trainer" and "running" in (s.get("state") or {}) for s in statuses)
 
 
 def test_a_frozen_pod_is_found_without_a_stall_timeout_and_replaced_alone(

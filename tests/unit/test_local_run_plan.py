@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from ddp_operator import builders
 from ddp_operator.local.plan import (
     Host,
     LocalAddresses,
@@ -16,6 +17,7 @@ from ddp_operator.local.plan import (
     parse_quantity,
     plan_process,
 )
+from ddp_operator.spec import JobSpec, parse_job
 
 pytestmark = pytest.mark.unit
 
@@ -245,22 +247,21 @@ def test_a_pod_without_trainer_is_refused() -> None:
         plan_process({"metadata": {}, "spec": {"containers": [{"name": "main"}]}}, 0, ADDRESSES, HOST, {})
 
 
-def test_the_operators_own_pod_plans_to_a_local_rank() -> None:
-    from ddp_operator import builders
-    from ddp_operator.spec import parse_job
-
-    job = parse_job(
+def demo_job(**spec: Any) -> JobSpec:
+    """The DDPJob `demo` with ``spec`` beside a one-container template."""
+    template = {"spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}}
+    return parse_job(
         {
             "apiVersion": "ddp.dev/v1alpha1",
             "kind": "DDPJob",
             "metadata": {"name": "demo"},
-            "spec": {
-                "replicas": 3,
-                "nprocPerNode": 2,
-                "template": {"spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}},
-            },
+            "spec": {**spec, "template": template},
         }
     )
+
+
+def test_the_operators_own_pod_plans_to_a_local_rank() -> None:
+    job = demo_job(replicas=3, nprocPerNode=2)
     spec = plan_process(builders.build_rank_pod(job, 2, 4), 2, ADDRESSES, HOST, {})
     assert spec.argv == ("/venv/bin/python", "-m", "ddp_trainer")
     picked = {
@@ -280,21 +281,7 @@ def test_the_operators_own_pod_plans_to_a_local_rank() -> None:
 @pytest.mark.parametrize(("rank", "host"), [(0, "is_host=1"), (1, "is_host=0")])
 def test_a_local_gang_meets_at_rank_0_not_at_a_rendezvous_pod(rank: int, host: str) -> None:
     """`ddpjob run` has no rendezvous pod: rank 0's launcher hosts the store on loopback."""
-    from ddp_operator import builders
-    from ddp_operator.spec import parse_job
-
-    job = parse_job(
-        {
-            "apiVersion": "ddp.dev/v1alpha1",
-            "kind": "DDPJob",
-            "metadata": {"name": "demo"},
-            "spec": {
-                "replicas": 2,
-                "template": {"spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}},
-            },
-        }
-    )
-    pod_manifest = builders.build_rank_pod(job, rank, 0)
+    pod_manifest = builders.build_rank_pod(demo_job(replicas=2), rank, 0)
     assert "DDP_RENDEZVOUS_ENDPOINT" in {e["name"] for e in pod_manifest["spec"]["containers"][0]["env"]}
     spec = plan_process(pod_manifest, rank, ADDRESSES, HOST, {})
     assert spec.env["DDP_RENDEZVOUS_ENDPOINT"] == "", "empty: unset to the trainer"
@@ -329,20 +316,8 @@ def test_a_topology_manifest_runs_locally_with_ranks_in_pod_order(tmp_path: Path
 
     from ddp_operator.local.console import Console
     from ddp_operator.local.runner import LocalJobRunner, RunOptions, StopRequest
-    from ddp_operator.spec import parse_job
 
-    job = parse_job(
-        {
-            "apiVersion": "ddp.dev/v1alpha1",
-            "kind": "DDPJob",
-            "metadata": {"name": "demo"},
-            "spec": {
-                "replicas": 2,
-                "scheduling": {"topology": {"preferred": "topology.kubernetes.io/rack"}},
-                "template": {"spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}},
-            },
-        }
-    )
+    job = demo_job(replicas=2, scheduling={"topology": {"preferred": "topology.kubernetes.io/rack"}})
     runner = LocalJobRunner(
         job, RunOptions(workdir=tmp_path), Console(io.StringIO(), live=False), StopRequest()
     )

@@ -173,6 +173,8 @@ build_image() {
   # (trainer_image/Dockerfile says why that is safe).
   [[ $dockerfile == trainer_image/* ]] && extra=(--build-arg DROP_TRITON=1)
   log "building $image on $base"
+  local replaced
+  replaced=$($DOCKER image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)
   # shellcheck disable=SC2086
   DOCKER_BUILDKIT=0 $DOCKER build --network host ${DOCKER_BUILD_FLAGS:-} \
     --build-arg BASE_IMAGE="$base" \
@@ -180,6 +182,12 @@ build_image() {
     --label org.opencontainers.image.version="$VERSION" \
     -f "$context/$dockerfile" -t "$image" "$context" >"$IMAGES_CACHE/build-${image%%:*}.log" 2>&1 \
     || { tail -n 40 "$IMAGES_CACHE/build-${image%%:*}.log" >&2; die "building $image failed (log above)"; }
+  # The image this build replaced under the tag, with its untagged layers: each code change of the
+  # trainer leaves ~5 GB behind otherwise, and a machine that builds every run fills its disk (a CI run
+  # here once failed with "no space left on device" in `kind load`). One still in use stays.
+  if [[ -n $replaced && $replaced != "$($DOCKER image inspect -f '{{.Id}}' "$image")" ]]; then
+    $DOCKER image rm "$replaced" >/dev/null 2>&1 || log "kept the image $image replaced ($replaced): still in use"
+  fi
   BUILD_SECONDS[$image]=$((SECONDS - started))
 }
 

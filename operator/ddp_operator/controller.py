@@ -772,10 +772,11 @@ def _log_decision(key: JobKey, decision: Decision) -> None:
 def _rank_pods(job: JobSpec, decision: Decision, patch: Mapping[str, Any] | None) -> list[JsonDict]:
     """The attempt's missing ranks and the replacements of lost pods, each with the gang's restart budget,
     kept off the nodes the job moved away from (the status the decision writes records them); first the
-    attempt's rendezvous pod, where the job has one (created once: later it already exists, and is ours)."""
+    attempt's rendezvous pod, where the job has one, with the attempt's own ranks (a replacement joins a
+    store that exists: creating it again would only cost an API call)."""
     attempt, budget = decision.create.attempt, decision.create.restart_budget
     avoid = straggler.avoided_nodes(decision.report.status)
-    store = builders.build_rendezvous_pod(job, attempt)
+    store = builders.build_rendezvous_pod(job, attempt) if decision.create.ranks else None
     pods = [store] if store is not None else []
     pods += [
         builders.build_rank_pod(

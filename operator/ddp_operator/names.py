@@ -106,6 +106,8 @@ PHASES: Final = (
     PHASE_SUSPENDED,
 )
 FINISHED_PHASES: Final = frozenset({PHASE_SUCCEEDED, PHASE_FAILED})
+# The phases of a live attempt: its pods should exist.
+LIVE_PHASES: Final = frozenset({PHASE_QUEUED, PHASE_PENDING, PHASE_STARTING, PHASE_RUNNING})
 
 # Condition types: each one is True exactly while status.phase has the same name.
 CONDITION_TYPES: Final = (

@@ -88,9 +88,6 @@ _STOP_REASONS: Final = frozenset(
 # While waiting for the old attempt's pods to go, look again this often even without pod events.
 RESTART_POLL_SECONDS: Final = 5.0
 
-_LIVE_PHASES: Final = frozenset(
-    {names.PHASE_QUEUED, names.PHASE_PENDING, names.PHASE_STARTING, names.PHASE_RUNNING}
-)
 _WARNING_PHASES: Final = frozenset({names.PHASE_RESTARTING, names.PHASE_FAILED})
 # The Event of each notice policies.recovery.restart_notice gives.
 _RESTART_NOTICE_REASONS: Final = {
@@ -138,13 +135,14 @@ def _min_wait(*waits: float | None) -> float | None:
     return min(present) if present else None
 
 
-def _ours(job: JobSpec, pods: Sequence[PodObservation]) -> list[PodObservation]:
+def _owned(job: JobSpec, pods: Sequence[PodObservation]) -> list[PodObservation]:
     """Pods of this job object: a pod owned by an earlier job of the same name is not ours to judge."""
-    return [
-        p
-        for p in pods
-        if p.rank is not None and p.attempt is not None and (not job.uid or p.owner_uid in (None, job.uid))
-    ]
+    return [p for p in pods if not job.uid or p.owner_uid in (None, job.uid)]
+
+
+def _ours(job: JobSpec, pods: Sequence[PodObservation]) -> list[PodObservation]:
+    """This job object's rank pods (its rendezvous pods carry no rank)."""
+    return [p for p in _owned(job, pods) if p.rank is not None and p.attempt is not None]
 
 
 def _deletable(pods: Sequence[PodObservation]) -> tuple[str, ...]:
@@ -1028,8 +1026,9 @@ def decide(
     old: Mapping[str, Any] = status or {}
     decision = _decide(job, old, _ours(job, pods), now, refusal, rules, observed, queue)
     # The rendezvous pods (no rank's, so not in _ours) go with the attempt they served.
-    stores = [p for p in pods if not job.uid or p.owner_uid in (None, job.uid)]
-    doomed = recovery.stores_to_delete(stores, decision.phase, decision.report.status.get("attempt"))
+    doomed = recovery.stores_to_delete(
+        _owned(job, pods), decision.phase, decision.report.status.get("attempt")
+    )
     return replace(decision, delete=replace(decision.delete, pods=decision.delete.pods + doomed))
 
 
@@ -1056,7 +1055,7 @@ def _decide(
     if phase == names.PHASE_SUSPENDED:
         target = attempt + 1 if isinstance(attempt, int) else 0
         return _start_attempt(job, old, ours, now, target, rules)
-    if phase in _LIVE_PHASES and isinstance(attempt, int):
+    if phase in names.LIVE_PHASES and isinstance(attempt, int):
         return _live(job, old, ours, now, rules, observed, queue)
     # A new job, or one whose first creation was interrupted: finish creating its newest attempt.
     newest = max((p.attempt for p in ours if p.attempt is not None), default=0)

@@ -111,6 +111,11 @@ class DistEnv:
     pod_ip: str | None = None
 
     @property
+    def rendezvous_store(self) -> tuple[str, int]:
+        """Where the c10d rendezvous' store listens: the rendezvous pod, or NODE_RANK 0's launcher."""
+        return self.rendezvous_endpoint or (self.master_addr, self.master_port)
+
+    @property
     def elastic(self) -> bool:
         return self.min_members is not None
 

@@ -484,7 +484,7 @@ def rendezvous_handler(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHan
     NODE_RANK 0's launcher hosts at MASTER_ADDR:MASTER_PORT."""
     started = time.monotonic()
     timeout = timedelta(seconds=config.init_timeout)
-    host, port = env.rendezvous_endpoint or (env.master_addr, env.master_port)
+    host, port = env.rendezvous_store
     is_host = env.rendezvous_endpoint is None and env.node_rank == 0
     store = TCPStore(
         host,
@@ -630,10 +630,10 @@ def run_in_place(
 
 def _where(env: DistEnv) -> str:
     """The rendezvous this pod meets at, for its log."""
+    host, port = env.rendezvous_store
     if env.rendezvous_endpoint is not None:
-        host, port = env.rendezvous_endpoint
         return f"the rendezvous pod's store at DDP_RENDEZVOUS_ENDPOINT = {host}:{port}"
-    return f"the rendezvous at MASTER_ADDR:MASTER_PORT = {env.master_addr}:{env.master_port}"
+    return f"the rendezvous at MASTER_ADDR:MASTER_PORT = {host}:{port}"
 
 
 # What a pod that comes to join a group that has ended meets: a closed rendezvous, or no host at all.

@@ -107,17 +107,11 @@ def fallback_note(failures: Sequence[RankFailure], *, rank0: bool = False) -> st
     return ""
 
 
-# The phases in which an attempt is live: its rendezvous pod stays.
-_STORE_PHASES: Final = frozenset(
-    {names.PHASE_QUEUED, names.PHASE_PENDING, names.PHASE_STARTING, names.PHASE_RUNNING}
-)
-
-
 def stores_to_delete(pods: Sequence[PodObservation], phase: str | None, attempt: object) -> tuple[str, ...]:
     """Rendezvous pods (``pods``: the job's own) that have no live attempt to serve: an earlier
     attempt's, and every one once the job restarts its gang, is suspended or has finished (a store holds
     nothing a finished job needs, whatever cleanPodPolicy keeps)."""
-    live = phase in _STORE_PHASES and isinstance(attempt, int)
+    live = phase in names.LIVE_PHASES and isinstance(attempt, int)
     return tuple(
         sorted(
             p.name for p in pods if p.rendezvous and not p.deleting and not (live and p.attempt == attempt)

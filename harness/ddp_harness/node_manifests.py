@@ -47,6 +47,24 @@ def normalized_image_ref(ref: str) -> str:
     return f"{name}:{tag}"
 
 
+def image_refs_to_remove(listing: str, name: str) -> list[str]:
+    """What must go for containerd to free the image stored as `name`, from `ctr images ls` output:
+    the name and every `sha256:<image id>` alias of the same manifest. The CRI plugin adds that alias
+    for each image it manages, and the alias alone keeps the content and its unpacked layers alive, so
+    removing only the name leaked a whole trainer image (~9 GiB) per rebuild. Other names of the same
+    manifest stay: someone chose them."""
+    targets: dict[str, str] = {}
+    for line in listing.splitlines()[1:]:
+        cols = line.split()
+        if len(cols) >= 3:
+            targets[cols[0]] = cols[2]
+    digest = targets.get(name)
+    if digest is None:
+        return []
+    aliases = sorted(r for r, d in targets.items() if d == digest and r.startswith("sha256:"))
+    return [name, *aliases]
+
+
 @dataclass(frozen=True)
 class NodeNetwork:
     """The node's private network: a Linux bridge holding the gateway address of the pod CIDR. The

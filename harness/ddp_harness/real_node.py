@@ -249,16 +249,17 @@ def load_images(layout: nm.NodeLayout, refs: Sequence[str], progress: Progress =
     (by Docker image ID, remembered next to the image store)."""
     marker = layout.image_store / "ddp-imported.json"
     imported: dict[str, str] = json.loads(marker.read_text()) if marker.is_file() else {}
-    present = set(_run(_ctr(layout, "images", "ls", "-q")).stdout.split())
+    listing = _run(_ctr(layout, "images", "ls")).stdout
     for ref in refs:
         image_id = _docker_image_id(ref)
         name = nm.normalized_image_ref(ref)
-        if imported.get(name) == image_id and name in present:
+        stale = nm.image_refs_to_remove(listing, name)
+        if imported.get(name) == image_id and stale:
             continue
-        if name in present:
-            # A rebuilt image under the same tag: drop the old one first, synchronously, so containerd's
-            # garbage collector frees its content and unpacked layers (the trainer is ~17 GiB of both).
-            _run(_ctr(layout, "images", "rm", "--sync", name))
+        if stale:
+            # A rebuilt image under the same tag: drop the old one and its CRI alias first,
+            # synchronously, so containerd's garbage collector frees its content and unpacked layers.
+            _run(_ctr(layout, "images", "rm", "--sync", *stale))
         started = time.monotonic()
         save = subprocess.Popen(["docker", "save", ref], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         load = subprocess.run(

@@ -41,6 +41,37 @@ def test_normalized_image_ref(ref: str, expected: str) -> None:
     assert nm.normalized_image_ref(ref) == expected
 
 
+# `ctr images ls` as the node's containerd printed it: the CRI plugin's `sha256:<image id>` alias of
+# each managed image points at the same manifest digest as the image's name.
+_CTR_LISTING = """REF TYPE DIGEST SIZE PLATFORMS LABELS
+docker.io/library/ddp-trainer:0.1.0 application/vnd.docker.distribution.manifest.v2+json sha256:e37f 4.5 GiB linux/amd64 io.cri-containerd.image=managed
+docker.io/library/ddp-trainer:keep application/vnd.docker.distribution.manifest.v2+json sha256:e37f 4.5 GiB linux/amd64 io.cri-containerd.image=managed
+docker.io/library/ddp-pause:ddp-1 application/vnd.docker.distribution.manifest.v2+json sha256:556f 1.4 MiB linux/amd64 io.cri-containerd.image=managed
+sha256:5681 application/vnd.docker.distribution.manifest.v2+json sha256:e37f 4.5 GiB linux/amd64 io.cri-containerd.image=managed
+sha256:a15f application/vnd.docker.distribution.manifest.v2+json sha256:556f 1.4 MiB linux/amd64 io.cri-containerd.image=managed
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        pytest.param(
+            "docker.io/library/ddp-trainer:0.1.0",
+            ["docker.io/library/ddp-trainer:0.1.0", "sha256:5681"],
+            id="name-and-its-cri-alias-not-another-tag",
+        ),
+        pytest.param(
+            "docker.io/library/ddp-pause:ddp-1",
+            ["docker.io/library/ddp-pause:ddp-1", "sha256:a15f"],
+            id="pause",
+        ),
+        pytest.param("docker.io/library/absent:1", [], id="not-stored"),
+    ],
+)
+def test_image_refs_to_remove(name: str, expected: list[str]) -> None:
+    assert nm.image_refs_to_remove(_CTR_LISTING, name) == expected
+
+
 @pytest.mark.parametrize(
     ("cidr", "gateway", "gateway_cidr"),
     [

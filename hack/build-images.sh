@@ -17,7 +17,7 @@
 # DEBIAN_MIRROR (the first deb URI in apt's sources, else deb.debian.org), HOST_CA_BUNDLE
 # (/etc/ssl/certs/ca-certificates.crt), OPERATOR_REPOSITORY (ddp-operator),
 # TRAINER_REPOSITORY (ddp-trainer), DOCKER_BUILD_FLAGS (extra flags, e.g. --no-cache),
-# TRAINER_DOCKERFILE (build the trainer from another Dockerfile), ASSETS_PORT (38479).
+# TRAINER_DOCKERFILE (build the trainer from another Dockerfile), ASSETS_PORT (28479).
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -147,9 +147,13 @@ start_asset_server() {
     # Hard links cost nothing; fall back to symlinks across filesystems (http.server follows them).
     cp -al "$WHEELS"/. "$assets/wheels/" 2>/dev/null || cp -as "$WHEELS"/. "$assets/wheels/"
   fi
-  # A fixed port keeps BUILD_ASSETS_URL, and so the layer cache keys, the same from build to build.
-  port=${ASSETS_PORT:-38479}
-  if ! python3 -c "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1])))" "$port" 2>/dev/null; then
+  # A fixed port keeps BUILD_ASSETS_URL, and so the layer cache keys, the same from build to build. It
+  # lies below the kernel's ephemeral range (32768-60999), where any outgoing connection of a test
+  # running beside the build could hold it; the probe binds with SO_REUSEADDR like http.server does,
+  # or the previous build's server, gone but with connections in TIME_WAIT, would count as taking it
+  # (both happened: `make kind` rebuilt the trainer with no cache hits, then kind loaded it again).
+  port=${ASSETS_PORT:-28479}
+  if ! python3 -c "import socket, sys; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', int(sys.argv[1])))" "$port" 2>/dev/null; then
     log "port $port is taken: serving build assets on a random port (no layer cache hits this time)"
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   fi

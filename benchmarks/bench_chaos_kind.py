@@ -1,0 +1,323 @@
+"""Effective training time under chaos, on kind (a real kubelet, our images): the same job clean and with
+a fault every ``--every`` seconds, and where the lost time goes.
+
+The job is the digits example on 2 ranks (restartMode InPlace, a checkpoint volume, a checkpoint every
+20 steps), a fixed amount of work (``--epochs``). A *clean* run measures its wall time from the apply to
+``Succeeded`` on this machine's clock; a *faulty* run of the same manifest takes a fault every
+``--every`` seconds once it trains, cycling through the classes of ``--faults``:
+
+- ``worker-kill``: rank 1's training worker SIGKILLed (`kubectl exec`), its pod kept;
+- ``pod-delete``: rank 1's pod deleted;
+- ``rank-0-pod-delete``: rank 0's pod deleted;
+- ``hard-kill``: rank 1's trainer container SIGKILLed from the node (its launcher, PID 1 of the
+  container, and every worker die at once and leave no word: a node crash or an OOM kill of the launcher);
+- ``freeze``: every process of rank 1's container SIGSTOPped from the node (a hang: nothing exits, no
+  socket closes). A hang is found by the operator's stall limit (max(30 s, 10x the step time)), so it
+  is not in the default cycle: ``--hang`` runs one faulty run with a single freeze and reports it apart.
+
+A fault waits for its target to be Running and training again (a fault on a pod still starting is not
+the fault measured). ETTR = clean wall time / faulty wall time. Each fault's cost is split from the
+operator's record of it (``status.lastRestart``, docs/restarts.md "Every restart measured"): *detection*
+(the fault to ``failureTime``), *stop* (to ``stoppedSeconds``), *re-form* (to ``reformedSeconds``:
+for a replaced pod this holds the new pod's start), *resume* (to ``resumedSeconds``: the state hand-off
+and the first step) and *redone* (``stepsRedone``, in steps).
+
+Needs a kind cluster with both images loaded and the chart installed (docs/benchmarks.md):
+
+    python benchmarks/bench_chaos_kind.py --context kind-ddp-bench --cluster ddp-bench --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from bench_recovery_kind import Kube, manifest, rank0_metrics, wait_for
+
+NAMESPACE = "bench-recovery"
+FAULTS = ("worker-kill", "pod-delete", "rank-0-pod-delete", "hard-kill")
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float
+    record: dict[str, Any] = field(default_factory=dict)
+
+    def phases(self) -> dict[str, float | None]:
+        """Seconds from the fault to each phase the operator recorded (None: not recorded)."""
+        failure = self.record.get("failureTime")
+        failed_at = (
+            datetime.fromisoformat(str(failure).replace("Z", "+00:00")).timestamp() if failure else None
+        )
+        detection = None if failed_at is None else max(0.0, failed_at - self.at)
+
+        def after(key: str) -> float | None:
+            value = self.record.get(key)
+            return None if value is None or detection is None else detection + float(value)
+
+        return {
+            "detection": detection,
+            "stopped": after("stoppedSeconds"),
+            "reformed": after("reformedSeconds"),
+            "resumed": after("resumedSeconds"),
+            "redone": float(self.record["stepsRedone"]) if "stepsRedone" in self.record else None,
+        }
+
+
+@dataclass
+class Outcome:
+    wall_s: float
+    faults: list[Fault]
+    status: dict[str, Any]
+
+
+def _job_manifest(name: str, epochs: int, image: str) -> dict[str, Any]:
+    job = manifest(name, "in-place", 40, image)
+    trainer = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "trainer")
+    trainer["command"] = [
+        "python", "-m", "ddp_trainer", "--workload", "digits", "--epochs", str(epochs),
+        "--throttle-ms", "30", "--checkpoint-every", "20",
+    ]  # fmt: skip
+    return job
+
+
+def _status(kube: Kube, job: str) -> dict[str, Any]:
+    status: dict[str, Any] = kube.json("get", "ddpjob", job, "-n", NAMESPACE).get("status") or {}
+    return status
+
+
+def _live_pod(kube: Kube, job: str, rank: int) -> str | None:
+    selector = f"ddp.dev/job-name={job},ddp.dev/rank={rank}"
+    for pod in kube.json("get", "pods", "-n", NAMESPACE, "-l", selector)["items"]:
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in pod["status"].get("conditions", [])
+        )
+        if pod["status"].get("phase") == "Running" and ready and not pod["metadata"].get("deletionTimestamp"):
+            return str(pod["metadata"]["name"])
+    return None
+
+
+def _node_exec(cluster: str, script: str) -> str:
+    done = subprocess.run(
+        ["docker", "exec", f"{cluster}-control-plane", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def _container_pid(cluster: str, pod: str) -> int:
+    sandbox = _node_exec(cluster, f"crictl pods --namespace {NAMESPACE} --name '^{pod}$' -q").split()
+    if len(sandbox) != 1:
+        raise RuntimeError(f"the sandbox of {pod}: {sandbox}")
+    container = _node_exec(cluster, f"crictl ps --pod {sandbox[0]} --name '^trainer$' -q").split()[0]
+    return int(
+        _node_exec(cluster, f"crictl inspect --output go-template --template '{{{{.info.pid}}}}' {container}")
+    )
+
+
+def inject(kube: Kube, cluster: str, job: str, kind: str) -> float:
+    """The fault, on its rank's live pod; returns when it was done, on this machine's clock (which the
+    kind node and the operator share)."""
+    rank = 0 if kind == "rank-0-pod-delete" else 1
+    pod = wait_for(f"rank {rank}'s pod Ready", lambda: _live_pod(kube, job, rank), timeout=300)
+    if kind == "worker-kill":
+        logs = kube.run("logs", "-n", NAMESPACE, pod, "-c", "trainer")
+        started = [x for x in logs.splitlines() if x.startswith("launcher ") and "event=started" in x]
+        pid = int(started[-1].split("workers=")[1].split(",")[0].split(":")[1].split()[0])
+        kill = f"import os, signal; os.kill({pid}, signal.SIGKILL)"
+        kube.run("exec", "-n", NAMESPACE, pod, "-c", "trainer", "--", "python3", "-c", kill)
+    elif kind in ("pod-delete", "rank-0-pod-delete"):
+        kube.run("delete", "pod", pod, "-n", NAMESPACE, "--wait=false")
+    elif kind == "hard-kill":
+        _node_exec(cluster, f"kill -KILL {_container_pid(cluster, pod)}")
+    elif kind == "freeze":
+        pid = _container_pid(cluster, pod)
+        _node_exec(
+            cluster,
+            f"ns=$(readlink /proc/{pid}/ns/pid); for p in /proc/[0-9]*; do "
+            '[ "$(readlink $p/ns/pid 2>/dev/null)" = "$ns" ] && kill -STOP ${p#/proc/}; done; true',
+        )
+    else:
+        raise ValueError(f"unknown fault {kind!r}")
+    return time.time()
+
+
+def _training_since(kube: Kube, job: str, since: float) -> bool | None:
+    """Rank 0 trains on a group formed after ``since`` (its steps move after its latest resume)."""
+    metrics = rank0_metrics(kube, job)
+    resumed = metrics.get("ddp_resumed_timestamp_seconds", 0.0)
+    if since and resumed <= since:
+        return None
+    return metrics.get("ddp_sync_steps_total", 0) > 0 or None
+
+
+def run_job(
+    kube: Kube,
+    cluster: str,
+    job: str,
+    epochs: int,
+    image: str,
+    faults: Sequence[str],
+    every: float,
+    limit: int | None = None,
+) -> Outcome:
+    kube.run("delete", "ddpjob", job, "-n", NAMESPACE, "--ignore-not-found", "--wait=true")
+    applied = time.time()
+    kube.run("apply", "-f", "-", stdin=json.dumps(_job_manifest(job, epochs, image)))
+    done: list[Fault] = []
+    last = 0.0
+    if faults:
+        wait_for("training steps", lambda: _training_since(kube, job, 0.0), timeout=600, interval=0.5)
+        last = time.time()
+    index = 0
+    while True:
+        status = _status(kube, job)
+        if status.get("phase") in ("Succeeded", "Failed"):
+            break
+        if faults and time.time() - last >= every and (limit is None or len(done) < limit):
+            previous = done[-1].at if done else 0.0
+            if _training_since(kube, job, previous):
+                kind = faults[index % len(faults)]
+                index += 1
+                try:
+                    at = inject(kube, cluster, job, kind)
+                except (RuntimeError, subprocess.CalledProcessError, TimeoutError) as error:
+                    print(f"  {kind}: not injected ({error})", file=sys.stderr, flush=True)
+                    last = time.time()
+                    continue
+                done.append(Fault(kind, at))
+                print(f"  {kind} at +{at - applied:.1f} s", file=sys.stderr, flush=True)
+                last = at
+        _collect(status, done)
+        time.sleep(0.5)
+    wall = time.time() - applied
+    _collect(status, done)
+    return Outcome(wall, done, status)
+
+
+def _collect(status: dict[str, Any], faults: list[Fault]) -> None:
+    """Give each fault the operator's record whose failure time follows it (and precedes the next)."""
+    record = status.get("lastRestart") or {}
+    failure = record.get("failureTime")
+    if not failure or "resumedSeconds" not in record:
+        return
+    failed_at = datetime.fromisoformat(str(failure).replace("Z", "+00:00")).timestamp()
+    for index, fault in enumerate(faults):
+        following = faults[index + 1].at if index + 1 < len(faults) else float("inf")
+        if fault.at - 2 <= failed_at < following:
+            fault.record = dict(record)
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def report(clean: list[float], faulty: list[Outcome], every: float, hang: Outcome | None) -> str:
+    lines = [
+        "| run | clean wall s | faulty wall s | faults | ETTR | lost s per fault | status.goodput (faulty) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    ratios = []
+    for index, (base, run) in enumerate(zip(clean, faulty, strict=True)):
+        ettr = base / run.wall_s
+        ratios.append(ettr)
+        lost = (run.wall_s - base) / len(run.faults) if run.faults else 0.0
+        lines.append(
+            f"| {index + 1} | {base:.1f} | {run.wall_s:.1f} | {len(run.faults)} | {ettr:.3f} | {lost:.1f} | "
+            f"{run.status.get('goodput', '-')} |"
+        )
+    lines.append(f"\nmedian ETTR {statistics.median(ratios):.3f} at a fault every {every:.0f} s\n")
+    lines += [
+        "| fault | n | detection s | stopped s | re-formed s | resumed s | steps redone | modes |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    by_kind: dict[str, list[Fault]] = {}
+    for run in faulty + ([hang] if hang else []):
+        for fault in run.faults:
+            by_kind.setdefault(fault.kind, []).append(fault)
+    for kind, items in by_kind.items():
+        phases = [f.phases() for f in items]
+        modes = sorted({str(f.record.get("mode", "unrecorded")) for f in items})
+        lines.append(
+            f"| {kind} | {len(items)} | "
+            + " | ".join(
+                _fmt(_median([p[k] for p in phases])) for k in ("detection", "stopped", "reformed", "resumed")
+            )
+            + f" | {_fmt(_median([p['redone'] for p in phases]))} | {', '.join(modes)} |"
+        )
+    if hang is not None and clean:
+        lines.append(
+            f"\nhang: one freeze, wall {hang.wall_s:.1f} s against a clean {statistics.median(clean):.1f} s "
+            f"(lost {hang.wall_s - statistics.median(clean):.1f} s)"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument(
+        "--context", default="kind-ddp", help="kubectl context of the kind cluster [kind-ddp]"
+    )
+    parser.add_argument("--cluster", default="ddp", help="kind cluster name, for the node's container [ddp]")
+    parser.add_argument("--kubectl", default="kubectl")
+    parser.add_argument("--image", default="ddp-trainer:0.1.0")
+    parser.add_argument("--epochs", type=int, default=12, help="the job's work [12]")
+    parser.add_argument("--every", type=float, default=40.0, help="seconds between faults [40]")
+    parser.add_argument(
+        "--faults", default=",".join(FAULTS), help=f"the cycle, of {', '.join(FAULTS)}, freeze"
+    )
+    parser.add_argument("--runs", type=int, default=3, help="clean and faulty pairs [3]")
+    parser.add_argument("--hang", action="store_true", help="also one faulty run with a single freeze")
+    args = parser.parse_args(argv)
+    kube = Kube(args.context, args.kubectl)
+    kube.run("create", "namespace", NAMESPACE, check=False)
+    faults = [f for f in args.faults.split(",") if f]
+    clean: list[float] = []
+    faulty: list[Outcome] = []
+    for index in range(args.runs):
+        base = run_job(kube, args.cluster, "chaos-clean", args.epochs, args.image, [], args.every)
+        print(
+            f"clean run {index + 1}: {base.wall_s:.1f} s {base.status.get('phase')}",
+            file=sys.stderr,
+            flush=True,
+        )
+        run = run_job(kube, args.cluster, "chaos-faulty", args.epochs, args.image, faults, args.every)
+        print(
+            f"faulty run {index + 1}: {run.wall_s:.1f} s {run.status.get('phase')}, {len(run.faults)} faults",
+            file=sys.stderr,
+            flush=True,
+        )
+        if base.status.get("phase") != "Succeeded" or run.status.get("phase") != "Succeeded":
+            print(json.dumps({"clean": base.status, "faulty": run.status}, indent=1), file=sys.stderr)
+            return 1
+        clean.append(base.wall_s)
+        faulty.append(run)
+    hang = None
+    if args.hang:
+        hang = run_job(
+            kube, args.cluster, "chaos-hang", args.epochs, args.image, ["freeze"], args.every, limit=1
+        )
+    print(report(clean, faulty, args.every, hang))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

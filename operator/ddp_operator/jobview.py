@@ -13,6 +13,7 @@ from typing import Any
 
 from ddp_operator import names
 from ddp_operator.observe import PodObservation, int_field, newest_per_rank, observe_pod, parse_time
+from ddp_operator.policies import recovery
 from ddp_operator.progress.render import RankResult, format_duration, rank_table
 
 JsonDict = Mapping[str, Any]
@@ -132,6 +133,33 @@ def _fields(mapping: Mapping[str, Any], skip: Sequence[str] = ()) -> str:
     return ", ".join(f"{key}={value}" for key, value in mapping.items() if key not in skip)
 
 
+def _status_lines(status: Mapping[str, Any]) -> list[str]:
+    """`ddpjob describe`'s lines of what the operator read of the training and its restarts."""
+    lines: list[str] = []
+    for label, key in (
+        ("Elastic", "elastic"),
+        ("Progress", "progress"),
+        ("Goodput", "goodput"),
+        ("Straggler", "straggler"),
+    ):
+        value = status.get(key)
+        if key == "goodput" and value is not None:
+            value = f"{value} of the wall time since {status.get('startTime', '-')}"
+        elif isinstance(value, Mapping):
+            value = _fields(value)
+        if isinstance(value, str):
+            lines.append(f"{label + ':':<13}{value}")
+    lost = status.get("lostSeconds")
+    if isinstance(lost, Mapping):
+        lines.append(f"Lost:        {recovery.describe_lost(lost)}")
+    restart = status.get("lastRestart")
+    if isinstance(restart, Mapping):
+        lines.append(f"Last restart: {_fields(restart, skip=('note',))}")
+        if restart.get("note"):
+            lines.append(f"  note: {restart['note']}")
+    return lines
+
+
 def describe(
     job: JsonDict,
     pods: Sequence[PodObservation],
@@ -155,24 +183,7 @@ def describe(
     ]
     if message:
         lines.append(f"Message:     {message}")
-    for label, key in (
-        ("Elastic", "elastic"),
-        ("Progress", "progress"),
-        ("Goodput", "goodput"),
-        ("Straggler", "straggler"),
-    ):
-        value = status.get(key)
-        if key == "goodput" and value is not None:
-            value = f"{value} of the wall time since {status.get('startTime', '-')}"
-        elif isinstance(value, Mapping):
-            value = _fields(value)
-        if isinstance(value, str):
-            lines.append(f"{label + ':':<13}{value}")
-    restart = status.get("lastRestart")
-    if isinstance(restart, Mapping):
-        lines.append(f"Last restart: {_fields(restart, skip=('note',))}")
-        if restart.get("note"):
-            lines.append(f"  note: {restart['note']}")
+    lines.extend(_status_lines(status))
     conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
     if conditions:
         lines.append("Conditions:")

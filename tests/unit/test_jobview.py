@@ -147,6 +147,14 @@ def test_describe_shows_every_part_in_one_screen() -> None:
             "restarts": 1,
             "podReplacements": 1,
             "goodput": "0.974",
+            "lostSeconds": {
+                "stopping": "0.40",
+                "reforming": "11.20",
+                "resuming": "1.10",
+                "recreating": "0.00",
+                "total": "12.70",
+                "restarts": 1,
+            },
             "startTime": format_time(at(0)),
             "straggler": {"rank": 1, "pod": "mnist-1-0r1", "node": "node-1", "slowdown": "2.10"},
             "lastRestart": {
@@ -181,6 +189,7 @@ def test_describe_shows_every_part_in_one_screen() -> None:
         "Running (Training)",
         "2 of 2 ranks running",
         "Goodput:     0.974",
+        "Lost:        12.70s to 1 restart(s): stopping 0.40s, reforming 11.20s, resuming 1.10s",
         "mode=PodReplaced",
         "stepsRedone=0",
         "note: n",

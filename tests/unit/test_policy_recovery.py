@@ -157,6 +157,109 @@ def test_goodput(kept: float | None, wall: float, expected: float | None) -> Non
     assert recovery.goodput(kept, T0, T0 + timedelta(seconds=wall)) == expected
 
 
+def _measured(mode: str = "InPlace", at: str = "12:00:00", rounds: int = 1, **seconds: str) -> dict[str, Any]:
+    return {
+        "mode": mode,
+        "attempt": 0,
+        "groupRestarts": rounds,
+        "failureTime": f"2026-12-01T{at}Z",
+        **seconds,
+    }
+
+
+@pytest.mark.parametrize(
+    ("record", "expected"),
+    [
+        pytest.param(
+            _measured(stoppedSeconds="0.50", reformedSeconds="2.00", resumedSeconds="3.25"),
+            {"stopping": 0.5, "reforming": 1.5, "resuming": 1.25, "recreating": 0.0},
+            id="every-phase",
+        ),
+        pytest.param(
+            _measured(reformedSeconds="2.00", resumedSeconds="3.00"),
+            {"stopping": 0.0, "reforming": 2.0, "resuming": 1.0, "recreating": 0.0},
+            id="no-stop-reported-counts-in-the-re-form",
+        ),
+        pytest.param(
+            _measured(stoppedSeconds="1.00", resumedSeconds="3.00"),
+            {"stopping": 1.0, "reforming": 0.0, "resuming": 2.0, "recreating": 0.0},
+            id="no-re-form-reported-counts-in-the-resume",
+        ),
+        pytest.param(
+            _measured("WholeGang", resumedSeconds="17.20"),
+            {"stopping": 0.0, "reforming": 0.0, "resuming": 0.0, "recreating": 17.2},
+            id="whole-gang-one-span",
+        ),
+        pytest.param(
+            _measured(stoppedSeconds="4.00", reformedSeconds="9.00", resumedSeconds="3.00"),
+            {"stopping": 3.0, "reforming": 0.0, "resuming": 0.0, "recreating": 0.0},
+            id="phases-past-the-resume-are-capped",
+        ),
+        pytest.param(_measured(stoppedSeconds="0.50"), None, id="not-measured-yet"),
+    ],
+)
+def test_restart_phases(record: dict[str, Any], expected: dict[str, float] | None) -> None:
+    assert recovery.restart_phases(record) == expected
+
+
+FIRST = _measured(stoppedSeconds="0.50", reformedSeconds="2.00", resumedSeconds="3.00")
+FIRST_TOTALS = {
+    "stopping": "0.50",
+    "reforming": "1.50",
+    "resuming": "1.00",
+    "recreating": "0.00",
+    "total": "3.00",
+    "restarts": 1,
+}
+
+
+@pytest.mark.parametrize(
+    ("total", "old_record", "new_record", "expected"),
+    [
+        pytest.param(None, None, None, None, id="no-restart"),
+        pytest.param(None, None, FIRST, FIRST_TOTALS, id="first-measured"),
+        pytest.param(
+            None, _measured(stoppedSeconds="0.50"), FIRST, FIRST_TOTALS, id="measured-in-a-later-write"
+        ),
+        pytest.param(FIRST_TOTALS, FIRST, FIRST, FIRST_TOTALS, id="added-once"),
+        pytest.param(
+            FIRST_TOTALS,
+            FIRST,
+            {**FIRST, "stepsRedone": 0},
+            FIRST_TOTALS,
+            id="a-later-field-of-the-same-restart-adds-nothing",
+        ),
+        pytest.param(None, None, _measured(stoppedSeconds="0.50"), None, id="cost-not-known-yet"),
+        pytest.param(
+            FIRST_TOTALS,
+            FIRST,
+            _measured("WholeGang", at="12:01:00", resumedSeconds="10.00"),
+            {**FIRST_TOTALS, "recreating": "10.00", "total": "13.00", "restarts": 2},
+            id="a-second-restart-adds-up",
+        ),
+        pytest.param(
+            FIRST_TOTALS,
+            FIRST,
+            _measured(
+                at="12:00:00", rounds=2, stoppedSeconds="1.00", reformedSeconds="2.00", resumedSeconds="2.50"
+            ),
+            {
+                "stopping": "1.50",
+                "reforming": "2.50",
+                "resuming": "1.50",
+                "recreating": "0.00",
+                "total": "5.50",
+                "restarts": 2,
+            },
+            id="the-next-round-at-the-same-second-is-another-restart",
+        ),
+        pytest.param(FIRST_TOTALS, FIRST, None, FIRST_TOTALS, id="totals-kept-without-a-record"),
+    ],
+)
+def test_lost_seconds(total: Any, old_record: Any, new_record: Any, expected: dict[str, Any] | None) -> None:
+    assert recovery.lost_seconds(total, old_record, new_record) == expected
+
+
 def test_describe_names_cause_mode_and_phases() -> None:
     result = recovery.account(None, 0, report(1))
     assert result.record is not None

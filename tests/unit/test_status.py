@@ -34,7 +34,12 @@ def with_every_field() -> dict[str, Any]:
         completion_time="2024-01-01T01:00:00Z",
         progress={"step": 10},
         straggler={"rank": 1},
-        last_restart={"mode": "InPlace", "attempt": 2},
+        last_restart={
+            "mode": "InPlace",
+            "attempt": 2,
+            "failureTime": "2024-01-01T00:30:00Z",
+            "resumedSeconds": "2.50",
+        },
         goodput=0.5,
         pod_replacements=1,
         straggler_replacements=1,

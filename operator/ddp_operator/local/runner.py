@@ -164,6 +164,9 @@ class LocalJobRunner:
         # counted from rank 0's metrics as the operator counts them), with the last one's record.
         self.restarts = 0
         self._last_restart: Mapping[str, object] | None = None
+        # status.lostSeconds as the operator sums it: the in-place restarts' phases (a whole attempt's
+        # restart is not measured here: there is no rank 0 across attempts to say when it trained again).
+        self.lost: dict[str, object] | None = None
 
     def _show_progress(self, tracker: ProgressTracker) -> None:
         self._follow_restarts(tracker)
@@ -177,6 +180,7 @@ class LocalJobRunner:
         accounting = recovery.account(self._last_restart, self.attempt, report)
         if accounting.record is None:
             return
+        self.lost = recovery.lost_seconds(self.lost, self._last_restart, accounting.record)
         self._last_restart = accounting.record
         self.restarts += accounting.added
         limit = self.job.run_policy.backoff_limit
@@ -467,6 +471,8 @@ class LocalJobRunner:
             extra.append(note)
         if (accuracy := accuracy_note(result.results)) is not None:
             extra.append(accuracy)
+        if self.lost:
+            extra.append(f"lost to in-place restarts: {recovery.describe_lost(self.lost)}")
         outcome = result.outcome
         if result.reason:
             outcome += f" ({result.reason})"

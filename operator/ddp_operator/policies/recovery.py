@@ -333,6 +333,81 @@ def fill_whole_gang(
     return RestartAccounting(record=record, measured=(MODE_WHOLE_GANG, seconds))
 
 
+# status.lostSeconds: where the restarts' time went, by phase (docs/restarts.md, "Every restart measured").
+LOST_PHASES: Final = ("stopping", "reforming", "resuming", "recreating")
+
+
+def _record_seconds(record: Mapping[str, Any], key: str) -> float | None:
+    try:
+        return float(record[key]) if key in record else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _same_restart(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return (
+        same_round(a, b) and a.get("failureTime") == b.get("failureTime") and a.get("mode") == b.get("mode")
+    )
+
+
+def restart_phases(record: Mapping[str, Any]) -> dict[str, float] | None:
+    """A measured restart's seconds by phase (``LOST_PHASES``): stopping (the failure to every survivor's
+    workers stopped), reforming (to the new rendezvous round: a replacement pod's start is in it),
+    resuming (to rank 0's first kept step: the state hand-off and the step). A whole gang's restart is
+    one span, recreating. A phase the group did not report is counted in the next one. None until the
+    restart's cost is known (``resumedSeconds``)."""
+    resumed = _record_seconds(record, "resumedSeconds")
+    if resumed is None:
+        return None
+    phases = dict.fromkeys(LOST_PHASES, 0.0)
+    if record.get("mode") == MODE_WHOLE_GANG:
+        phases["recreating"] = resumed
+        return phases
+    stopped = min(_record_seconds(record, "stoppedSeconds") or 0.0, resumed)
+    reformed = min(max(_record_seconds(record, "reformedSeconds") or stopped, stopped), resumed)
+    phases.update(stopping=stopped, reforming=reformed - stopped, resuming=resumed - reformed)
+    return phases
+
+
+def lost_seconds(total: object, old_record: object, new_record: object) -> dict[str, Any] | None:
+    """``status.lostSeconds``: the old totals, plus the new ``status.lastRestart``'s phases the first time
+    its cost is known. The record and the totals are written in one status write, so a restart is added
+    exactly once whoever writes, and a read never sees one without the other."""
+    old = total if isinstance(total, Mapping) else {}
+    if not isinstance(new_record, Mapping):
+        return dict(old) or None
+    if (
+        isinstance(old_record, Mapping)
+        and _same_restart(old_record, new_record)
+        and "resumedSeconds" in old_record
+    ):
+        return dict(old) or None  # counted when it was measured
+    phases = restart_phases(new_record)
+    if phases is None:
+        return dict(old) or None
+    sums = {key: (_record_seconds(old, key) or 0.0) + phases[key] for key in LOST_PHASES}
+    result: dict[str, Any] = {key: f"{value:.2f}" for key, value in sums.items()}
+    result["total"] = f"{sum(sums.values()):.2f}"
+    result["restarts"] = int_field(old.get("restarts"), 0) + 1
+    return result
+
+
+def describe_lost(lost: Mapping[str, Any]) -> str:
+    """``status.lostSeconds`` in one line: the total over the restarts summed, then each phase that cost
+    anything (`ddpjob describe`, `ddpjob run`'s closing line)."""
+    phases = ", ".join(f"{key} {lost[key]}s" for key in LOST_PHASES if _positive(lost.get(key)))
+    return f"{lost.get('total', '0')}s to {lost.get('restarts', 0)} restart(s)" + (
+        f": {phases}" if phases else ""
+    )
+
+
+def _positive(value: object) -> bool:
+    try:
+        return float(str(value)) > 0
+    except ValueError:
+        return False
+
+
 def goodput(kept_step_seconds: float | None, start: datetime | None, now: datetime) -> float | None:
     """The share of the job's wall time spent in steps it kept (restarts, redone steps, start-up and
     checkpoint loads are the rest); None until both are known."""

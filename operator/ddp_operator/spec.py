@@ -45,7 +45,10 @@ DEFAULT_CHECKPOINT_MOUNT_PATH: Final = "/var/run/ddp/checkpoints"
 DEFAULT_RENDEZVOUS_PORT: Final = 29500
 DEFAULT_METRICS_PORT: Final = 9400
 # An elastic job's survivors wait this long for a lost pod's replacement before they train without it.
-DEFAULT_REPLACEMENT_WAIT_SECONDS: Final = 60
+# Survivors re-join a round within a second or two of each other; a lost pod's replacement cannot join
+# before its pod starts (15 s and more). So a longer wait after a loss is idle time (docs/elastic.md,
+# "Survivors never idle"), and the cost of forming without a slow starter is one grow later.
+DEFAULT_REPLACEMENT_WAIT_SECONDS: Final = 5
 MAX_REPLACEMENT_WAIT_SECONDS: Final = 3600
 MAX_CONTAINERS: Final = 16
 

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from ddp_operator.spec import DEFAULT_REPLACEMENT_WAIT_SECONDS
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -208,7 +210,11 @@ def test_an_elastic_job_is_accepted_and_keeps_its_size_while_it_runs(kubectl: Ca
     assert result.returncode == 0, result.stderr
     stored = json.loads(kubectl("get", "ddpjob", "elastic", "-n", NAMESPACE, "-o", "json").stdout)["spec"]
     assert "replicas" not in stored, "no schema default: left out, as an elastic job must"
-    assert stored["elastic"] == {"minReplicas": 2, "maxReplicas": 4, "replacementWaitSeconds": 60}
+    assert stored["elastic"] == {
+        "minReplicas": 2,
+        "maxReplicas": 4,
+        "replacementWaitSeconds": DEFAULT_REPLACEMENT_WAIT_SECONDS,
+    }
     set_phase(kubectl, "elastic", "Running")
     resized = copy.deepcopy(job)
     resized["spec"]["elastic"]["maxReplicas"] = 5

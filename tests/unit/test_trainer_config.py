@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ddp_operator.spec import DEFAULT_REPLACEMENT_WAIT_SECONDS
 from ddp_trainer.config import (
     ConfigError,
     InjectedFault,
@@ -200,12 +201,24 @@ ELASTIC_POD = {
     [
         pytest.param(
             POD,
-            {"elastic": False, "min_members": None, "replacement_wait": 60, "nnodes": 2},
+            {
+                "elastic": False,
+                "min_members": None,
+                "replacement_wait": DEFAULT_REPLACEMENT_WAIT_SECONDS,
+                "nnodes": 2,
+            },
             id="no-variable-is-fixed-size",
         ),
         pytest.param(
             ELASTIC_POD,
-            {"elastic": True, "min_members": 2, "replacement_wait": 60, "nnodes": 3, "world_size": 3},
+            # The trainer's default, for a pod without the variable, is the operator's (one fact).
+            {
+                "elastic": True,
+                "min_members": 2,
+                "replacement_wait": DEFAULT_REPLACEMENT_WAIT_SECONDS,
+                "nnodes": 3,
+                "world_size": 3,
+            },
             id="elastic-pod-default-wait",
         ),
         pytest.param(

@@ -31,7 +31,7 @@ RESTART_MODES: Final = ("InPlace", "Recreate")
 DEFAULT_RESTART_BUDGET: Final = 3
 # DDP_REPLACEMENT_WAIT_SECONDS when unset: how long an elastic job's round waits for more pods once
 # DDP_MIN_MEMBERS have joined (the c10d rendezvous' last_call_timeout, whole seconds, torch's unit).
-DEFAULT_REPLACEMENT_WAIT: Final = 60
+DEFAULT_REPLACEMENT_WAIT: Final = 5
 # An elastic job's fewest members (minReplicas). The deprecated name (docs/api.md, "Deprecated names")
 # is all an older operator sets, so it is read when the first is not set.
 MIN_MEMBERS_ENV: Final = "DDP_MIN_MEMBERS"

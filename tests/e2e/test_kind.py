@@ -235,6 +235,11 @@ def _assert_recovered(status: dict[str, Any], logs: str, mode: str, cause: str) 
     # Every survivor holds the state of the last step in memory: the group resumes there (docs/restarts.md).
     assert int(record.get("stepsRedone", -1)) == 0, record
     assert 0 < float(status.get("goodput", 0)) <= 1, status
+    # The one restart's cost, summed by phase in the same write that recorded it (docs/restarts.md).
+    lost = status.get("lostSeconds") or {}
+    assert lost.get("restarts") == 1, status
+    assert abs(float(lost["total"]) - phases[2]) < 0.05, (lost, record)
+    assert abs(float(lost["stopping"]) - phases[0]) < 0.05, (lost, record)
     final = suite.status_lines(logs, "final")
     assert final and 0.5 < float(final[-1]["accuracy"]) <= 1.0, logs[-2000:]
     resumed = suite.status_lines(logs, "resumed")

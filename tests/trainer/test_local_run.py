@@ -352,6 +352,8 @@ def test_a_failed_worker_restarts_in_place_and_is_counted(tmp_path: Path, runs: 
     ), output
     assert re.search(r"^\[rank 0\] resumed step=(\d+)", output, re.MULTILINE), output
     assert "attempt 1:" not in output, "no new attempt: the launchers restarted in place"
+    # The restart's cost by phase, summed as the operator sums status.lostSeconds.
+    assert re.search(r"lost to in-place restarts: \d+\.\d\ds to 1 restart\(s\)", output), output
     assert re.search(r"^\[rank 0\] final accuracy=.* steps=80", output, re.MULTILINE), output
     assert "outcome: Succeeded" in output
     assert not job_processes(name)

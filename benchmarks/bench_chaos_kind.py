@@ -41,6 +41,7 @@ from datetime import datetime
 from typing import Any
 
 from bench_recovery_kind import Kube, manifest, rank0_metrics, wait_for
+from ddp_harness import kind_faults
 
 NAMESPACE = "bench-recovery"
 FAULTS = ("worker-kill", "pod-delete", "rank-0-pod-delete", "hard-kill")
@@ -107,27 +108,6 @@ def _live_pod(kube: Kube, job: str, rank: int) -> str | None:
     return None
 
 
-def _node_exec(cluster: str, script: str) -> str:
-    done = subprocess.run(
-        ["docker", "exec", f"{cluster}-control-plane", "sh", "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return done.stdout.strip()
-
-
-def _container_pid(cluster: str, pod: str) -> int:
-    sandbox = _node_exec(cluster, f"crictl pods --namespace {NAMESPACE} --name '^{pod}$' -q").split()
-    if len(sandbox) != 1:
-        raise RuntimeError(f"the sandbox of {pod}: {sandbox}")
-    container = _node_exec(cluster, f"crictl ps --pod {sandbox[0]} --name '^trainer$' -q").split()[0]
-    return int(
-        _node_exec(cluster, f"crictl inspect --output go-template --template '{{{{.info.pid}}}}' {container}")
-    )
-
-
 def inject(kube: Kube, cluster: str, job: str, kind: str) -> float:
     """The fault, on its rank's live pod; returns when it was done, on this machine's clock (which the
     kind node and the operator share)."""
@@ -142,14 +122,9 @@ def inject(kube: Kube, cluster: str, job: str, kind: str) -> float:
     elif kind in ("pod-delete", "rank-0-pod-delete"):
         kube.run("delete", "pod", pod, "-n", NAMESPACE, "--wait=false")
     elif kind == "hard-kill":
-        _node_exec(cluster, f"kill -KILL {_container_pid(cluster, pod)}")
+        kind_faults.kill_container(cluster, NAMESPACE, pod)
     elif kind == "freeze":
-        pid = _container_pid(cluster, pod)
-        _node_exec(
-            cluster,
-            f"ns=$(readlink /proc/{pid}/ns/pid); for p in /proc/[0-9]*; do "
-            '[ "$(readlink $p/ns/pid 2>/dev/null)" = "$ns" ] && kill -STOP ${p#/proc/}; done; true',
-        )
+        kind_faults.freeze_pod(cluster, NAMESPACE, pod)
     else:
         raise ValueError(f"unknown fault {kind!r}")
     return time.time()
@@ -299,7 +274,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-        run = run_job(kube, args.cluster, "chaos-faulty", args.epochs, args.image, faults, args.every)
+        # Each run starts the cycle one class later, so short runs still take every class.
+        cycle = faults[index % len(faults) :] + faults[: index % len(faults)]
+        run = run_job(kube, args.cluster, "chaos-faulty", args.epochs, args.image, cycle, args.every)
         print(
             f"faulty run {index + 1}: {run.wall_s:.1f} s {run.status.get('phase')}, {len(run.faults)} faults",
             file=sys.stderr,

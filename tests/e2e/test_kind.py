@@ -52,7 +52,7 @@ from test_real_node import (  # noqa: F401  (fixtures and tests that run here on
     test_digits_trains_across_two_pods_with_equal_allreduce_bytes_and_succeeds,
 )
 
-from ddp_harness import netpol_enforcer
+from ddp_harness import kind_faults, netpol_enforcer
 from ddp_harness.processes import stop_components, write_json
 
 pytestmark = [pytest.mark.e2e]
@@ -152,56 +152,6 @@ def _kill_worker(cluster: suite.ExternalCluster, namespace: str, pod: str) -> in
     kill = f"import os, signal; os.kill({pid}, signal.SIGKILL)"
     cluster.kubectl_run("exec", "-n", namespace, pod, "-c", "trainer", "--", "python3", "-c", kill)
     return pid
-
-
-def _kill_container(namespace: str, pod: str) -> int:
-    """SIGKILL the pod's trainer container from its node, as the kernel's OOM killer of the pod's cgroup
-    or a runtime's kill would: its main process (the launcher, PID 1 in the container) dies, its workers
-    with it, and the launcher leaves no word. PID 1 ignores SIGKILL from inside its own PID namespace,
-    so the kill comes from the node's."""
-    pid = _container_pid(namespace, pod)
-    subprocess.run(
-        ["docker", "exec", f"{KIND_CLUSTER}-control-plane", "kill", "-KILL", str(pid)], timeout=60, check=True
-    )
-    return pid
-
-
-def _container_pid(namespace: str, pod: str) -> int:
-    """The PID, in the kind node's PID namespace, of the main process of the pod's trainer container."""
-    node = f"{KIND_CLUSTER}-control-plane"
-
-    def crictl(*args: str) -> str:
-        done = subprocess.run(
-            ["docker", "exec", node, "crictl", *args], capture_output=True, text=True, timeout=60, check=True
-        )
-        return done.stdout.strip()
-
-    sandbox = crictl("pods", "--namespace", namespace, "--name", f"^{pod}$", "-q").splitlines()
-    assert len(sandbox) == 1, f"the sandbox of {pod}: {sandbox}"
-    (container,) = crictl("ps", "--pod", sandbox[0], "--name", "^trainer$", "-q").splitlines()
-    return int(crictl("inspect", "--output", "go-template", "--template", "{{.info.pid}}", container))
-
-
-def _freeze_pod(namespace: str, pod: str) -> int:
-    """SIGSTOP every process of the pod's trainer container from its node, as a hung GPU, a dead NIC or
-    a stuck collective leaves them: nothing exits, no socket closes, the metrics endpoint stops
-    answering. Every process in the container's PID namespace (its launcher, the forkserver, the
-    workers), found by that namespace rather than by parentage (forked workers are not the launcher's
-    children). Returns how many were stopped."""
-    pid = _container_pid(namespace, pod)
-    script = (
-        f"ns=$(readlink /proc/{pid}/ns/pid); n=0; for p in /proc/[0-9]*; do "
-        'if [ "$(readlink $p/ns/pid 2>/dev/null)" = "$ns" ]; then kill -STOP ${p#/proc/} && n=$((n+1)); fi; '
-        "done; echo $n"
-    )
-    done = subprocess.run(
-        ["docker", "exec", f"{KIND_CLUSTER}-control-plane", "sh", "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return int(done.stdout.strip())
 
 
 def _pod_uids(cluster: suite.ExternalCluster, namespace: str, job: str) -> dict[str, str]:
@@ -349,7 +299,7 @@ def _replaced_alone(
     if how == "delete":
         cluster.kubectl_run("delete", "pod", lost, "-n", namespace, "--wait=false")
     else:
-        _kill_container(namespace, lost)
+        kind_faults.kill_container(KIND_CLUSTER, namespace, lost)
     if rank == 0:
         # The new rank 0 pod's log holds the resume and the final line: followed once its trainer runs.
         suite.wait_for(
@@ -404,7 +354,9 @@ def test_a_frozen_pod_is_found_without_a_stall_timeout_and_replaced_alone(
     _, rank0_log = _started_with_a_checkpoint(cluster, namespace, job)
     before = _pod_uids(cluster, namespace, job)
     frozen = time.time()  # the operator and the kind node share this machine's clock
-    assert _freeze_pod(namespace, f"{job}-1-0") >= 2, "the launcher and at least its worker"
+    assert kind_faults.freeze_pod(KIND_CLUSTER, namespace, f"{job}-1-0") >= 2, (
+        "the launcher and at least its worker"
+    )
     status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
     after = _pod_uids(cluster, namespace, job)
     assert after.get(f"{job}-0-0") == before[f"{job}-0-0"], "rank 0 keeps its pod"

@@ -184,16 +184,17 @@ def run_job(
 
 
 def _collect(status: dict[str, Any], faults: list[Fault]) -> None:
-    """Give each fault the operator's record whose failure time follows it (and precedes the next)."""
+    """Give the operator's latest record, once its cost is in, to the fault it follows: the latest one
+    injected before its failure time (2 s of slack: a deletion's failure time is when the operator saw
+    it requested, which may precede the moment `kubectl delete` returned here)."""
     record = status.get("lastRestart") or {}
     failure = record.get("failureTime")
     if not failure or "resumedSeconds" not in record:
         return
     failed_at = datetime.fromisoformat(str(failure).replace("Z", "+00:00")).timestamp()
-    for index, fault in enumerate(faults):
-        following = faults[index + 1].at if index + 1 < len(faults) else float("inf")
-        if fault.at - 2 <= failed_at < following:
-            fault.record = dict(record)
+    before = [fault for fault in faults if fault.at - 2 <= failed_at]
+    if before:
+        before[-1].record = dict(record)
 
 
 def _median(values: Sequence[float | None]) -> float | None:

@@ -4,7 +4,8 @@ VENV      ?= $(CACHE)/venv
 PY        := $(VENV)/bin/python
 # Two stamps: the dependencies (torch's GB) follow the pyproject files only; the editable installs of
 # the product and the harness point at one checkout, so a fresh clone elsewhere redoes only those (8 s,
-# not a minute of pip resolving what is already installed).
+# not a minute of pip resolving what is already installed). The hashes in the names are the keys: the
+# files are no prerequisites, since a fresh clone's are always newer than any stamp.
 DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml harness/pyproject.toml | sha256sum | cut -c1-16)
 STAMP     := $(VENV)/.installed-$(shell (cat pyproject.toml harness/pyproject.toml | sha256sum; echo '$(CURDIR)') | sha256sum | cut -c1-16)
 PYTEST    := $(PY) -m pytest
@@ -14,7 +15,7 @@ export PATH := $(VENV)/bin:$(PATH)
 
 all: test
 
-$(DEPS_STAMP): pyproject.toml harness/pyproject.toml
+$(DEPS_STAMP):
 	@echo ">>> creating the virtualenv in $(VENV) (torch is several GB on a cold machine)"
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

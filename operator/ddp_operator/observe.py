@@ -45,6 +45,8 @@ _KUEUE_STOP_REASONS: Final = {
     # The Kueue Workload was deleted (by a user): the pods go like pods deleted under the job.
     "WorkloadDeleted": "PodDeleted",
 }
+# metav1.Time (creationTimestamp, startTime, a condition's time) is written to the whole second.
+API_TIME_RESOLUTION_SECONDS: Final = 1.0
 
 
 def parse_time(value: Any) -> datetime | None:

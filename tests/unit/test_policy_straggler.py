@@ -86,6 +86,16 @@ VERDICT_CASES = [
         (None, False, 120.0),
         id="a-round-before-the-replacement-started-is-not-its",
     ),
+    # The pod's start is kept to the second: a round within it cannot have taken the pod in.
+    pytest.param(
+        REPLACE,
+        sighting(group_since=500.5),
+        observe(pod(1, replacement=1, created=500))[0],
+        900,
+        1,
+        (None, False, 120.0),
+        id="a-round-within-the-replacements-first-second-is-not-its",
+    ),
     pytest.param(
         REPLACE, sighting(), observe(pod(1, deleting_at=1))[0], 600, 0, (None, False, None), id="pod-going"
     ),
@@ -123,6 +133,12 @@ CHECK_CASES = [
     pytest.param(
         REPLACE, check(checked_at=70), observe(pod(2, replacement=1, created=60))[0], None, None, 1,
         (2, False, True), id="the-replacement-checked-slow-again",
+    ),
+    # The pod's start is kept to the second (60 stands for 60.0 up to 61.0): a check that ended within
+    # it may have ended before the pod began (CI once replaced the replacement for its predecessor's check).
+    pytest.param(
+        REPLACE, check(checked_at=60.5), observe(pod(2, replacement=1, created=60))[0], None, None, 1,
+        (None, False, False), id="a-check-within-the-pods-first-second-is-not-its",
     ),
     pytest.param(REPLACE, check(rank=0), running(0), None, None, 0, (None, True, False), id="rank-0-held"),
     pytest.param(REPLACE, check(), running(2), None, None, 2, (None, True, False), id="bound-reached-held"),

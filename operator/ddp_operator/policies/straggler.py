@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from ddp_operator.observe import PodObservation
+from ddp_operator.observe import API_TIME_RESOLUTION_SECONDS, PodObservation
 from ddp_operator.progress.exposition import HealthCheck
 from ddp_operator.progress.render import describe_slow_rank
 from ddp_operator.progress.tracker import StragglerSighting
@@ -100,7 +100,10 @@ def _sighting_verdict(
         if (
             pod is not None
             and pod.replacement
-            and (sighting.group_since is None or sighting.group_since < began)
+            and (
+                sighting.group_since is None
+                or sighting.group_since.timestamp() < began.timestamp() + API_TIME_RESOLUTION_SECONDS
+            )
         ):
             # A replacement is in the group once a round formed with it; until the reads see that,
             # rank 0's windows (and the gauges its worker left) are its predecessor's.
@@ -123,7 +126,9 @@ def _check_verdict(
     if check.slow_rank is None or pod is None or pod.rank is None or pod.deleting or pod.phase != "Running":
         return NONE
     began = pod.started_at or pod.created_at
-    if began is not None and check.checked_at <= began.timestamp():
+    # The API keeps a pod's start to the whole second: a check that ended within that second may have
+    # ended before the pod began. It did not measure the pod (a pod takes seconds to join a check).
+    if began is not None and check.checked_at < began.timestamp() + API_TIME_RESOLUTION_SECONDS:
         return NONE
     text = (
         f"the gang health check found rank {check.slow_rank}'s links far below the group's median "

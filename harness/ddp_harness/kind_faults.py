@@ -59,3 +59,41 @@ def freeze_pod(cluster: str, namespace: str, pod: str) -> int:
         "done; echo $n"
     )
     return int(node_exec(cluster, script))
+
+
+def throttle_cpu(cluster: str, namespace: str, pod: str, percent: int) -> str:
+    """Cut the CFS quota of the pod's trainer container, from its node, to ``percent`` of one CPU: what a
+    noisy neighbour, thermal throttling or a misconfigured node does to a pod whose spec asks for more.
+    Every process of the container (launcher, forkserver, workers) shares its cgroup. cgroup v1 (this
+    machine's): the container's directory in the node's hierarchy of the ``cpu`` controller, read from the
+    main process's /proc/PID/cgroup. Returns that directory."""
+    if not 0 < percent <= 100:
+        raise ValueError(f"percent must be in 1..100, got {percent}")
+    pid = container_pid(cluster, namespace, pod)
+    # The hierarchy whose controllers include cpu (mounted alone or as cpu,cpuacct), and the container's
+    # directory in it; any step that fails fails the script (set -e), so no quota is written elsewhere.
+    script = (
+        "set -e; "
+        f'path=$(awk -F: \'{{n = split($2, c, ","); for (i = 1; i <= n; i++) if (c[i] == "cpu") print $3}}\' '
+        f"/proc/{pid}/cgroup); "
+        'test -n "$path"; '
+        "for root in /sys/fs/cgroup/cpu /sys/fs/cgroup/cpu,cpuacct; do "
+        'if [ -f "$root$path/cpu.cfs_quota_us" ]; then dir=$root$path; break; fi; done; '
+        'test -n "$dir"; '
+        'period=$(cat "$dir/cpu.cfs_period_us"); '
+        f'echo $((period * {percent} / 100)) > "$dir/cpu.cfs_quota_us"; echo "$dir"'
+    )
+    return node_exec(cluster, script)
+
+
+def limit_link(cluster: str, namespace: str, pod: str, rate: str) -> str:
+    """Rate-limit the pod's network interface with a ``tbf`` qdisc in its network namespace, from its
+    node (this kernel has no ``netem``): a degraded NIC, a flapping link negotiated down, a congested
+    port. ``rate``: tc's syntax (``8mbit``). Egress only: the pod's sends go slow, which is what the
+    others wait for. Returns the qdisc as ``tc`` then shows it."""
+    pid = container_pid(cluster, namespace, pod)
+    return node_exec(
+        cluster,
+        f"nsenter -t {pid} -n tc qdisc replace dev eth0 root tbf rate {rate} burst 32kb latency 200ms && "
+        f"nsenter -t {pid} -n tc qdisc show dev eth0",
+    )

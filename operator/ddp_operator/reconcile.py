@@ -712,7 +712,10 @@ def _straggler(live: _LiveAttempt) -> tuple[Mapping[str, Any] | None, tuple[Phas
     """status.straggler (progress.render.shown_straggler), and its Warning when the rank is new."""
     before = live.old.get("straggler")
     window = live.rules.straggler_window_seconds
-    named, notice = shown_straggler(live.sighting, live.straggler_left, live.straggler_pod, before, window)
+    sighting = live.sighting
+    if sighting is not None and not straggler.measured(sighting, live.straggler_pod):
+        sighting = None  # the windows of the pod it replaced: a replacement is not named for them
+    named, notice = shown_straggler(sighting, live.straggler_left, live.straggler_pod, before, window)
     notices: tuple[PhaseEvent, ...] = ()
     if notice is not None:
         notices = (PhaseEvent(type="Warning", reason=REASON_STRAGGLER, message=notice),)

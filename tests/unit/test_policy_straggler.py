@@ -306,6 +306,18 @@ def test_a_rank_the_health_check_found_slow_is_replaced_alone_spending_no_restar
     assert again.delete.pods == () and again.create.replacements == ()
 
 
+def test_a_replacement_is_not_shown_as_the_straggler_for_its_predecessors_windows() -> None:
+    # Seen on kind: status.straggler named rank 1's new pod 9.4x slow, the old pod's sighting.
+    status = {**RUNNING_STATUS, "replicas": 3, "stragglerReplacements": 1, "podReplacements": 1}
+    pods = observe(pod(0), pod(1, replacement=1, created=500), pod(2))
+    before = decide(replace_job(), status, pods, at(600), observed=observed(sighting()))
+    assert "straggler" not in before.report.status and before.report.notices == ()
+    # Once a round formed with it, a sighting of its rank is its own.
+    joined = decide(replace_job(), status, pods, at(600), observed=observed(sighting(group_since=520)))
+    assert joined.report.status["straggler"]["pod"] == "mnist-1-0r1"
+    assert [n.reason for n in joined.report.notices] == ["Straggler"]
+
+
 def test_rank_0_is_replaced_like_any_other_except_where_it_is_special() -> None:
     pods = observe(pod(0), pod(1), pod(2))
     seen = observed(sighting(rank=0))

@@ -97,16 +97,7 @@ def _sighting_verdict(
     began = (pod.started_at or pod.created_at) if pod is not None else None
     if began is not None:
         since = max(since, began)
-        if (
-            pod is not None
-            and pod.replacement
-            and (
-                sighting.group_since is None
-                or sighting.group_since.timestamp() < began.timestamp() + API_TIME_RESOLUTION_SECONDS
-            )
-        ):
-            # A replacement is in the group once a round formed with it; until the reads see that,
-            # rank 0's windows (and the gauges its worker left) are its predecessor's.
+        if not measured(sighting, pod):
             return StragglerVerdict(left=float(policy.sustained_seconds))
         since = max(since, sighting.group_since or since)
     left = policy.sustained_seconds - (now - since).total_seconds()
@@ -115,6 +106,23 @@ def _sighting_verdict(
     if pod is None or pod.rank is None or pod.deleting or pod.phase != "Running":
         return NONE
     return _bounded(policy, sighting.rank, pod, replaced, replacement_text(policy, sighting, pod), rank0)
+
+
+def measured(sighting: StragglerSighting, pod: PodObservation | None) -> bool:
+    """Whether rank 0's sighting measured ``pod`` (the pod that hosts the sighted rank now; None:
+    unknown). A replacement is in the group once a round formed with it: until the reads see one that
+    formed after it started (its start kept to the whole second by the API), rank 0's windows, and the
+    gauges its worker left, are its predecessor's. The verdict waits for them, and status.straggler
+    does not name the new pod for them."""
+    if pod is None or not pod.replacement:
+        return True
+    began = pod.started_at or pod.created_at
+    if began is None:
+        return True
+    return (
+        sighting.group_since is not None
+        and sighting.group_since.timestamp() >= began.timestamp() + API_TIME_RESOLUTION_SECONDS
+    )
 
 
 def _check_verdict(

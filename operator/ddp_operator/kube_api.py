@@ -114,8 +114,19 @@ def _status_message(status: int, reason: str, body: bytes | str | None) -> ApiEr
 
 
 def merge_patch_for(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonDict:
-    """A JSON merge patch turning `old` into `new` at the top level (keys gone from `new` become null)."""
-    patch: JsonDict = {key: value for key, value in new.items() if old.get(key) != value}
+    """A JSON merge patch (RFC 7386) turning `old` into `new`. The server merges objects key by key at
+    every depth, so a key gone from `new` is sent as null wherever it was, in a nested object too (sent
+    whole, a nested object would keep its old keys: status.progress.healthCheck kept a slowRank the
+    last check no longer had). Lists are replaced whole."""
+    patch: JsonDict = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if before == value:
+            continue
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            patch[key] = merge_patch_for(before, value)
+        else:
+            patch[key] = value
     for key in old:
         if key not in new:
             patch[key] = None

@@ -100,10 +100,43 @@ def test_is_ours(existing: dict[str, Any], wanted: dict[str, Any], expected: boo
             {"conditions": [{"type": "Running"}, {"type": "Failed"}]},
             id="lists-replaced-whole",
         ),
+        pytest.param(
+            {"progress": {"step": 5, "healthCheck": {"time": "t1", "slowRank": 2}}},
+            {"progress": {"step": 9, "healthCheck": {"time": "t2"}}},
+            {"progress": {"step": 9, "healthCheck": {"time": "t2", "slowRank": None}}},
+            id="nested-key-gone-nulled",
+        ),
+        pytest.param(
+            {"lastRestart": {"cause": "ExitCode", "exitCode": 137}},
+            {"lastRestart": {"cause": "StragglerReplaced"}},
+            {"lastRestart": {"cause": "StragglerReplaced", "exitCode": None}},
+            id="a-new-record-keeps-no-old-field",
+        ),
+        pytest.param(
+            {"straggler": {"rank": 1}},
+            {"straggler": {"rank": 1}, "progress": {"step": 1}},
+            {"progress": {"step": 1}},
+            id="nested-unchanged-not-sent",
+        ),
     ],
 )
 def test_merge_patch_for(old: dict[str, Any], new: dict[str, Any], patch: dict[str, Any]) -> None:
-    assert merge_patch_for(old, new) == patch
+    got = merge_patch_for(old, new)
+    assert got == patch
+    assert _apply_merge_patch(old, got) == new, "the server's merge of the patch is the new status"
+
+
+def _apply_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386's MergePatch, as the apiserver applies a merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _apply_merge_patch(result.get(key), value)
+    return result
 
 
 def _cache(changed: list[tuple[str, str]]) -> PodCache:

@@ -18,7 +18,7 @@ from typing import Any, Final
 from ddp_operator import names
 from ddp_operator.observe import format_time
 from ddp_operator.policies import recovery, straggler, topology
-from ddp_operator.spec import RESTART_MODE_IN_PLACE, JobSpec, trainer_container
+from ddp_operator.spec import RESTART_MODE_IN_PLACE, STRAGGLER_SHRINK, JobSpec, trainer_container
 
 # Long enough for rank 0 to finish a step and write a checkpoint after SIGTERM.
 DEFAULT_TERMINATION_GRACE_SECONDS: Final = 120
@@ -504,7 +504,7 @@ def build_rank_pod(
     _add_port(trainer, names.RENDEZVOUS_PORT_NAME, job.rendezvous_port)
     if job.metrics.enabled:
         _add_port(trainer, names.METRICS_PORT_NAME, job.metrics.port)
-    _avoid_nodes(pod_spec, avoid_nodes)
+    _avoid_nodes(pod_spec, avoid_nodes, required=job.run_policy.straggler.action == STRAGGLER_SHRINK)
     _near_other_ranks(pod_spec, topology.affinity_term(job))
     for key, value in (pod_spec_patch or {}).items():
         pod_spec[key] = copy.deepcopy(value)
@@ -533,16 +533,20 @@ def _show_rank_order(volumes: list[dict[str, Any]], trainer: dict[str, Any]) -> 
     )
 
 
-def _avoid_nodes(pod_spec: dict[str, Any], avoided: Sequence[str]) -> None:
-    """Steer the pod off ``avoided``: a preferred node affinity term beside the template's own, not a
-    required one, so a job whose only fitting node is the slow one is slowed, never stranded (the
-    straggler bound, policies.straggler, ends the loop that would follow)."""
-    term = straggler.avoid_term(avoided)
-    if term is None:
+def _avoid_nodes(pod_spec: dict[str, Any], avoided: Sequence[str], *, required: bool) -> None:
+    """Steer the pod off ``avoided``: under Replace, a preferred node affinity term beside the template's
+    own, so a job whose only fitting node is the slow one is slowed, never stranded (the straggler
+    bound, policies.straggler, ends the loop that would follow); under Shrink (an elastic job, which
+    trains on without the pod meanwhile), a required one."""
+    if not avoided:
         return
     affinity = pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
-    preferred = affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
-    preferred.append(term)
+    if required:
+        straggler.require_off(affinity, avoided)
+        return
+    term = straggler.avoid_term(avoided)
+    if term is not None:
+        affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(term)
 
 
 def _near_other_ranks(pod_spec: dict[str, Any], term: Mapping[str, Any] | None) -> None:

@@ -394,6 +394,7 @@ class _LiveAttempt:
             check,
             check_pod,
             rank0=recovery.rank0_replaceable(self.job),
+            shrinkable=elastic.can_shrink(self.job.elastic, self.running),
         )
 
     @cached_property

@@ -135,9 +135,14 @@ def unknown_fields(manifest: Mapping[str, Any]) -> list[SpecError]:
 MIN_STALL_TIMEOUT_SECONDS: Final = 10
 
 
-StragglerAction = Literal["Report", "Replace"]
-STRAGGLER_ACTIONS: Final = ("Report", "Replace")
+StragglerAction = Literal["Report", "Replace", "Shrink"]
+STRAGGLER_ACTIONS: Final = ("Report", "Replace", "Shrink")
 STRAGGLER_REPLACE: Final = "Replace"
+# An elastic job's: the slow pod goes and its replacement may not land on that node, so the group trains
+# on without it until another node is free, then grows back (docs/restarts.md, "Stragglers").
+STRAGGLER_SHRINK: Final = "Shrink"
+# The actions that move the slow rank's pod (Report only names it).
+STRAGGLER_MOVES: Final = (STRAGGLER_REPLACE, STRAGGLER_SHRINK)
 # Defaults of runPolicy.stragglerPolicy (docs/restarts.md, "Stragglers"): a rank that makes every step
 # at least twice as long as it would be without it, for two minutes (eight reads at the operator's 15 s
 # interval; a checkpoint or a neighbour's burst lasts seconds), is worth a pod's start; at most two such
@@ -530,21 +535,30 @@ def _parse_elastic(spec: Mapping[str, Any], run_policy: RunPolicy) -> ElasticSpe
     return ElasticSpec(min_replicas=minimum, max_replicas=maximum, replacement_wait_seconds=wait)
 
 
-def _check_straggler_policy(run_policy: RunPolicy, queued: bool) -> None:
-    """Replace moves one rank's pod alone: a Recreate job never does, and a Kueue group would count
-    the replaced pod until its deletion is confirmed (the CRD refuses the first, this the second)."""
-    if run_policy.straggler.action != STRAGGLER_REPLACE:
+def _check_straggler_policy(run_policy: RunPolicy, queued: bool, elastic: bool) -> None:
+    """Replace and Shrink move one rank's pod alone: a Recreate job never does, and a Kueue group would
+    count the moved pod until its deletion is confirmed (the CRD refuses the first, this the second).
+    Shrink trains on without the pod, which only an elastic job can (the CRD refuses it too)."""
+    action = run_policy.straggler.action
+    if action not in STRAGGLER_MOVES:
         return
+    field = "spec.runPolicy.stragglerPolicy.action"
+    if action == STRAGGLER_SHRINK and not elastic:
+        raise SpecError(
+            field,
+            "Shrink trains on without the slow rank's pod, which needs spec.elastic (minReplicas below "
+            "maxReplicas); use Replace, or make the job elastic",
+        )
     if run_policy.restart_mode != RESTART_MODE_IN_PLACE:
         raise SpecError(
-            "spec.runPolicy.stragglerPolicy.action",
-            "Replace replaces the slow rank's pod alone, which needs spec.runPolicy.restartMode InPlace "
+            field,
+            f"{action} moves the slow rank's pod alone, which needs spec.runPolicy.restartMode InPlace "
             "(its default); use Report, or InPlace",
         )
     if queued:
         raise SpecError(
-            "spec.runPolicy.stragglerPolicy.action",
-            "Replace is not available to a job queued by Kueue (its pod group would count the replaced pod "
+            field,
+            f"{action} is not available to a job queued by Kueue (its pod group would count the moved pod "
             "until its deletion is confirmed); use Report, or drop the kueue.x-k8s.io/queue-name label",
         )
 
@@ -603,7 +617,7 @@ def parse_job(obj: Mapping[str, Any]) -> JobSpec:
     )
     scheduling = _parse_scheduling(spec.get("scheduling"))
     kueue = _parse_kueue(metadata, template)
-    _check_straggler_policy(run_policy, kueue is not None)
+    _check_straggler_policy(run_policy, kueue is not None, elastic is not None)
 
     generation = metadata.get("generation", 1)
     return JobSpec(

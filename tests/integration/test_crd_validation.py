@@ -152,6 +152,16 @@ INVALID = [
         "spec.runPolicy.restartMode",
         id="elastic-needs-in-place",
     ),
+    pytest.param(
+        setting("spec.runPolicy.stragglerPolicy", {"action": "Shrink"}),
+        "spec.runPolicy.stragglerPolicy.action",
+        id="straggler-shrink-needs-elastic",
+    ),
+    pytest.param(
+        setting("spec.runPolicy", {"restartMode": "Recreate", "stragglerPolicy": {"action": "Replace"}}),
+        "spec.runPolicy.stragglerPolicy.action",
+        id="straggler-replace-needs-in-place",
+    ),
 ]
 
 
@@ -206,6 +216,7 @@ def test_an_elastic_job_is_accepted_and_keeps_its_size_while_it_runs(kubectl: Ca
     job = valid_job("elastic")
     del job["spec"]["replicas"]
     job["spec"]["elastic"] = {"minReplicas": 2, "maxReplicas": 4}
+    job["spec"]["runPolicy"] = {"stragglerPolicy": {"action": "Shrink"}}  # an elastic job's to ask for
     result = apply(kubectl, job)
     assert result.returncode == 0, result.stderr
     stored = json.loads(kubectl("get", "ddpjob", "elastic", "-n", NAMESPACE, "-o", "json").stdout)["spec"]

@@ -191,6 +191,11 @@ SPEC_ERRORS = [
         id="replace-needs-in-place",
     ),
     pytest.param(
+        {"runPolicy": {"stragglerPolicy": {"action": "Shrink"}}},
+        "needs spec.elastic",
+        id="shrink-needs-elastic",
+    ),
+    pytest.param(
         {"runPolicy": {"stragglerPolicy": {"slowdownPercent": 120}}}, "slowdownPercent", id="slowdown-floor"
     ),
     pytest.param(
@@ -213,6 +218,23 @@ def test_replace_is_refused_for_a_kueue_job() -> None:
     manifest = job_object(runPolicy={"stragglerPolicy": {"action": "Replace"}})
     manifest["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
     with pytest.raises(SpecError, match="Kueue"):
+        parse_job(manifest)
+
+
+def elastic_shrink_job(minimum: int = 2, maximum: int = 3, **spec: Any) -> Any:
+    body = job_object(runPolicy={"stragglerPolicy": {"action": "Shrink"}}, **spec)
+    del body["spec"]["replicas"]
+    body["spec"]["elastic"] = {"minReplicas": minimum, "maxReplicas": maximum}
+    return parse_job(body)
+
+
+def test_shrink_is_an_elastic_jobs_and_refused_for_a_kueue_job() -> None:
+    assert elastic_shrink_job().run_policy.straggler.action == "Shrink"
+    manifest = job_object(runPolicy={"stragglerPolicy": {"action": "Shrink"}})
+    del manifest["spec"]["replicas"]
+    manifest["spec"]["elastic"] = {"minReplicas": 2, "maxReplicas": 3}
+    manifest["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "team-a"}
+    with pytest.raises(SpecError, match="Shrink is not available to a job queued by Kueue"):
         parse_job(manifest)
 
 
@@ -318,6 +340,57 @@ def test_a_replacement_is_not_shown_as_the_straggler_for_its_predecessors_window
     assert [n.reason for n in joined.report.notices] == ["Straggler"]
 
 
+SHRINK = StragglerPolicy(action="Shrink")
+
+
+# (can the group lose a pod and keep minReplicas?) -> (the pod's rank moved, or None; held?)
+SHRINK_CASES = [
+    pytest.param(True, (1, False), id="above-the-minimum-the-pod-goes"),
+    pytest.param(False, (None, True), id="at-the-minimum-reported-only"),
+]
+
+
+@pytest.mark.parametrize(("shrinkable", "expected"), SHRINK_CASES)
+def test_shrink_acts_only_while_the_group_keeps_its_minimum(
+    shrinkable: bool, expected: tuple[int | None, bool]
+) -> None:
+    verdict = straggler.verdict(SHRINK, sighting(), running(1), at(600), 0, shrinkable=shrinkable)
+    assert (verdict.replace.rank if verdict.replace else None, verdict.held is not None) == expected
+    if verdict.held is not None:
+        assert "minReplicas" in verdict.held
+    else:
+        assert "trains on without it" in verdict.text
+
+
+def test_an_elastic_jobs_straggler_under_shrink_goes_and_its_replacement_may_not_use_that_node() -> None:
+    job = elastic_shrink_job()
+    pods = observe(pod(0), pod(1), pod(2))
+    status = {**RUNNING_STATUS, "replicas": 3}
+    seen = tracker.ProgressObservation(
+        attempt=0,
+        step=500,
+        step_changed_at=at(599),
+        straggler=sighting(),
+        rank_pods={0: "mnist-0-0", 1: "mnist-1-0", 2: "mnist-2-0"},
+    )
+    decision = decide(job, status, pods, at(600), observed=seen)
+    assert decision.delete.pods == ("mnist-1-0",) and decision.create.replacements == ((1, 1),)
+    written = decision.report.status
+    assert written["avoidedNodes"] == ["node-1"] and written.get("restarts", 0) == 0
+    (event,) = decision.report.notices
+    assert event.reason == "StragglerReplaced" and "trains on without it" in event.message
+    built = builders.build_rank_pod(job, 1, 0, replacement=1, avoid_nodes=("node-1",))
+    affinity = built["spec"]["affinity"]["nodeAffinity"]
+    assert affinity["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchExpressions": [AVOID_NODE_1]}]
+    }
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in affinity
+    # Two pods running of min 2: the group cannot lose one, so the straggler is reported only.
+    short = observe(pod(0), pod(1))
+    held = decide(job, {**status, "replicas": 2}, short, at(600), observed=seen)
+    assert held.delete.pods == () and "minReplicas" in held.report.status["straggler"]["note"]
+
+
 def test_rank_0_is_replaced_like_any_other_except_where_it_is_special() -> None:
     pods = observe(pod(0), pod(1), pod(2))
     seen = observed(sighting(rank=0))
@@ -348,6 +421,44 @@ AFFINITY_CASES = [
         id="beside-the-templates-own",
     ),
 ]  # fmt: skip
+
+
+AVOID_NODE_1 = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-1"]}
+POOL = {"key": "pool", "operator": "In", "values": ["gpu"]}
+ZONE = {"key": "zone", "operator": "In", "values": ["z1"]}
+# Shrink: the template's required terms (ORed) -> each with the avoided nodes ANDed in.
+REQUIRED_CASES = [
+    pytest.param(None, [{"matchExpressions": [AVOID_NODE_1]}], id="no-affinity-one-term"),
+    pytest.param(
+        [{"matchExpressions": [POOL]}, {"matchExpressions": [ZONE]}],
+        [{"matchExpressions": [POOL, AVOID_NODE_1]}, {"matchExpressions": [ZONE, AVOID_NODE_1]}],
+        id="joined-to-every-term",
+    ),
+    pytest.param(
+        [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["x"]}]}],
+        [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["x"]}],
+          "matchExpressions": [AVOID_NODE_1]}],
+        id="a-fields-only-term",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("terms", "expected"), REQUIRED_CASES)
+def test_under_shrink_a_pod_built_after_a_replacement_requires_other_nodes(
+    terms: list[dict[str, Any]] | None, expected: list[dict[str, Any]]
+) -> None:
+    template: dict[str, Any] = {"spec": {"containers": [{"name": "trainer", "image": "ddp-trainer:1"}]}}
+    if terms is not None:
+        template["spec"]["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        }
+    job = elastic_shrink_job(template=template)
+    built = builders.build_rank_pod(job, 1, 0, replacement=1, avoid_nodes=("node-1",))
+    required = built["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert required["nodeSelectorTerms"] == expected
+    assert job.template["spec"].get("affinity") == template["spec"].get("affinity"), (
+        "the job's template untouched"
+    )
 
 
 @pytest.mark.parametrize(("node_affinity", "expected"), AFFINITY_CASES)

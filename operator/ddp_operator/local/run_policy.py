@@ -40,7 +40,7 @@ RUN_POLICY: Final[Mapping[str, LocalSupport]] = {
     "stragglerPolicy": LocalSupport(
         False,
         "the straggler is reported (its rank, slowdown and phase in the live line and the summary), "
-        "never replaced: Replace moves a pod to another node, and every local rank shares this machine",
+        "never replaced: Replace and Shrink move a pod to another node, and every local rank shares this machine",
     ),
 }
 

@@ -21,6 +21,12 @@ def can_train(spec: ElasticSpec, running: Sequence[PodObservation]) -> bool:
     return len(running) >= spec.min_replicas and any(p.rank == recovery.RENDEZVOUS_RANK for p in running)
 
 
+def can_shrink(spec: ElasticSpec | None, running: Sequence[PodObservation]) -> bool:
+    """The group keeps ``minReplicas`` without one of its running pods (runPolicy.stragglerPolicy Shrink
+    acts only then: below the minimum the survivors could not train on)."""
+    return spec is not None and len(running) - 1 >= spec.min_replicas
+
+
 def stall_allowance(spec: ElasticSpec, pods: Sequence[PodObservation]) -> int:
     """Seconds a group may go without a step beyond the stall limit: while a pod of the attempt does not
     run (a replacement starting, or one that cannot be placed), the members wait up to

@@ -5,7 +5,10 @@ the operator and `ddpjob run`. Pure: the sighting (progress.tracker), the pod th
 Report (the default) names the rank and does nothing else. Replace replaces the slow rank's pod alone
 once it has slowed every step by ``slowdownPercent`` for ``sustainedSeconds``, or at once when the gang
 health check (``DDP_HEALTH_CHECK=on``) found its links far below the group's median, placed away from its node
-(the node joins ``status.avoidedNodes``, which every later pod of the job avoids). A replacement for
+(the node joins ``status.avoidedNodes``, which every later pod of the job avoids). Shrink, an elastic
+job's, does the same but its later pods may not land on an avoided node at all: without another free
+node the group trains on without the slow pod, and grows back when one is free; it acts only while
+the group can lose a pod and keep ``elastic.minReplicas``. A replacement for
 slowness spends no backoffLimit (nothing failed), but at most ``maxReplacements`` are made a job: when
 every node is slow (a shared network, a noisy cluster), replacing pods cannot help, and the bound keeps
 it from churning them.
@@ -22,7 +25,7 @@ from ddp_operator.observe import API_TIME_RESOLUTION_SECONDS, PodObservation
 from ddp_operator.progress.exposition import HealthCheck
 from ddp_operator.progress.render import describe_slow_rank
 from ddp_operator.progress.tracker import StragglerSighting
-from ddp_operator.spec import STRAGGLER_REPLACE, StragglerPolicy
+from ddp_operator.spec import STRAGGLER_MOVES, STRAGGLER_SHRINK, StragglerPolicy
 
 # The rendezvous' host: its pod is not replaced alone (policies.recovery), so neither for slowness.
 RENDEZVOUS_RANK: Final = 0
@@ -68,17 +71,25 @@ def verdict(
     check_pod: PodObservation | None = None,
     *,
     rank0: bool = False,
+    shrinkable: bool = True,
 ) -> StragglerVerdict:
     """Whether the straggler's pod (``pod``), or the pod of the rank the last health check found slow
     (``check_pod``), is due for a replacement now. ``rank0``: rank 0's pod may be replaced alone too
-    (policies.recovery.rank0_replaceable)."""
-    if policy.action != STRAGGLER_REPLACE:
+    (policies.recovery.rank0_replaceable). ``shrinkable``: the group keeps elastic.minReplicas without
+    one pod (what Shrink needs, policies.elastic)."""
+    if policy.action not in STRAGGLER_MOVES:
         return NONE
     slow = _sighting_verdict(policy, sighting, pod, now, replaced, rank0)
-    if slow.replace is not None or slow.held is not None or check is None:
-        return slow
-    found = _check_verdict(policy, check, check_pod, replaced, rank0)
-    return found if found.replace is not None or found.held is not None else slow
+    if slow.replace is None and slow.held is None and check is not None:
+        found = _check_verdict(policy, check, check_pod, replaced, rank0)
+        if found.replace is not None or found.held is not None:
+            slow = found
+    if slow.replace is not None and policy.action == STRAGGLER_SHRINK and not shrinkable:
+        return StragglerVerdict(
+            held=f"the group would fall below elastic.minReplicas without {slow.replace.name}: the "
+            "straggler is reported only (runPolicy.stragglerPolicy Shrink)"
+        )
+    return slow
 
 
 def _sighting_verdict(
@@ -141,7 +152,7 @@ def _check_verdict(
     text = (
         f"the gang health check found rank {check.slow_rank}'s links far below the group's median "
         f'({pod.name} on node {pod.node or "unknown"}; docs/trainer.md, "Health check"; runPolicy.'
-        f"stragglerPolicy {policy.action}); its pod is replaced away from that node"
+        f"stragglerPolicy {policy.action}); {moved(policy)}"
     )
     return _bounded(policy, check.slow_rank, pod, replaced, text, rank0)
 
@@ -180,8 +191,18 @@ def replacement_text(policy: StragglerPolicy, sighting: StragglerSighting, pod: 
     return (
         f"{describe_slow_rank(sighting.rank, sighting.slowdown, sighting.phase)} ({pod.name} on node "
         f"{pod.node or 'unknown'}) for {policy.sustained_seconds}s or more (runPolicy.stragglerPolicy "
-        f"{policy.action}, slowdownPercent {policy.slowdown_percent}); its pod is replaced away from that node"
+        f"{policy.action}, slowdownPercent {policy.slowdown_percent}); {moved(policy)}"
     )
+
+
+def moved(policy: StragglerPolicy) -> str:
+    """What becomes of the slow rank's pod under ``policy``, for the Event."""
+    if policy.action == STRAGGLER_SHRINK:
+        return (
+            "its pod goes, and its replacement may not land on that node: the group trains on without it "
+            "until another node is free"
+        )
+    return "its pod is replaced away from that node"
 
 
 def status_after(status: Any, node: str) -> dict[str, Any]:
@@ -203,10 +224,32 @@ def with_node(avoided: Sequence[str], node: str) -> tuple[str, ...]:
 AVOID_WEIGHT: Final = 100
 
 
-def avoid_term(avoided: Iterable[str]) -> dict[str, Any] | None:
-    """A preferred node affinity term that steers a pod off ``avoided`` (None: no node to avoid)."""
+def avoid_expression(avoided: Iterable[str]) -> dict[str, Any] | None:
+    """The node selector requirement that keeps a pod off ``avoided`` (None: no node to avoid)."""
     nodes = sorted(set(avoided))
     if not nodes:
         return None
-    expression = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": nodes}
+    return {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": nodes}
+
+
+def require_off(node_affinity: dict[str, Any], avoided: Iterable[str]) -> None:
+    """Shrink: ``node_affinity`` (a pod's, changed in place) requires a node outside ``avoided``. The
+    required terms are ORed and each term's expressions ANDed, so the requirement joins every term the
+    template has (or makes the only one)."""
+    expression = avoid_expression(avoided)
+    if expression is None:
+        return
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term.setdefault("matchExpressions", []).append(dict(expression))
+
+
+def avoid_term(avoided: Iterable[str]) -> dict[str, Any] | None:
+    """A preferred node affinity term that steers a pod off ``avoided`` (None: no node to avoid)."""
+    expression = avoid_expression(avoided)
+    if expression is None:
+        return None
     return {"weight": AVOID_WEIGHT, "preference": {"matchExpressions": [expression]}}

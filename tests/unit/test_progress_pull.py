@@ -118,3 +118,44 @@ def test_a_straggler_of_a_shrunk_group_is_mapped_to_the_pod_its_endpoint_names(
     assert observation is not None and observation.straggler is not None
     assert fetched.count(POD2) == reads_of_every_pod
     assert observation.rank_pods == ({0: "mnist-0-0", 1: "mnist-2-0"} if elastic else {})
+
+
+def checked_slow(steps: int, rank: int) -> str:
+    """Rank 0's pod after a gang health check that found ``rank``'s links far below the others'."""
+    return exposition(0, steps) + (
+        f'ddp_health_slow_rank{{rank="0"}} {rank}\nddp_health_check_timestamp_seconds{{rank="0"}} 1.0e9\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("elastic", "reads_of_every_pod"),
+    [
+        pytest.param(True, 1, id="elastic-reads-the-round-once"),
+        pytest.param(False, 0, id="fixed-size-needs-no-read"),
+    ],
+)
+def test_the_health_checks_slow_rank_of_a_shrunk_group_is_mapped_to_its_pod(
+    elastic: bool, reads_of_every_pod: int
+) -> None:
+    """The check names a rank of the current round, as a straggler is: an elastic job's rank is mapped
+    to its pod by the pods' own endpoints (without the read, Shrink could not find the pod)."""
+    answers = {RANK0: checked_slow(100, 1), POD2: exposition(1, 100)}
+    fetched: list[str] = []
+    now = [at(0)]
+
+    def fetch(url: str) -> str:
+        fetched.append(url)
+        return answers[url]
+
+    scraper = ProgressScraper(lambda _key: None, clock=lambda: now[0], fetch=fetch)
+    pods = {"mnist-0-0": RANK0, "mnist-2-0": POD2}
+    scraper.track(KEY, Target(0, RANK0, pods=3, world_size=3, pod_urls=pods, elastic=elastic))
+    for seconds in (0, 15):
+        now[0] = at(seconds)
+        asyncio.run(scraper.scrape_all())
+    scraper.stop()
+    observation = scraper.observation(KEY)
+    assert observation is not None and observation.health is not None
+    assert observation.health.slow_rank == 1
+    assert fetched.count(POD2) == reads_of_every_pod
+    assert observation.rank_pods == ({0: "mnist-0-0", 1: "mnist-2-0"} if elastic else {})

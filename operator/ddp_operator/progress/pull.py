@@ -24,7 +24,7 @@ from ddp_operator import ranks
 from ddp_operator.podcache import JobKey
 from ddp_operator.policies import stall
 from ddp_operator.progress import render
-from ddp_operator.progress.exposition import ExpositionReader, PodScrape
+from ddp_operator.progress.exposition import ExpositionReader, HealthCheck, PodScrape
 from ddp_operator.progress.tracker import STRAGGLER_THRESHOLD, ProgressObservation, ProgressTracker
 
 logger = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ class ProgressScraper:
         if tracker.finished:
             stall_limit = None
         suspected = stall.suspected(stall_limit, tracker.step, since, now)
-        if (suspected or _members_needed(tracked, tracker)) and target.pod_urls:
+        if (suspected or _members_needed(tracked, tracker, rank_zero.health)) and target.pod_urls:
             names = list(target.pod_urls)
             answers = await asyncio.gather(*(self._get(target.pod_urls[name]) for name in names))
             answered = {
@@ -192,15 +192,23 @@ class ProgressScraper:
             self._on_change(key)
 
 
-def _members_needed(tracked: _Tracked, tracker: ProgressTracker) -> bool:
-    """An elastic job's straggler is sighted and the membership that names its pod is unknown or older
-    than the group's last change (a round numbers its members anew; a fixed-size job's never does)."""
+def _members_needed(tracked: _Tracked, tracker: ProgressTracker, health: HealthCheck | None) -> bool:
+    """An elastic job's straggler is sighted, or its last health check named a slow rank, and the
+    membership that names that rank's pod is unknown or older than the group's last change (a round
+    numbers its members anew; a fixed-size job's never does)."""
+    if not tracked.target.elastic:
+        return False
     sighting = tracker.straggler
-    if sighting is None or not tracked.target.elastic:
+    ranks = {
+        r
+        for r in (sighting.rank if sighting else None, health.slow_rank if health else None)
+        if r is not None
+    }
+    if not ranks:
         return False
     read_at, changed_at = tracked.rank_pods_read_at, tracker.group_changed_at
     stale = read_at is None or (changed_at is not None and changed_at > read_at)
-    return stale or sighting.rank not in tracked.rank_pods
+    return stale or not ranks <= tracked.rank_pods.keys()
 
 
 def _shown(observation: ProgressObservation) -> tuple[object, ...]:

@@ -11,7 +11,7 @@ STAMP     := $(VENV)/.installed-$(shell (cat pyproject.toml harness/pyproject.to
 PYTEST    := $(PY) -m pytest
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-e2e test-e2e-node test-e2e-kind k8s-binaries kueue-binary node-binaries kube-router images kind kind-up kind-demo kind-down chart-crds bench clean-venv
+.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-integration-a test-integration-b test-e2e test-e2e-node test-e2e-kind k8s-binaries kueue-binary node-binaries kube-router images kind kind-up kind-demo kind-down chart-crds bench clean-venv
 
 all: test
 
@@ -72,6 +72,15 @@ kueue-binary:
 
 test-integration: venv k8s-binaries kueue-binary
 	$(PYTEST) tests/integration -q $(DURATIONS)
+
+## `make test` runs the integration tier in two parts, one per lane, to even the lanes out
+## (hack/test-all.sh): lane A the Kueue modules after the trainer tier, lane B the rest.
+INTEGRATION_A = tests/integration/test_kueue.py
+test-integration-a: venv k8s-binaries kueue-binary
+	$(PYTEST) $(INTEGRATION_A) -q $(DURATIONS)
+
+test-integration-b: venv k8s-binaries kueue-binary
+	$(PYTEST) tests/integration -q $(DURATIONS) $(addprefix --ignore=,$(INTEGRATION_A))
 
 ## Both images, on a local debootstrap base (no registry needed); tagged by version.
 images: venv

@@ -3,8 +3,8 @@
 # need running beside them instead of before them (docs/testing.md, "How the run is laid out").
 #
 #   foreground:  venv -> lint, mypy -> unit -> lane A and lane B, side by side:
-#     lane A:    trainer tier ---------------------------------> e2e: Docker + the real node
-#     lane B:    (control-plane builds) integration tier ------> e2e: kind
+#     lane A:    trainer tier -> integration, Kueue part ------> e2e: Docker + the real node
+#     lane B:    (control-plane builds) integration, the rest -> e2e: kind
 #   background:  Kubernetes, Kueue -> node binaries, kube-router -> kind -> the kind cluster
 #                (beside it) Docker and both images -> the kind node's root filesystems
 #
@@ -99,8 +99,12 @@ wait_for_builds() { # lane stage
   record "$lane" "waited for the $name builds" $((SECONDS - started))
 }
 
+# The integration tier is split between the lanes (the Makefile's INTEGRATION_A): the kind suite makes
+# lane B the longer, and lane A's real node waits for its builds anyway.
 lane_a() {
   step A "trainer tier" $MAKE --no-print-directory test-trainer
+  wait_for_builds A control-plane
+  step A "integration tier, Kueue part" $MAKE --no-print-directory test-integration-a
   wait_for_builds A node
   wait_for_builds A images
   step A "e2e tier: Docker and the real node" $MAKE --no-print-directory test-e2e-node
@@ -108,7 +112,7 @@ lane_a() {
 
 lane_b() {
   wait_for_builds B control-plane
-  step B "integration tier" $MAKE --no-print-directory test-integration
+  step B "integration tier, the rest" $MAKE --no-print-directory test-integration-b
   wait_for_builds B kind-cluster
   DDP_E2E_KIND_KUBECONFIG=$kind_kubeconfig step B "e2e tier: kind" $MAKE --no-print-directory test-e2e-kind
 }

@@ -29,7 +29,7 @@ trace start
 case "$TARGETS" in
   "k8s-binaries kueue-binary") await images ;;
   images) await "k8s-binaries kueue-binary" ;;
-  test-trainer) await test-integration ;;
+  test-trainer) await test-integration-b ;;
   *) sleep 0.2 ;;
 esac
 [[ "$TARGETS" == "${FAIL:-}" ]] && { echo "stand-in failure of $TARGETS"; exit 3; }
@@ -74,12 +74,13 @@ def run_layout(
 
 # (a step, the steps that must have ended before it starts)
 ORDER = [
-    ("test-integration", ["k8s-binaries kueue-binary", "test-unit"]),
+    ("test-integration-b", ["k8s-binaries kueue-binary", "test-unit"]),
     ("test-trainer", ["test-unit"]),
-    ("test-e2e-node", ["node-binaries kube-router", "images", "test-trainer"]),
+    ("test-integration-a", ["k8s-binaries kueue-binary", "test-trainer"]),
+    ("test-e2e-node", ["node-binaries kube-router", "images", "test-integration-a"]),
     ("kind", ["images", "build-kind rootfs", "node-binaries kube-router"]),
     ("kind-cluster up layout-test", ["kind"]),
-    ("test-e2e-kind", ["kind-cluster up layout-test", "test-integration"]),
+    ("test-e2e-kind", ["kind-cluster up layout-test", "test-integration-b"]),
 ]
 
 
@@ -109,7 +110,7 @@ def test_the_chains_and_the_lanes_overlap(
         return spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]
 
     assert overlap("images", "k8s-binaries kueue-binary"), "the image chain runs beside the compiles"
-    assert overlap("test-trainer", "test-integration"), "lane A beside lane B"
+    assert overlap("test-trainer", "test-integration-b"), "lane A beside lane B"
     assert "kind-cluster down layout-test" in spans, "the kind cluster is deleted at the end"
 
 
@@ -157,3 +158,20 @@ def test_each_real_node_test_runs_once_in_make_test() -> None:
     makefile = (ROOT / "Makefile").read_text()
     recipe = makefile.split("\ntest-e2e-node:", 1)[1].split("\n\n", 1)[0]
     assert '-m "not kind_suite"' in recipe, recipe
+
+
+def test_each_integration_module_runs_once_in_make_test() -> None:
+    """Lane A's part of the integration tier (INTEGRATION_A) is what lane B's part leaves out: every
+    module runs, once."""
+    makefile = (ROOT / "Makefile").read_text()
+    line = next(x for x in makefile.splitlines() if x.startswith("INTEGRATION_A ="))
+    part_a = line.split("=", 1)[1].split()
+    assert part_a and all((ROOT / path).is_file() for path in part_a), part_a
+    recipe_a = makefile.split("\ntest-integration-a:", 1)[1].split("\n\n", 1)[0]
+    recipe_b = makefile.split("\ntest-integration-b:", 1)[1].split("\n\n", 1)[0]
+    assert "$(PYTEST) $(INTEGRATION_A) " in recipe_a, recipe_a
+    assert (
+        "$(PYTEST) tests/integration " in recipe_b and "$(addprefix --ignore=,$(INTEGRATION_A))" in recipe_b
+    )
+    script = (ROOT / "hack" / "test-all.sh").read_text()
+    assert "test-integration-a" in script and "test-integration-b" in script

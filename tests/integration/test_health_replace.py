@@ -12,6 +12,7 @@ operator reads that from rank 0's endpoint. Nothing is mocked and no order of ev
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,15 +43,26 @@ TRAINER_ARGS = ["--max-steps", "3000", "--throttle-ms", "50", "--progress-every"
 HEALTH_ENV = {"DDP_HEALTH_CHECK": "on", "DDP_HEALTH_CHECK_BYTES": str(64 * 1024)}
 
 
-@pytest.fixture
-def checked(kube: Kube, tmp_path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+@contextlib.contextmanager
+def operated(kube: Kube, tmp_path: Path, prefix: str) -> Iterator[str]:
+    """A namespace of its own and an operator that reads progress every 2 s; its log printed after."""
     if os.geteuid() != 0:
         pytest.skip("putting the pods' IPs on the loopback device needs root")
-    namespace = kube.create_namespace("op-health")
+    namespace = kube.create_namespace(prefix)
     operator = OperatorProcess(
         kube.kubeconfig, [namespace], tmp_path / "operator.log", extra=["--progress-interval", "2"]
     ).start()
     try:
+        yield namespace
+    finally:
+        operator.stop()
+        print(f"--- operator log ---\n{operator.log_tail(80)}")
+        kube.delete_namespace(namespace)
+
+
+@pytest.fixture
+def checked(kube: Kube, tmp_path: Path) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    with operated(kube, tmp_path, "op-health") as namespace:
         job = ddpjob(JOB, REPLICAS, run_policy={"stragglerPolicy": {"action": "Replace"}})
         job["spec"]["metrics"] = {"port": free_port()}
         kube.apply(job, namespace)
@@ -61,10 +73,6 @@ def checked(kube: Kube, tmp_path: Path) -> Iterator[tuple[str, list[dict[str, An
             trainer_processes(pods, tmp_path, ["-m", "ddp_trainer", *argv], HEALTH_ENV),
         ):
             yield namespace, pods
-    finally:
-        operator.stop()
-        print(f"--- operator log ---\n{operator.log_tail(80)}")
-        kube.delete_namespace(namespace)
 
 
 def test_the_rank_the_health_check_found_slow_is_replaced_alone_at_once(
@@ -126,13 +134,7 @@ def test_under_shrink_the_slow_ranks_pod_waits_for_a_node_it_may_use_while_the_g
     the trainers start: the check names rank 2, its pod goes, and its replacement, which may not use the
     slow node, cannot be placed; the job stays Running on the other two (its minimum). Uncordoned, the
     fourth node takes it."""
-    if os.geteuid() != 0:
-        pytest.skip("putting the pods' IPs on the loopback device needs root")
-    namespace = kube.create_namespace("op-shrink")
-    operator = OperatorProcess(
-        kube.kubeconfig, [namespace], tmp_path / "operator.log", extra=["--progress-interval", "2"]
-    ).start()
-    try:
+    with operated(kube, tmp_path, "op-shrink") as namespace:
         job = ddpjob(
             JOB, REPLICAS, run_policy={"stragglerPolicy": {"action": "Shrink"}}, pod_spec=ONE_RANK_PER_NODE
         )
@@ -184,7 +186,3 @@ def test_under_shrink_the_slow_ranks_pod_waits_for_a_node_it_may_use_while_the_g
                     ),
                 )
                 assert placed["spec"]["nodeName"] == free, placed["spec"]
-    finally:
-        operator.stop()
-        print(f"--- operator log ---\n{operator.log_tail(80)}")
-        kube.delete_namespace(namespace)

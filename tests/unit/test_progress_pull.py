@@ -4,11 +4,13 @@ decide(), and when it kicks the job. Real endpoints: tests/integration/test_prog
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 from tests.unit.kube_factories import at
 
 from ddp_operator.progress.pull import ProgressScraper, Target
+from ddp_operator.progress.tracker import ProgressObservation
 
 pytestmark = pytest.mark.unit
 
@@ -86,19 +88,12 @@ def straggling(steps: int, rank: int) -> str:
     )
 
 
-@pytest.mark.parametrize(
-    ("elastic", "reads_of_every_pod"),
-    [
-        pytest.param(True, 1, id="elastic-reads-the-round-once"),
-        pytest.param(False, 0, id="fixed-size-needs-no-read"),
-    ],
-)
-def test_a_straggler_of_a_shrunk_group_is_mapped_to_the_pod_its_endpoint_names(
-    elastic: bool, reads_of_every_pod: int
-) -> None:
-    """After a shrink, the round's rank 1 runs in the pod of rank 2 (pod rank 1 is gone): the pods'
-    own endpoints say so; a fixed-size job's layout needs no read."""
-    answers = {RANK0: straggling(100, 1), POD2: exposition(1, 100)}
+def read_rounds(
+    rank0: Callable[[int], str], elastic: bool, times: tuple[int, ...]
+) -> tuple[list[str], ProgressObservation | None]:
+    """Reads of a shrunk 3-pod group (pod rank 1 gone: the round's rank 1 runs in pod 2), rank 0's
+    endpoint answering ``rank0(seconds)`` at each of ``times``: the URLs fetched and the observation."""
+    answers = {POD2: exposition(1, 100)}
     fetched: list[str] = []
     now = [at(0)]
 
@@ -109,12 +104,27 @@ def test_a_straggler_of_a_shrunk_group_is_mapped_to_the_pod_its_endpoint_names(
     scraper = ProgressScraper(lambda _key: None, clock=lambda: now[0], fetch=fetch)
     pods = {"mnist-0-0": RANK0, "mnist-2-0": POD2}
     scraper.track(KEY, Target(0, RANK0, pods=3, world_size=3, pod_urls=pods, elastic=elastic))
-    for seconds in (0, 15, 30):
+    for seconds in times:
         now[0] = at(seconds)
-        answers[RANK0] = straggling(100 + seconds, 1)
+        answers[RANK0] = rank0(seconds)
         asyncio.run(scraper.scrape_all())
     scraper.stop()
-    observation = scraper.observation(KEY)
+    return fetched, scraper.observation(KEY)
+
+
+MEMBERSHIP_READS = [
+    pytest.param(True, 1, id="elastic-reads-the-round-once"),
+    pytest.param(False, 0, id="fixed-size-needs-no-read"),
+]
+
+
+@pytest.mark.parametrize(("elastic", "reads_of_every_pod"), MEMBERSHIP_READS)
+def test_a_straggler_of_a_shrunk_group_is_mapped_to_the_pod_its_endpoint_names(
+    elastic: bool, reads_of_every_pod: int
+) -> None:
+    """After a shrink, the round's rank 1 runs in the pod of rank 2 (pod rank 1 is gone): the pods'
+    own endpoints say so; a fixed-size job's layout needs no read."""
+    fetched, observation = read_rounds(lambda seconds: straggling(100 + seconds, 1), elastic, (0, 15, 30))
     assert observation is not None and observation.straggler is not None
     assert fetched.count(POD2) == reads_of_every_pod
     assert observation.rank_pods == ({0: "mnist-0-0", 1: "mnist-2-0"} if elastic else {})
@@ -127,34 +137,13 @@ def checked_slow(steps: int, rank: int) -> str:
     )
 
 
-@pytest.mark.parametrize(
-    ("elastic", "reads_of_every_pod"),
-    [
-        pytest.param(True, 1, id="elastic-reads-the-round-once"),
-        pytest.param(False, 0, id="fixed-size-needs-no-read"),
-    ],
-)
+@pytest.mark.parametrize(("elastic", "reads_of_every_pod"), MEMBERSHIP_READS)
 def test_the_health_checks_slow_rank_of_a_shrunk_group_is_mapped_to_its_pod(
     elastic: bool, reads_of_every_pod: int
 ) -> None:
     """The check names a rank of the current round, as a straggler is: an elastic job's rank is mapped
     to its pod by the pods' own endpoints (without the read, Shrink could not find the pod)."""
-    answers = {RANK0: checked_slow(100, 1), POD2: exposition(1, 100)}
-    fetched: list[str] = []
-    now = [at(0)]
-
-    def fetch(url: str) -> str:
-        fetched.append(url)
-        return answers[url]
-
-    scraper = ProgressScraper(lambda _key: None, clock=lambda: now[0], fetch=fetch)
-    pods = {"mnist-0-0": RANK0, "mnist-2-0": POD2}
-    scraper.track(KEY, Target(0, RANK0, pods=3, world_size=3, pod_urls=pods, elastic=elastic))
-    for seconds in (0, 15):
-        now[0] = at(seconds)
-        asyncio.run(scraper.scrape_all())
-    scraper.stop()
-    observation = scraper.observation(KEY)
+    fetched, observation = read_rounds(lambda seconds: checked_slow(100 + seconds, 1), elastic, (0, 15))
     assert observation is not None and observation.health is not None
     assert observation.health.slow_rank == 1
     assert fetched.count(POD2) == reads_of_every_pod

@@ -18,6 +18,7 @@ from trainer_gang import (
     describe,
     events,
     finish,
+    free_port,
     labelled,
     samples,
     wait_all,
@@ -27,7 +28,7 @@ from ddp_trainer.exitcodes import EXIT_PEER_LOST, EXIT_STOPPED
 
 pytestmark = pytest.mark.trainer
 
-ELASTIC = {"DDP_RESTART_MODE": "InPlace", "DDP_MIN_MEMBERS": "2", "DDP_REPLACEMENT_WAIT_SECONDS": "3"}
+ELASTIC = {"DDP_RESTART_MODE": "InPlace", "DDP_MIN_MEMBERS": "2", "DDP_REPLACEMENT_WAIT_SECONDS": "5"}
 # Slow enough steps that the survivors are still training when a replacement has started (its
 # launcher imports torch first), and enough of them; digits at world size 2 has 23 batches an epoch.
 TRAIN = ["--epochs", "20", "--max-steps", "250", "--progress-every", "5", "--stop-check-every", "5"]
@@ -51,10 +52,18 @@ def elastic_args(checkpoints: Path, *extra: str) -> list[str]:
 def start_three(
     gangs: Gangs, args: list[str], with_metrics: bool = True, budget: int = 3
 ) -> list[TrainerProcess]:
-    """Three pods, NODE_RANK 0 last: the others wait for its store, so all three join the first round
-    together (within the replacement wait, it would be a round of 2 and a grow)."""
+    """Three pods in one first round: NODE_RANK 0, whose launcher hosts the store, starts only once the
+    other two have imported torch and wait for that store, so all three join within the replacement
+    wait. (Started together, a loaded machine once took one pod's import past that wait and past the
+    whole run: a round of 2, and a third pod that never joined.)"""
     env = {**ELASTIC, "DDP_RESTART_BUDGET": str(budget)}
-    pods = gangs.pods(3, 1, args, with_metrics=with_metrics, env=env, start_order=[2, 1, 0])
+    waiting = gangs.pods(3, 1, args, with_metrics=with_metrics, env=env, start_order=[2, 1])
+    for pod in waiting:
+        pod.wait_until_mapped("libtorch")
+    host = gangs.start(
+        "pod0", {**waiting[0].env, "NODE_RANK": "0"}, args, free_port() if with_metrics else None
+    )
+    pods = [host, *waiting]
     wait_for_round(pods, 3)
     return pods
 

@@ -139,6 +139,24 @@ class TrainerProcess:
                 found[int(parsed[1]["rank"])] = parsed[1]["sha256"]
         return found
 
+    def wait_until_mapped(self, library: str, timeout: float = RUN_TIMEOUT) -> None:
+        """Until the process has loaded a shared object whose path holds ``library`` (``libtorch``: its
+        import is done, the slow part of a launcher's start on a loaded machine)."""
+        maps = Path(f"/proc/{self.process.pid}/maps")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"{self.name} exited {self.process.returncode} before loading {library}:\n{self.stderr[-3000:]}"
+                )
+            try:
+                if library in maps.read_text():
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"{self.name} did not load {library} in {timeout:.0f}s")
+
     def wait_for_stdout(self, pattern: str, timeout: float = RUN_TIMEOUT) -> re.Match[str]:
         deadline = time.monotonic() + timeout
         regex = re.compile(pattern, re.MULTILINE)

@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zygote import ForkedProcess, Zygotes
+
 from ddp_trainer.progress import FinalResult, Progress, parse_final, parse_progress, parse_status_line
 
 PYTHON = sys.executable
@@ -46,10 +48,15 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+# The environment the tier started with: tests that run torch in this process change os.environ
+# (importing torch._dynamo sets TORCHINDUCTOR_CACHE_DIR), and no process may depend on which ran first.
+STARTING_ENVIRONMENT = dict(os.environ)
+
+
 def base_env() -> dict[str, str]:
     env = {
         key: value
-        for key, value in os.environ.items()
+        for key, value in STARTING_ENVIRONMENT.items()
         if not key.startswith(("PET_", "DDP", "TORCHELASTIC", "PROMETHEUS_MULTIPROC"))
         and key
         not in {
@@ -77,7 +84,7 @@ def base_env() -> dict[str, str]:
 @dataclass
 class TrainerProcess:
     name: str
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | ForkedProcess
     stdout_path: Path
     stderr_path: Path
     metrics_port: int | None = None
@@ -194,9 +201,11 @@ class TrainerProcess:
 
 @dataclass
 class Gangs:
-    """Starts trainer processes for one test and ends all of them afterwards."""
+    """Starts trainer processes for one test and ends all of them afterwards: forked from the
+    session's zygotes where that is the same process (zygote.py), else fresh."""
 
     workdir: Path
+    zygotes: Zygotes | None = None
     started: list[TrainerProcess] = field(default_factory=list)
 
     def start(
@@ -213,14 +222,15 @@ class Gangs:
         if metrics_port is not None:
             full_env["DDP_METRICS_PORT"] = str(metrics_port)
         out, err = self.workdir / f"{name}.out", self.workdir / f"{name}.err"
+        argv = [*(program or [PYTHON, "-m", "ddp_trainer", "--metrics-host", "127.0.0.1"]), *args]
         with open(out, "wb") as stdout, open(err, "wb") as stderr:
-            process = subprocess.Popen(
-                [*(program or [PYTHON, "-m", "ddp_trainer", "--metrics-host", "127.0.0.1"]), *args],
-                env=full_env,
-                stdout=stdout,
-                stderr=stderr,
-                start_new_session=True,
-            )
+            process: subprocess.Popen[bytes] | ForkedProcess | None = None
+            if self.zygotes is not None:
+                process = self.zygotes.start(argv, full_env, out, err)
+            if process is None:
+                process = subprocess.Popen(
+                    argv, env=full_env, stdout=stdout, stderr=stderr, start_new_session=True
+                )
         started = TrainerProcess(name, process, out, err, metrics_port, dict(env), list(args), program)
         self.started.append(started)
         return started

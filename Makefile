@@ -74,8 +74,8 @@ test-integration: venv k8s-binaries kueue-binary
 	$(PYTEST) tests/integration -q $(DURATIONS)
 
 ## `make test` runs the integration tier in two parts, one per lane, to even the lanes out
-## (hack/test-all.sh): lane A the Kueue modules after the trainer tier, lane B the rest.
-INTEGRATION_A = tests/integration/test_kueue.py
+## (hack/test-all.sh): lane A the Kueue and gang-scheduling modules after the trainer tier, lane B the rest.
+INTEGRATION_A = tests/integration/test_kueue.py tests/integration/test_gang_api.py
 test-integration-a: venv k8s-binaries kueue-binary
 	$(PYTEST) $(INTEGRATION_A) -q $(DURATIONS)
 

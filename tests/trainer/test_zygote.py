@@ -48,8 +48,13 @@ if mode == "wait":
 def probe(
     gangs: Gangs, tmp_path: Path, name: str, *args: str, env: dict[str, str] | None = None
 ) -> TrainerProcess:
+    # Written once per test: rewriting it while an earlier probe of the test was reading it gave that
+    # probe an empty script (a cold CI run: it printed nothing and exited 0).
     script = tmp_path / "probe.py"
-    script.write_text(PROBE)
+    if not script.exists():
+        staged = tmp_path / "probe.py.part"
+        staged.write_text(PROBE)
+        staged.rename(script)
     return gangs.start(name, env or {}, list(args), program=[sys.executable, str(script)])
 
 

@@ -27,6 +27,7 @@ from ddp_harness.kwok_stages import NODE_LOST_ANNOTATION, ReportLatency, kwok_st
 from ddp_harness.manifests import Layout, NodeShape, Ports
 from ddp_harness.pki import CLIENT_IDENTITIES, generate_pki
 from ddp_harness.processes import LOCALHOST, ClusterError, ComponentsRecord, ComponentState, Progress
+from ddp_operator.local.ports import free_ports
 
 # Start order.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -483,7 +484,7 @@ def start(
     the handle once all are healthy; on failure, stop what was started (logs stay) and raise."""
     started = time.monotonic()
     layout.log_dir.mkdir(parents=True, exist_ok=True)
-    ports = Ports(*processes.free_ports(6))
+    ports = Ports(*free_ports(6))
     nodes = [manifests.node_name(i) for i in range(node_count)]
     starter = _Starter(layout, bin_dir, ports, nodes, extra_flags)
     starter.save()  # from here on the directory is recognisably ours, for `down` and the next `up`

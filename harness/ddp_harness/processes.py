@@ -267,20 +267,6 @@ def stop_components(
 # ---- ports and endpoints -----------------------------------------------------------------------------
 
 
-def free_ports(count: int, host: str = LOCALHOST) -> list[int]:
-    """count distinct ports that nothing listens on now (all held open together while they are picked)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def http_status(url: str, ctx: ssl.SSLContext | None = None) -> int:
     """The HTTP status of a GET, or 0 when nothing answered (not listening yet, reset, timed out)."""
     try:

@@ -40,7 +40,6 @@ from ddp_harness.processes import (
     Progress,
     cache_dir,
     component_statuses,
-    free_ports,
     http_status,
     is_running,
     node_ready,
@@ -51,6 +50,7 @@ from ddp_harness.processes import (
     wait_for,
     write_json,
 )
+from ddp_operator.local.ports import free_ports
 
 BUILD_SCRIPT = "build-node-binaries.sh"
 NODE_BINARIES = ("kubelet", "kube-proxy", "coredns", "crictl", "pause")

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from ddp_operator import __version__
+from ddp_operator.local.ports import free_ports
 
 pytestmark = pytest.mark.e2e
 
@@ -359,9 +360,4 @@ def paths_in_kubeconfig(config: dict[str, Any]) -> list[str]:
 
 
 def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(1)[0]

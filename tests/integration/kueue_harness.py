@@ -45,6 +45,8 @@ from typing import Any
 
 import yaml
 
+from ddp_operator.local.ports import free_ports
+
 REPO = Path(__file__).resolve().parents[2]
 LOCALHOST = "127.0.0.1"
 NAMESPACE = "kueue-system"
@@ -273,10 +275,7 @@ def _kubeconfig(server: str, cluster_ca: Path, pki: Path) -> dict[str, Any]:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOCALHOST, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(1)[0]
 
 
 def _tail(path: Path, lines: int = 30) -> str:

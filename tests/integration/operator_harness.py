@@ -10,7 +10,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import yaml
 
 from ddp_harness import EXIT_CODE_ANNOTATION, FINISHED_AT_ANNOTATION, MESSAGE_ANNOTATION, REASON_ANNOTATION
 from ddp_operator import names
+from ddp_operator.local.ports import free_ports
 from ddp_operator.observe import LAUNCHER_EXIT_MARKER
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,10 +33,7 @@ T = TypeVar("T")
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(1)[0]
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.3) -> T:

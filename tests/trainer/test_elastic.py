@@ -50,13 +50,17 @@ def elastic_args(checkpoints: Path, *extra: str) -> list[str]:
 
 
 def start_three(
-    gangs: Gangs, args: list[str], with_metrics: bool = True, budget: int = 3
+    gangs: Gangs, args: list[str], with_metrics: bool = True, budget: int = 3, replacement_wait: int = 5
 ) -> list[TrainerProcess]:
-    """Three pods in one first round: NODE_RANK 0, whose launcher hosts the store, starts only once the
-    other two have imported torch and wait for that store, so all three join within the replacement
-    wait. (Started together, a loaded machine once took one pod's import past that wait and past the
-    whole run: a round of 2, and a third pod that never joined.)"""
-    env = {**ELASTIC, "DDP_RESTART_BUDGET": str(budget)}
+    """Three pods, trained on together: NODE_RANK 0, whose launcher hosts the store, starts only once
+    the other two have imported torch and wait for that store. A pod that still joins later than the
+    replacement wait (``replacement_wait``) after two others finds a round of 2, and the group grows
+    for it once their workers run: its wait for that is bounded by its --init-timeout."""
+    env = {
+        **ELASTIC,
+        "DDP_RESTART_BUDGET": str(budget),
+        "DDP_REPLACEMENT_WAIT_SECONDS": str(replacement_wait),
+    }
     waiting = gangs.pods(3, 1, args, with_metrics=with_metrics, env=env, start_order=[2, 1])
     for pod in waiting:
         pod.wait_until_mapped("libtorch")
@@ -185,8 +189,16 @@ def test_a_grow_after_the_last_stop_check_finds_the_job_done(gangs: Gangs, tmp_p
 
 
 def test_below_min_members_the_survivor_does_not_train_alone(gangs: Gangs, tmp_path: Path) -> None:
-    # --init-timeout bounds the survivor's wait for a second pod, as it bounds a first start.
-    pods = start_three(gangs, elastic_args(tmp_path / "ckpt", "--init-timeout", "30"), with_metrics=False)
+    # --init-timeout bounds the survivor's wait for a second pod, as it bounds a first start, and a
+    # pod's wait for a grow when it joins after a round of 2 formed (a loaded CI machine once started
+    # those two's workers 35 s later: pod 0 gave up first). A replacement wait longer than any start
+    # keeps the first round open for all three; below DDP_MIN_MEMBERS it plays no part.
+    pods = start_three(
+        gangs,
+        elastic_args(tmp_path / "ckpt", "--init-timeout", "30"),
+        with_metrics=False,
+        replacement_wait=240,
+    )
     pods[0].wait_for_stdout(r"^progress step=10 ")
     started = len(events(pods[0], "started"))
     for pod in pods[1:]:

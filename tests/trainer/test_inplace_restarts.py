@@ -9,6 +9,7 @@ measures those.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -300,10 +301,51 @@ def test_losing_the_rendezvous_host_ends_the_other_pods_with_peer_lost(gangs: Ga
     assert wait_all(pods[1:], timeout=120) == [EXIT_PEER_LOST, EXIT_PEER_LOST], describe(pods)
 
 
+def socket_inodes(port: int, state: str, remote: bool = False) -> set[str]:
+    """The sockets (``socket:[inode]``) in TCP ``state`` (0A: listening, 01: established) whose local
+    port, or with ``remote`` whose peer's port, is ``port`` (IPv4 or IPv6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address = fields[2] if remote else fields[1]
+            if int(address.rsplit(":", 1)[1], 16) == port and fields[3] == state:
+                found.add(f"socket:[{fields[9]}]")
+    return found
+
+
+def holding(pid: int, inodes: set[str]) -> bool:
+    with contextlib.suppress(OSError):
+        return any(os.readlink(fd) in inodes for fd in Path(f"/proc/{pid}/fd").iterdir())
+    return False
+
+
+def assert_the_agent_serves_the_workers_store(pod: TrainerProcess) -> int:
+    """Rank 0's launcher, not a worker, listens on its workers' store port, and every worker of the
+    pod is connected to it: the launcher held the port from the round's start (torch's agent would
+    pick a free one and leave the worker to bind it seconds later, which a busy machine's connection
+    once took first). Returns the port."""
+    [started] = events(pod, "started")[-1:]
+    port = int(started["store"].rsplit(":", 1)[1])
+    workers = list(pod.worker_pids().values())
+    listening = socket_inodes(port, "0A")
+    assert [pid for pid in [pod.process.pid, *workers] if holding(pid, listening)] == [pod.process.pid], (
+        started,
+        describe([pod]),
+    )
+    connected = socket_inodes(port, "01", remote=True)
+    assert all(holding(pid, connected) for pid in workers), (started, describe([pod]))
+    return port
+
+
 def test_two_workers_per_pod_restart_in_place(gangs: Gangs, tmp_path: Path) -> None:
     pods = gangs.pods(2, 2, in_place_args(tmp_path / "ckpt", "--metrics-linger", "120"), env=IN_PLACE)
     pods[0].wait_for_stdout(r"^progress step=25 ")
+    first_port = assert_the_agent_serves_the_workers_store(pods[0])
     killed = kill_worker(pods[1], rank=3)
+    # Each round has a store of its own: the restarted workers meet at a new one, served the same way.
+    pods[0].wait_for_stdout(r"^launcher event=started pod=0 restarts=1 .*\n(?:.*\n)*?progress step=\d+ ")
+    assert assert_the_agent_serves_the_workers_store(pods[0]) != first_port
     scrapes = finish(pods)
     [failed] = events(pods[1], "failed")
     assert failed["code"] == "137" and float(failed["time"]) >= killed

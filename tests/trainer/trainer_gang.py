@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from zygote import ForkedProcess, Zygotes
 
+from ddp_operator.local.ports import free_ports
 from ddp_trainer.progress import FinalResult, Progress, parse_final, parse_progress, parse_status_line
 
 PYTHON = sys.executable
@@ -43,9 +43,7 @@ class RunsCodeWhenUnpickled:
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return free_ports(1)[0]
 
 
 # The environment the tier started with: tests that run torch in this process change os.environ

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from typing import Final
+
+# Set by the in-place launcher for its workers (through its forkserver's environment): the round's
+# rank 0 agent serves the workers' store at MASTER_ADDR:MASTER_PORT, and rank 0's worker joins it
+# instead of serving one there itself (ddp_trainer.elastic.serve_workers_store).
+AGENT_SERVES_STORE_ENV: Final = "DDP_AGENT_SERVES_STORE"
 
 
 def loopback_listener(master_addr: str, master_port: int) -> int | None:

@@ -65,7 +65,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, Rend
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
-from ddp_trainer.addresses import loopback_listener
+from ddp_trainer.addresses import AGENT_SERVES_STORE_ENV, loopback_listener
 from ddp_trainer.config import DistEnv, TrainConfig
 from ddp_trainer.control import read_exit_records
 from ddp_trainer.exitcodes import (
@@ -151,6 +151,8 @@ MEMBERS_KEY = "members"
 # In each round's store, where the store is apart: the address of the pod whose first worker is global
 # rank 0 and serves the workers' store.
 WORKERS_HOST_KEY = "ddp/workers_host"
+# In each round's store: the port of the workers' store that the round's rank 0 agent serves.
+WORKERS_PORT_KEY = "ddp/workers_port"
 GROWS_KEY = "ddp/group_grows"
 RESIZES_KEY = "ddp/group_resizes"
 # Set by an agent that stops its healthy workers for a grow, before it stops them (see _restart_workers).
@@ -203,6 +205,7 @@ class InPlaceAgent(LocalElasticAgent):
         progress_dir: Path,
         ledger: RestartLedger,
         gang_store: Store,
+        init_timeout: float,
     ) -> None:
         super().__init__(
             spec, logs_specs=DefaultLogsSpecs(), start_method="forkserver", shutdown_timeout=SHUTDOWN_TIMEOUT
@@ -223,6 +226,9 @@ class InPlaceAgent(LocalElasticAgent):
         # its predecessor for a few seconds after a replacement.
         self._pod_ip = env.pod_ip if env.rendezvous_endpoint is not None else None
         self._round_store: Store | None = None
+        self._init_timeout = timedelta(seconds=init_timeout)
+        # The workers' store of the round this agent's workers rank 0 in (serve_workers_store).
+        self._workers_store: TCPStore | None = None
         # Set when a failed group ends the pod: the code it exits with and why.
         self.exit_code: int | None = None
         self.ending: Decision | None = None
@@ -249,6 +255,13 @@ class InPlaceAgent(LocalElasticAgent):
             if group_rank == 0:
                 store.set(WORKERS_HOST_KEY, self._pod_ip)
             worker_group.master_addr = store.get(WORKERS_HOST_KEY).decode()
+        # The round's rank 0 agent serves its workers' store on a port it holds from the start (torch
+        # would pick a free port and let the worker bind it later: taken meanwhile, a round failed).
+        self._workers_store = None  # the previous round's, if this agent served it: its workers are gone
+        if group_rank == 0:
+            self._workers_store = serve_workers_store(worker_group.master_addr, self._init_timeout)
+            store.set(WORKERS_PORT_KEY, str(self._workers_store.port))
+        worker_group.master_port = int(store.get(WORKERS_PORT_KEY))
         # Rank 0 sets the grows and resizes before the restarts, and a get waits for its key: all are there.
         self._restarts = int(store.get(RESTARTS_KEY))
         self._grows = int(store.get(GROWS_KEY))
@@ -309,6 +322,7 @@ class InPlaceAgent(LocalElasticAgent):
             restarts=self._restarts,
             members=self._members,
             workers=",".join(f"{ranks[local]}:{pid}" for local, pid in sorted(pids.items())),
+            store=f"{worker_group.master_addr}:{worker_group.master_port}",
         )
         return pids
 
@@ -478,6 +492,21 @@ def quiet_worker_failures() -> None:
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_NoTraceback())
 
 
+def serve_workers_store(host: str, timeout: timedelta) -> TCPStore:
+    """The workers' store of a round, served by its rank 0 agent at ``host`` on a port the kernel picks
+    as it binds: no other process can take it between the pick and the bind. On loopback only when
+    ``host`` is a loopback address (docs/trainer.md, "Where rank 0 listens"), else on every interface,
+    as rank 0's worker served it before."""
+    return TCPStore(
+        host,
+        0,
+        is_master=True,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=loopback_listener(host, 0),
+    )
+
+
 def rendezvous_handler(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHandler, Store]:
     """The c10d rendezvous and its store: the job's rendezvous pod at DDP_RENDEZVOUS_ENDPOINT (every
     launcher a client, waiting up to the init timeout for it to listen), or, without one, the store
@@ -537,6 +566,7 @@ def _joined_rendezvous(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHan
     order key never came (said in its log)."""
     # Rank 0 publishes the workers' store address in every round (see the module's docstring).
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    os.environ[AGENT_SERVES_STORE_ENV] = "1"
     start_forkserver(config.workload)
     quiet_worker_failures()
     try:
@@ -544,6 +574,22 @@ def _joined_rendezvous(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHan
     except RankOrderMissingError as missing:
         log(f"{missing}; exiting {EXIT_PEER_LOST}")
         return None
+
+
+def _worker_spec(env: DistEnv, handler: RendezvousHandler, argv: list[str]) -> WorkerSpec:
+    return WorkerSpec(
+        role="trainer",
+        local_world_size=env.nproc_per_node,
+        rdzv_handler=handler,
+        entrypoint=forked_worker,
+        args=(argv,),
+        max_restarts=env.restart_budget,
+        monitor_interval=MONITOR_INTERVAL,
+        # The workers' store is at rank 0's pod's name (where rank 0's pod may be replaced, the round
+        # says its IP), on the port its agent serves it at (InPlaceAgent._rendezvous); the node
+        # descriptor's address is only a sort key.
+        master_addr=env.master_addr,
+    )
 
 
 def run_in_place(
@@ -561,26 +607,14 @@ def run_in_place(
     if joined is None:
         return EXIT_PEER_LOST
     handler, gang_store = joined
-    spec = WorkerSpec(
-        role="trainer",
-        local_world_size=env.nproc_per_node,
-        rdzv_handler=handler,
-        entrypoint=forked_worker,
-        args=(argv,),
-        max_restarts=env.restart_budget,
-        monitor_interval=MONITOR_INTERVAL,
-        # Rank 0's workers listen on this pod's name (port: a free one, picked per round by rank 0's
-        # agent; where rank 0's pod may be replaced, the round says its IP: InPlaceAgent._rendezvous);
-        # the node descriptor's address is only a sort key.
-        master_addr=env.master_addr,
-    )
     agent = InPlaceAgent(
-        spec,
+        _worker_spec(env, handler, argv),
         env=env,
         exit_dir=exit_dir,
         progress_dir=progress_dir,
         ledger=ledger,
         gang_store=gang_store,
+        init_timeout=config.init_timeout,
     )
     try:
         check_torch_agent(agent=agent)  # before the first round: nothing has started yet

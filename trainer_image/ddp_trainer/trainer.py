@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
 from ddp_trainer import resize
-from ddp_trainer.addresses import loopback_listener
+from ddp_trainer.addresses import AGENT_SERVES_STORE_ENV, loopback_listener
 from ddp_trainer.checkpoint import complete_checkpoints, load_newest_checkpoint, save_checkpoint
 from ddp_trainer.config import ConfigError, DistEnv, TrainConfig, metrics_port_error, resolve_backend
 from ddp_trainer.control import StopFlag, Watchdog
@@ -88,12 +88,14 @@ def setup(env: DistEnv, config: TrainConfig) -> DistContext:
                 timeout=timedelta(seconds=config.init_timeout),
             )
         else:
-            listen_fd = loopback_listener(env.master_addr, env.master_port) if env.rank == 0 else None
+            # Under our launcher, the round's rank 0 agent already serves the store (ddp_trainer.elastic).
+            serves = env.rank == 0 and os.environ.get(AGENT_SERVES_STORE_ENV) != "1"
+            listen_fd = loopback_listener(env.master_addr, env.master_port) if serves else None
             store = TCPStore(
                 env.master_addr,
                 env.master_port,
                 env.world_size,
-                is_master=env.rank == 0,
+                is_master=serves,
                 timeout=timedelta(seconds=config.init_timeout),
                 wait_for_workers=False,
                 master_listen_fd=listen_fd,

@@ -25,6 +25,7 @@ from typing import Final
 from ddp_operator import builders
 from ddp_operator.local.console import Console
 from ddp_operator.local.plan import Host, LocalAddresses, PlanError, ProcessSpec, find_trainer, plan_process
+from ddp_operator.local.ports import free_ports
 from ddp_operator.local.scrape import Scraper
 from ddp_operator.local.supervisor import Exit, Gang
 from ddp_operator.policies import failure, recovery, stall, success
@@ -76,20 +77,6 @@ class RunResult:
     message: str = ""
     attempts: int = 0
     results: list[RankResult] = field(default_factory=list)
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct ports free right now on 127.0.0.1 (all held open together, so never the same twice)."""
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def this_host() -> Host:

@@ -52,22 +52,25 @@ def elastic_args(checkpoints: Path, *extra: str) -> list[str]:
 def start_three(
     gangs: Gangs, args: list[str], with_metrics: bool = True, budget: int = 3, replacement_wait: int = 5
 ) -> list[TrainerProcess]:
-    """Three pods, trained on together: NODE_RANK 0, whose launcher hosts the store, starts only once
-    the other two have imported torch and wait for that store. A pod that still joins later than the
-    replacement wait (``replacement_wait``) after two others finds a round of 2, and the group grows
-    for it once their workers run: its wait for that is bounded by its --init-timeout."""
+    """Three pods, trained on together: NODE_RANK 0, whose launcher hosts the store, starts first, and
+    the other two once it listens (started before it, a launcher's connection attempts back off for
+    seconds, and a loaded machine once took one past the replacement wait). A pod that still joins more
+    than the replacement wait (``replacement_wait``) after two others finds a round of 2, and the group
+    grows for it once their workers run: its wait for that is bounded by its --init-timeout."""
     env = {
         **ELASTIC,
         "DDP_RESTART_BUDGET": str(budget),
         "DDP_REPLACEMENT_WAIT_SECONDS": str(replacement_wait),
     }
-    waiting = gangs.pods(3, 1, args, with_metrics=with_metrics, env=env, start_order=[2, 1])
-    for pod in waiting:
-        pod.wait_until_mapped("libtorch")
-    host = gangs.start(
-        "pod0", {**waiting[0].env, "NODE_RANK": "0"}, args, free_port() if with_metrics else None
-    )
-    pods = [host, *waiting]
+    [host] = gangs.pods(3, 1, args, with_metrics=with_metrics, env=env, start_order=[0])
+    host.wait_until_listening(int(host.env["MASTER_PORT"]))
+    others = [
+        gangs.start(
+            f"pod{rank}", {**host.env, "NODE_RANK": str(rank)}, args, free_port() if with_metrics else None
+        )
+        for rank in (1, 2)
+    ]
+    pods = [host, *others]
     wait_for_round(pods, 3)
     return pods
 
@@ -189,10 +192,10 @@ def test_a_grow_after_the_last_stop_check_finds_the_job_done(gangs: Gangs, tmp_p
 
 
 def test_below_min_members_the_survivor_does_not_train_alone(gangs: Gangs, tmp_path: Path) -> None:
-    # --init-timeout bounds the survivor's wait for a second pod, as it bounds a first start, and a
-    # pod's wait for a grow when it joins after a round of 2 formed (a loaded CI machine once started
-    # those two's workers 35 s later: pod 0 gave up first). A replacement wait longer than any start
-    # keeps the first round open for all three; below DDP_MIN_MEMBERS it plays no part.
+    # --init-timeout bounds the survivor's wait for a second pod, as it bounds a first start (on a
+    # loaded CI machine pod 0 once gave up on a first round the others joined late). A replacement wait
+    # longer than any start keeps the first round open for all three; below DDP_MIN_MEMBERS it plays no
+    # part.
     pods = start_three(
         gangs,
         elastic_args(tmp_path / "ckpt", "--init-timeout", "30"),

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -144,23 +145,19 @@ class TrainerProcess:
                 found[int(parsed[1]["rank"])] = parsed[1]["sha256"]
         return found
 
-    def wait_until_mapped(self, library: str, timeout: float = RUN_TIMEOUT) -> None:
-        """Until the process has loaded a shared object whose path holds ``library`` (``libtorch``: its
-        import is done, the slow part of a launcher's start on a loaded machine)."""
-        maps = Path(f"/proc/{self.process.pid}/maps")
+    def wait_until_listening(self, port: int, timeout: float = RUN_TIMEOUT) -> None:
+        """Until something accepts connections on 127.0.0.1:``port`` (the store this process hosts);
+        fails if the process exits first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise AssertionError(
-                    f"{self.name} exited {self.process.returncode} before loading {library}:\n{self.stderr[-3000:]}"
+                    f"{self.name} exited {self.process.returncode} before listening on {port}:\n{self.stderr[-3000:]}"
                 )
-            try:
-                if library in maps.read_text():
-                    return
-            except OSError:
-                pass
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
             time.sleep(0.2)
-        raise AssertionError(f"{self.name} did not load {library} in {timeout:.0f}s")
+        raise AssertionError(f"{self.name} did not listen on {port} in {timeout:.0f}s")
 
     def wait_for_stdout(self, pattern: str, timeout: float = RUN_TIMEOUT) -> re.Match[str]:
         deadline = time.monotonic() + timeout

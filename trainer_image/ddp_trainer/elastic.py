@@ -165,9 +165,12 @@ STOPPED_KEY = "ddp/stopped"
 MONITOR_INTERVAL = 0.1
 # A pod that stops sending heartbeats (lost with its launcher) leaves the rendezvous after
 # KEEP_ALIVE_INTERVAL x KEEP_ALIVE_MAX_ATTEMPT seconds; every heartbeat rewrites the rendezvous state
-# (a compare-and-set of all pods' entries), so this is a trade of detection time against store load.
+# (a compare-and-set of all pods' entries), so this is a trade of detection time against store load,
+# and against dropping a live pod whose heartbeats come late: torch drops such a pod even from a
+# complete round. 6 s did that on a loaded 2-core CI machine (a round of 1 out of 2 pods); a
+# replacement pod takes longer than 10 s to start, so the longer bound rarely delays a re-form.
 KEEP_ALIVE_INTERVAL = 2
-KEEP_ALIVE_MAX_ATTEMPT = 3
+KEEP_ALIVE_MAX_ATTEMPT = 5
 # torch's grace between SIGTERM and SIGKILL when the pod itself is stopped: the agreed stop and rank
 # 0's checkpoint happen in it (the pod's terminationGracePeriodSeconds bounds it from outside).
 SHUTDOWN_TIMEOUT = 60
@@ -175,6 +178,11 @@ SHUTDOWN_TIMEOUT = 60
 
 class PodRankMismatchError(RuntimeError):
     """The rendezvous ranked this pod elsewhere than its NODE_RANK (two pods claim one rank)."""
+
+
+class ShortRoundError(RuntimeError):
+    """A complete round has fewer members than the job trains on: torch dropped a member whose
+    heartbeats came late after the round completed."""
 
 
 class RestartBudgetSpentError(RuntimeError):
@@ -215,6 +223,8 @@ class InPlaceAgent(LocalElasticAgent):
         self._elastic = env.elastic
         self._ordered = env.rank_order_file is not None
         self._pods = env.nnodes  # the job's pods: the largest round
+        # The fewest members a round may train on: every pod, or an elastic job's DDP_MIN_MEMBERS.
+        self._fewest = env.min_members if env.min_members is not None else env.nnodes
         self._exit_dir = exit_dir
         self._progress_dir = progress_dir
         self._restarts = 0
@@ -248,6 +258,14 @@ class InPlaceAgent(LocalElasticAgent):
         problem = rank_mismatch(self._pod_rank, group_rank, self._elastic, self._ordered)
         if problem is not None:
             raise PodRankMismatchError(problem)
+        if members < self._fewest:
+            # Workers started in it would refuse their world as a bad configuration, a permanent
+            # failure of the job for what is a late heartbeat: this pod leaves instead (exit 170,
+            # retried), and the others find the round gone.
+            raise ShortRoundError(
+                f"the round has {members} member(s), fewer than the {self._fewest} this job trains on: "
+                "the rendezvous dropped a pod whose heartbeats came late"
+            )
         record = self._publish(store, members, reformed) if group_rank == 0 else None
         if self._pod_ip is not None:
             # torch gives every agent's workers spec.master_addr (the same name on every pod); this

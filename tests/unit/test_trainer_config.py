@@ -176,6 +176,9 @@ def test_restart_mode_and_budget(env: dict[str, str], expected: dict[str, object
         pytest.param(
             {"WORLD_SIZE": "1", "DDP_RESTART_BUDGET": "many"}, "DDP_RESTART_BUDGET", id="budget-text"
         ),
+        pytest.param(
+            {"WORLD_SIZE": "1", "DDP_WORKER_FORKSERVER": "spawn"}, "DDP_WORKER_FORKSERVER", id="forkserver"
+        ),
     ],
 )
 def test_parse_env_names_the_bad_variable_and_the_fix(env: dict[str, str], variable: str) -> None:
@@ -478,3 +481,17 @@ def test_a_bad_rendezvous_endpoint_names_the_variable(env: dict[str, str], messa
     with pytest.raises(ConfigError, match="DDP_RENDEZVOUS_ENDPOINT") as raised:
         parse_env(env)
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param(None, "fork", id="unset"),
+        pytest.param("", "fork", id="empty"),
+        pytest.param("Interpreter", "interpreter", id="interpreter-any-case"),
+        pytest.param(" fork ", "fork", id="fork-spaced"),
+    ],
+)
+def test_the_workers_forkserver_kind(value: str | None, expected: str) -> None:
+    env = {"WORLD_SIZE": "1"} if value is None else {"WORLD_SIZE": "1", "DDP_WORKER_FORKSERVER": value}
+    assert parse_env(env).worker_forkserver == expected

@@ -43,6 +43,10 @@ HEALTH_CHECK_BYTES_ENV: Final = "DDP_HEALTH_CHECK_BYTES"
 HEALTH_CHECK_SWITCH: Final[Mapping[str, bool]] = {"on": True, "off": False}
 # Set by the trainer on the local workers it launches when NPROC_PER_NODE > 1.
 WORKER_MARKER: Final = "DDP_TRAINER_WORKER"
+# How the in-place launcher starts the forkserver its workers are forked from (ddp_trainer.worker_forkserver):
+# a fork of the launcher (default), or a new interpreter as multiprocessing starts it.
+WORKER_FORKSERVER_ENV: Final = "DDP_WORKER_FORKSERVER"
+WORKER_FORKSERVER_KINDS: Final = ("fork", "interpreter")
 
 
 class ConfigError(Exception):
@@ -109,6 +113,8 @@ class DistEnv:
     # POD_IP (the downward API): where this pod's first worker serves the workers' store when it is
     # global rank 0 and the store is apart (a replaced rank 0's DNS name may still answer its predecessor).
     pod_ip: str | None = None
+    # DDP_WORKER_FORKSERVER: "fork" (the launcher forks it) or "interpreter" (multiprocessing's own).
+    worker_forkserver: str = WORKER_FORKSERVER_KINDS[0]
 
     @property
     def rendezvous_store(self) -> tuple[str, int]:
@@ -214,7 +220,20 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
         rank_order_file=rank_order_file,
         rendezvous_endpoint=_endpoint(endpoint) if endpoint is not None else None,
         pod_ip=(env.get("POD_IP") or "").strip() or None,
+        worker_forkserver=_worker_forkserver(env),
     )
+
+
+def _worker_forkserver(env: Mapping[str, str]) -> str:
+    """DDP_WORKER_FORKSERVER: fork or interpreter (case-insensitive; unset: fork)."""
+    text = (env.get(WORKER_FORKSERVER_ENV) or WORKER_FORKSERVER_KINDS[0]).strip().lower()
+    if text not in WORKER_FORKSERVER_KINDS:
+        raise ConfigError(
+            WORKER_FORKSERVER_ENV,
+            f"must be fork or interpreter, got {text!r}",
+            f"set {WORKER_FORKSERVER_ENV} to fork or interpreter, or unset it (fork)",
+        )
+    return text
 
 
 def _in_place_only(env: Mapping[str, str], name: str, restart_mode: str, what: str) -> str | None:

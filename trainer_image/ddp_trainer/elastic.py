@@ -46,13 +46,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
 import os
 import signal
 import sys
 import time
 from datetime import timedelta
-from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any, Final
 
@@ -65,6 +63,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, Rend
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
+from ddp_trainer import worker_forkserver
 from ddp_trainer.addresses import AGENT_SERVES_STORE_ENV, loopback_listener
 from ddp_trainer.config import DistEnv, TrainConfig
 from ddp_trainer.control import read_exit_records
@@ -479,18 +478,17 @@ def _read_all(store: Store, key: str) -> list[str]:
 FORKSERVER_PRELOAD: Final = ("ddp_trainer.worker", "ddp_trainer.trainer", "torch._dynamo")
 
 
-def start_forkserver(workload: str) -> None:
-    """Start the process the workers are forked from, importing torch, the trainer and the workload's
-    lazy imports now.
+def start_forkserver(workload: str, *, fork: bool = True) -> None:
+    """Start the process the workers are forked from, importing the trainer and the workload's lazy
+    imports now: a fork of this launcher, which has imported torch already (``fork``; see
+    ddp_trainer.worker_forkserver), else a new interpreter that imports torch too.
 
     Every worker, the first ones and each restart's, is a fork of it: a restart costs a fork, not an
     interpreter start and the imports (docs/benchmarks.md). It imports while this pod waits for the
     others in the rendezvous. It never initializes CUDA or a process group, so forking it is safe; it
     inherits this process's environment as it is now (the launcher's variables are all set).
     """
-    modules = [*FORKSERVER_PRELOAD, *LAZY_IMPORTS.get(workload, ())]
-    multiprocessing.set_forkserver_preload(modules)
-    forkserver.ensure_running()
+    worker_forkserver.start([*FORKSERVER_PRELOAD, *LAZY_IMPORTS.get(workload, ())], log, fork=fork)
 
 
 class _NoTraceback(logging.Filter):
@@ -504,6 +502,16 @@ class _NoTraceback(logging.Filter):
         record.exc_info = None
         record.exc_text = None
         return True
+
+
+def prepare_workers(env: DistEnv, config: TrainConfig) -> None:
+    """What the workers inherit, settled before the launcher starts any thread of its own (its
+    /metrics server): their environment, and the forkserver they are forked from."""
+    # Rank 0 publishes the workers' store address in every round (see the module's docstring).
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    os.environ[AGENT_SERVES_STORE_ENV] = "1"
+    start_forkserver(config.workload, fork=env.worker_forkserver == "fork")
+    quiet_worker_failures()
 
 
 def quiet_worker_failures() -> None:
@@ -580,13 +588,8 @@ def _order_key(env: DistEnv, timeout: float) -> str | None:
 
 
 def _joined_rendezvous(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHandler, Store] | None:
-    """The rendezvous handler and its store, the workers' forkserver started; None when this pod's
-    order key never came (said in its log)."""
-    # Rank 0 publishes the workers' store address in every round (see the module's docstring).
-    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    os.environ[AGENT_SERVES_STORE_ENV] = "1"
-    start_forkserver(config.workload)
-    quiet_worker_failures()
+    """The rendezvous handler and its store (the workers' forkserver was started by prepare_workers);
+    None when this pod's order key never came (said in its log)."""
     try:
         return rendezvous_handler(env, config)
     except RankOrderMissingError as missing:

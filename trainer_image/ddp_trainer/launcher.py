@@ -56,6 +56,10 @@ def launch_local_workers(env: DistEnv, config: TrainConfig, argv: Sequence[str])
         os.environ[PROGRESS_DIR_ENV] = str(progress_dir)
         # The workers' in-memory copies of the training state outlive them here (ddp_trainer.snapshot).
         os.environ[SNAPSHOT_DIR_ENV] = str(workspace / "state")
+    if in_place:
+        from ddp_trainer.elastic import prepare_workers
+
+        prepare_workers(env, config)
     server = None
     if env.metrics_port:
         from ddp_trainer.config import metrics_port_error

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Build the local control plane's binaries from the Go module proxy (no container registry needed):
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  (k8s.io/kubernetes)
+#   and, in the same go build, the node's kubelet, kube-proxy and kubeadm (the real node and kind use
+#   them; hack/build-node-binaries.sh and hack/build-kind.sh then find them up to date)
 #   etcd (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok), helm (helm.sh/helm/v3)
 # into ~/.cache/ddp-operator/k8s-<kubernetes version>/bin. Idempotent: a binary whose stamp matches its
 # pinned version is not rebuilt. Versions: hack/k8s-versions.env (overridable from the environment).
@@ -69,7 +71,10 @@ new_module() { # dir name
   (cd "$1" && run_go go mod init "$2" && run_go go mod edit -go="$(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1.0/')")
 }
 
-k8s_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+# The node's binaries share most packages with the control plane's: compiled in one go build, a cold
+# run compiles those packages once, and the real node's and kind's builds, which came after this one,
+# start with them done.
+k8s_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy kubeadm)
 
 build_kubernetes() {
   local v="${KUBERNETES_VERSION}" missing=()

@@ -148,6 +148,11 @@ def test_ddpjob_from_the_wheel_alone_runs_run_and_operator(
         ],
         capture_output=True,
         text=True,
+        # Away from the checkout, and with none of this process's pip or Python variables: a pip that
+        # sees a ddp-operator elsewhere (the checkout's egg-info, the test venv's editable install)
+        # takes the wheel for installed and installs nothing.
+        cwd=tmp_path,
+        env={k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "_PIP_", "PYTHON"))},
         timeout=300,
         check=False,
     )

@@ -66,3 +66,9 @@ def test_a_narrow_range_falls_back_to_the_kernels_ports(monkeypatch: pytest.Monk
     picked = ports.free_ports(4)
     assert len(set(picked)) == 4, picked
     assert all(port > 0 for port in picked)
+
+
+def test_a_port_handed_out_is_never_handed_out_again_by_the_process() -> None:
+    # Nothing binds them here: each stays free, as a picked port does until its process binds it.
+    picked = [port for _ in range(200) for port in ports.free_ports(2)]
+    assert len(set(picked)) == len(picked), sorted(picked)

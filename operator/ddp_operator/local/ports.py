@@ -44,18 +44,25 @@ def _bindable(port: int, host: str) -> bool:
     return True
 
 
+# Every port this process handed out: a port given for a later bind is free until that bind, so a
+# second pick could return it again (a test's store port and its metrics port once matched).
+_HANDED_OUT: set[int] = set()
+
+
 def free_ports(count: int, host: str = LOCALHOST, *, chooser: random.Random | None = None) -> list[int]:
-    """``count`` distinct ports that nothing holds now, outside the kernel's ephemeral range where it
-    leaves room (else, on a machine whose range starts lower, ports the kernel picks)."""
+    """``count`` distinct ports that nothing holds now and that this process never handed out before,
+    outside the kernel's ephemeral range where it leaves room (else, on a machine whose range starts
+    lower, ports the kernel picks)."""
     highest = min(HIGHEST, ephemeral_start() - 1)
     if highest - LOWEST < 100 * count:
         return _kernel_ports(count, host)
     pick = chooser or random.SystemRandom()
     found: list[int] = []
     for port in pick.sample(range(LOWEST, highest + 1), highest + 1 - LOWEST):
-        if _bindable(port, host):
+        if port not in _HANDED_OUT and _bindable(port, host):
             found.append(port)
             if len(found) == count:
+                _HANDED_OUT.update(found)
                 return found
     raise OSError(f"no {count} free ports between {LOWEST} and {highest} on {host}")
 

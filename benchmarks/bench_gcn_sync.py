@@ -19,7 +19,6 @@ import argparse
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,8 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from ddp_operator.local.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 LINGERING = "ddp_trainer: serving /metrics for "
@@ -48,9 +49,7 @@ SETUPS: dict[str, list[str]] = {
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def scrape(port: int) -> dict[str, float]:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import time
 from typing import Any
+
+from ddp_operator.local.ports import free_ports
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -33,9 +34,7 @@ from ddp_trainer.health_check import check_links
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def worker(rank: int, world: int, port: int, nbytes: int, runs: int, slow_ms: float, results: Any) -> None:

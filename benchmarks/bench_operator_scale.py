@@ -350,12 +350,9 @@ def baseline_run(
 
 
 def _free_port() -> int:
-    import socket
+    from ddp_operator.local.ports import free_ports
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(1)[0]
 
 
 def _alive(port: int, process: subprocess.Popen[bytes]) -> bool:

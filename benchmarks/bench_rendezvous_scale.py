@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import socket
 import statistics
 import sys
 import threading
@@ -34,6 +33,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from ddp_operator.local.ports import free_ports
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer_image"))
 
@@ -44,9 +45,7 @@ os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return free_ports(1)[0]
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from ddp_operator.local.ports import free_ports
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -41,9 +42,7 @@ WORKLOADS: dict[str, list[str]] = {
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def measure(args: list[str], rounds: int, steps: int, directory: Path) -> tuple[float, float, int]:

@@ -58,6 +58,7 @@ from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, RunProcsResult
+from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
@@ -108,17 +109,26 @@ PRIVATE_METHODS: Final = {
     "_exit_barrier": ("self",),
 }
 PRIVATE_ATTRIBUTES: Final = ("_remaining_restarts", "_pcontext")
+# And one more read: torch reports one failed worker per poll (the first sentinel it sees), so the
+# launcher reads every worker's exit code itself, from the processes that MultiprocessContext keeps in
+# `_pc`, a torch.multiprocessing ProcessContext (`processes`, in local-rank order).
 
 
 class TorchAgentMismatchError(RuntimeError):
     """The installed torch's elastic agent is not what InPlaceAgent was written against."""
 
 
-def check_torch_agent(agent_class: type = LocalElasticAgent, agent: object | None = None) -> None:
-    """Raise TorchAgentMismatchError naming what differs from PRIVATE_METHODS / PRIVATE_ATTRIBUTES."""
+def check_torch_agent(
+    agent_class: type = LocalElasticAgent,
+    agent: object | None = None,
+    context_class: type = MultiprocessContext,
+) -> None:
+    """Raise TorchAgentMismatchError naming what differs from PRIVATE_METHODS / PRIVATE_ATTRIBUTES, or
+    from where worker_exit_codes() finds the workers' processes."""
     import inspect
 
     import torch
+    from torch.multiprocessing.spawn import ProcessContext
 
     problems = []
     for name, parameters in PRIVATE_METHODS.items():
@@ -131,6 +141,11 @@ def check_torch_agent(agent_class: type = LocalElasticAgent, agent: object | Non
             problems.append(f"{name}{found} takes other parameters than {name}{parameters}")
     if agent is not None:
         problems += [f"the agent has no {name}" for name in PRIVATE_ATTRIBUTES if not hasattr(agent, name)]
+    start = getattr(context_class, "_start", None)
+    if "_pc" not in getattr(getattr(start, "__code__", None), "co_names", ()):
+        problems.append(f"{context_class.__name__}._start() no longer keeps its processes in _pc")
+    if "processes" not in inspect.signature(ProcessContext.__init__).parameters:
+        problems.append("torch.multiprocessing's ProcessContext no longer takes its processes")
     if problems:
         raise TorchAgentMismatchError(
             f"torch {torch.__version__}'s LocalElasticAgent is not the one in-place restarts were built on "
@@ -350,6 +365,7 @@ class InPlaceAgent(LocalElasticAgent):
             return result
         seen = time.time()
         failures = {rank: failure.exitcode for rank, failure in result.failures.items()}
+        failures.update(worker_exit_codes(self._pcontext, worker_group))
         found = first_failure(failures, read_exit_records(self._exit_dir))
         rank, code = found if found is not None else (-1, EXIT_PEER_LOST)
         # torch marks a group UNHEALTHY when a worker sits in uninterruptible sleep (a wedged device):
@@ -452,6 +468,28 @@ class InPlaceAgent(LocalElasticAgent):
         if self._round_store is not None and self.ending is None:
             line = f"{self._pod_rank} {stopped:.6f} {'-' if steps is None else steps}"
             _push(_books(self._gang_store, self._restarts), STOPPED_KEY, line)
+
+
+def worker_exit_codes(pcontext: object, worker_group: WorkerGroup) -> dict[int, int]:
+    """The exit code (-N for signal N, as torch reports it) of every worker of this pod that has ended,
+    by global rank.
+
+    torch's poll reports only the first failed worker whose end it sees, and then stops the others:
+    when a killed worker and the peer that lost it end within one poll, the peer's collateral 170 may
+    be the one reported, and the pod would exit with it instead of the kill's 137. The fence
+    (check_torch_agent) makes sure `_pc` is still where torch keeps the processes.
+    """
+    processes = getattr(getattr(pcontext, "_pc", None), "processes", None) if pcontext else None
+    if processes is None:
+        return {}
+    codes: dict[int, int] = {}
+    for worker in worker_group.workers:
+        if worker.global_rank is None or not 0 <= worker.local_rank < len(processes):
+            continue
+        code = processes[worker.local_rank].exitcode
+        if code is not None and code != 0:
+            codes[worker.global_rank] = int(code)
+    return codes
 
 
 def _books(gang: Store, restarts: int) -> Store:

@@ -7,10 +7,12 @@ with a checkpoint volume from the default StorageClass (local-path-provisioner),
 ranks through the apiserver's pod proxy, and a rank exiting 1 failing the job with its reason; and the
 recovery modes of docs/restarts.md with a real kubelet (a SIGKILLed worker and a rank exiting 137 restart
 the gang in place, a deleted rank pod is replaced alone, a pod killed with its launcher and a frozen pod are
-replaced alone, an elastic job shrinks and grows); and `stragglerPolicy: Replace` at 3 ranks, one pod
-slowed by its CPU quota and one by its link (tbf), each cut from the node and each pod replaced alone.
+replaced alone, an elastic job shrinks and grows); and stragglers: under `stragglerPolicy: Report` a rank
+slowed by its CPU limit (its pod resized in place) is named and nothing is replaced, and under `Replace`
+at 3 ranks one pod slowed by its CPU quota and one by its link (tbf), each cut from the node, are each
+replaced alone, and every rank ends with the parameters of an uninterrupted run of the same job.
 `make test` runs the other real-node tests (the job's
-NetworkPolicy fencing its ranks, a straggler slowed by its CPU limit, the Recreate path) on the real node
+NetworkPolicy fencing its ranks, the Recreate path) on the real node
 only, beside this suite, so no behaviour is run twice (docs/testing.md). The node image has no NetworkPolicy
 enforcer of its own (kind's, kube-network-policies, needs CONFIG_NFT_QUEUE, which these machines' kernel
 lacks), so kube-router's firewall runs as a process of this machine inside the node container's network
@@ -36,6 +38,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -51,6 +54,7 @@ from test_real_node import (  # noqa: F401  (fixtures and tests that run here on
     restricted_namespace,
     test_a_pod_resolves_kubernetes_default_and_reaches_a_cluster_ip_service,
     test_a_rank_exiting_1_fails_the_job_with_the_reason,
+    test_a_rank_pod_slowed_by_its_cpu_limit_is_named_the_straggler,
     test_digits_trains_across_two_pods_with_equal_allreduce_bytes_and_succeeds,
 )
 
@@ -374,6 +378,57 @@ def test_a_frozen_pod_is_found_without_a_stall_timeout_and_replaced_alone(
 # ---- stragglers (docs/restarts.md#stragglers): slowed from the node, replaced alone -------------------
 
 
+# Runs RANKS ranks of the command after it as local processes of one container, each with the env
+# contract of a pod of one rank, and prints their output once all have ended.
+LOCAL_RANKS_SCRIPT = """
+n=$1; shift
+pids=""
+for r in $(seq 0 $((n - 1))); do
+  RANK=$r LOCAL_RANK=0 WORLD_SIZE=$n NPROC_PER_NODE=1 NNODES=$n NODE_RANK=$r "$@" >/tmp/rank-$r.log 2>&1 &
+  pids="$pids $!"
+done
+code=0
+for pid in $pids; do wait "$pid" || code=$?; done
+cat /tmp/rank-*.log
+exit $code
+"""
+
+
+def _uninterrupted_digests(manifest: dict[str, Any], ranks: int) -> dict[int, str]:
+    """The parameters each rank of ``manifest``'s trainer ends with when nothing interrupts it: its
+    command and env in the same image, run by Docker on this machine (CPU, gloo on loopback), no
+    throttle (a sleep between steps changes no number), no checkpoint volume."""
+    trainer = manifest["spec"]["template"]["spec"]["containers"][0]
+    env = [f"{item['name']}={item['value']}" for item in trainer.get("env", []) if "value" in item] + [
+        "GLOO_SOCKET_IFNAME=lo",
+        "MASTER_ADDR=127.0.0.1",
+        "MASTER_PORT=29500",
+    ]
+    command = [*trainer["command"], "--throttle-ms", "0"]
+    run = ["docker", "run", "--rm", "--network", "none", "--entrypoint", "sh"]
+    run += [arg for pair in env for arg in ("-e", pair)]
+    run += [str(trainer["image"]), "-c", LOCAL_RANKS_SCRIPT, "ranks", str(ranks), *command]
+    result = subprocess.run(run, capture_output=True, text=True, timeout=900, check=False)
+    assert result.returncode == 0, (
+        f"the uninterrupted run failed ({result.returncode}):\n{result.stdout[-3000:]}{result.stderr[-2000:]}"
+    )
+    return _digests(result.stdout)
+
+
+def _digests(logs: str) -> dict[int, str]:
+    """Rank -> the digest of its parameters, from the trainer's `params` lines."""
+    return {int(line["rank"]): line["sha256"] for line in suite.status_lines(logs, "params")}
+
+
+def _follow_once_running(cluster: suite.ExternalCluster, namespace: str, pod: str) -> suite.LogFollower:
+    def running() -> bool:
+        found = suite.get_json(cluster, "pod", pod, "-n", namespace)
+        return found["status"].get("phase") == "Running"
+
+    suite.wait_for(f"{pod} Running", running, timeout=300)
+    return suite.LogFollower(cluster, namespace, pod)
+
+
 def _straggler_named(
     cluster: suite.ExternalCluster, namespace: str, job: str, rank: int
 ) -> dict[str, Any] | None:
@@ -441,12 +496,20 @@ def test_a_pod_slowed_by_its_cpu_and_one_by_its_link_are_each_replaced_alone_and
     qdisc = kind_faults.limit_link(KIND_CLUSTER, namespace, f"{job}-2-0", "20mbit")
     limited = time.monotonic()
     assert "tbf" in qdisc, qdisc
+    followers = {0: rank0_log}
     try:
         first = suite.wait_for("rank 1's pod replaced", lambda: _replaced(cluster, namespace, job, 1), 600)
         suite.TIMINGS.record("straggler_cpu_slowed_to_replaced_s", time.monotonic() - slowed)
+        followers[1] = _follow_once_running(cluster, namespace, f"{job}-1-0r1")
         suite.wait_for("rank 2's pod replaced", lambda: _replaced(cluster, namespace, job, 2), 600)
         suite.TIMINGS.record("straggler_link_limited_to_replaced_s", time.monotonic() - limited)
-        status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
+        followers[2] = _follow_once_running(cluster, namespace, f"{job}-2-0r2")
+        # The uninterrupted run of the same job, beside the rest of this one (both pods are replaced:
+        # no straggler it could make is acted on).
+        with ThreadPoolExecutor(1) as pool:
+            reference = pool.submit(_uninterrupted_digests, manifest, 3)
+            status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
+            expected = reference.result()
     except AssertionError as error:
         raise AssertionError(f"{error}\nrank 0:\n{suite.read_metrics(cluster, rank0)}\n"
                              f"{suite.diagnostics(cluster, namespace, job)}") from None  # fmt: skip
@@ -483,6 +546,12 @@ def test_a_pod_slowed_by_its_cpu_and_one_by_its_link_are_each_replaced_alone_and
     logs = rank0_log.text()
     final = suite.status_lines(logs, "final")
     assert final and 0.5 < float(final[-1]["accuracy"]) <= 1.0, logs[-2000:]
+    # Exact continuation: each rank, rank 0 kept and the two new ones, ends with the parameters of the
+    # uninterrupted run, bit for bit (the data division did not change).
+    assert set(expected) == {0, 1, 2} and len(set(expected.values())) == 1, expected
+    texts = {rank: logs if rank == 0 else follower.text() for rank, follower in followers.items()}
+    ended = {rank: _digests(text).get(rank) for rank, text in texts.items()}
+    assert ended == expected, (ended, expected)
     # The first check (every pod new), the one rank 1's replacement brought (rank 2 slow), and the one
     # rank 2's replacement brought: its links now like the others'.
     checks = suite.status_lines(logs, "health")

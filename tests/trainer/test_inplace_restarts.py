@@ -264,19 +264,35 @@ def rendezvous_pod(gangs: Gangs) -> dict[str, str]:
     return {"DDP_RENDEZVOUS_ENDPOINT": f"127.0.0.1:{port}", "POD_IP": "127.0.0.1"}
 
 
-@pytest.mark.parametrize("lost", [2, 0], ids=["rank-2", "rank-0"])
+# An elastic job (2..3 pods) whose survivors may form a round without the lost pod.
+ELASTIC_2_OF_3 = {"DDP_MIN_MEMBERS": "2", "DDP_REPLACEMENT_WAIT_SECONDS": "2"}
+
+
+@pytest.mark.parametrize(
+    ("lost", "elastic"),
+    [(2, False), (0, False), (0, True)],
+    ids=["rank-2", "rank-0", "elastic-rank-0"],
+)
 def test_a_lost_pod_started_again_joins_the_survivors_without_restarting_them(
-    gangs: Gangs, tmp_path: Path, lost: int
+    gangs: Gangs, tmp_path: Path, lost: int, elastic: bool
 ) -> None:
     """Any pod, rank 0's included: the store is the rendezvous pod's, which outlives every rank's pod,
-    and the gang's counts and the restart's record live in it, not in rank 0's launcher."""
-    env = {**IN_PLACE, **rendezvous_pod(gangs)}
+    and the gang's counts and the restart's record live in it, not in rank 0's launcher. An elastic
+    job's survivors form a round without pod 0 once its heartbeats are gone, train nothing in it (its
+    first worker would be global rank 0 without the checkpoint volume) and wait for the new pod 0;
+    that round is not counted, and the group, the same size again, ends with the uninterrupted run's
+    parameters."""
+    env = {**IN_PLACE, **rendezvous_pod(gangs), **(ELASTIC_2_OF_3 if elastic else {})}
     pods = gangs.pods(3, 1, in_place_args(tmp_path / "ckpt", "--metrics-linger", "120"), env=env)
     pods[0].wait_for_stdout(r"^progress step=35 ")
     pods[lost].end()  # the whole pod: its launcher and its worker, SIGKILL
     survivors = [pod for rank, pod in enumerate(pods) if rank != lost]
     for survivor in survivors:
         survivor.wait_for_stdout(r"^launcher event=stopped ")
+    if elastic:
+        # The round without pod 0 formed: every survivor waits in it for a pod to join.
+        for survivor in survivors:
+            survivor.wait_for_stdout(r"^launcher event=awaiting pod=\d+ members=2 missing=0 ")
     replacement = gangs.again(pods[lost], f"pod{lost}-again")
     # The survivors' launchers never ended: the replacement joined them in place.
     assert all(pod.process.poll() is None for pod in survivors), describe(pods)

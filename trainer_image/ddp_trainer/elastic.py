@@ -169,6 +169,8 @@ WORKERS_HOST_KEY = "ddp/workers_host"
 WORKERS_PORT_KEY = "ddp/workers_port"
 GROWS_KEY = "ddp/group_grows"
 RESIZES_KEY = "ddp/group_resizes"
+# In each elastic round's store, where the store is apart: the pod whose agent is the round's rank 0.
+FIRST_POD_KEY = "ddp/first_pod"
 # Set by an agent that stops its healthy workers for a grow, before it stops them (see _restart_workers).
 GROWING_KEY = "ddp/growing"
 FAILURES_KEY = "ddp/failures"
@@ -192,6 +194,10 @@ SHUTDOWN_TIMEOUT = 60
 
 class PodRankMismatchError(RuntimeError):
     """The rendezvous ranked this pod elsewhere than its NODE_RANK (two pods claim one rank)."""
+
+
+class PodZeroMissingError(RuntimeError):
+    """An elastic round formed without pod 0, and no pod came to join it within the init timeout."""
 
 
 class ShortRoundError(RuntimeError):
@@ -264,22 +270,28 @@ class InPlaceAgent(LocalElasticAgent):
 
     # --- the round -------------------------------------------------------------------------------
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
-        super()._rendezvous(worker_group)
-        reformed = time.time()
-        store, group_rank = worker_group.store, worker_group.group_rank
-        members = worker_group.group_world_size
-        assert store is not None and group_rank is not None and members is not None  # set by the rendezvous
-        problem = rank_mismatch(self._pod_rank, group_rank, self._elastic, self._ordered)
-        if problem is not None:
-            raise PodRankMismatchError(problem)
-        if members < self._fewest:
-            # Workers started in it would refuse their world as a bad configuration, a permanent
-            # failure of the job for what is a late heartbeat: this pod leaves instead (exit 170,
-            # retried), and the others find the round gone.
-            raise ShortRoundError(
-                f"the round has {members} member(s), fewer than the {self._fewest} this job trains on: "
-                "the rendezvous dropped a pod whose heartbeats came late"
-            )
+        while True:
+            super()._rendezvous(worker_group)
+            reformed = time.time()
+            store, group_rank = worker_group.store, worker_group.group_rank
+            members = worker_group.group_world_size
+            assert (
+                store is not None and group_rank is not None and members is not None
+            )  # set by the rendezvous
+            problem = rank_mismatch(self._pod_rank, group_rank, self._elastic, self._ordered)
+            if problem is not None:
+                raise PodRankMismatchError(problem)
+            if members < self._fewest:
+                # Workers started in it would refuse their world as a bad configuration, a permanent
+                # failure of the job for what is a late heartbeat: this pod leaves instead (exit 170,
+                # retried), and the others find the round gone.
+                raise ShortRoundError(
+                    f"the round has {members} member(s), fewer than the {self._fewest} this job trains on: "
+                    "the rendezvous dropped a pod whose heartbeats came late"
+                )
+            if self._has_pod_zero(store, group_rank):
+                break
+            self._await_pod_zero(worker_group, members)
         record = self._publish(store, members, reformed) if group_rank == 0 else None
         if self._pod_ip is not None:
             # torch gives every agent's workers spec.master_addr (the same name on every pod); this
@@ -314,6 +326,32 @@ class InPlaceAgent(LocalElasticAgent):
             members=members,
             time=f"{reformed:.6f}",
         )
+
+    def _has_pod_zero(self, store: Store, group_rank: int) -> bool:
+        """Whether pod 0 is in the round, which only an elastic round with its store apart can lack
+        (pod 0's pod lost and not yet replaced, or not yet started): the round's rank 0 agent says which
+        pod it is, in the round's store, before any other key."""
+        if not (self._elastic and self._pod_ip is not None):
+            return True
+        if group_rank == 0:
+            store.set(FIRST_POD_KEY, str(self._pod_rank))
+        return store.get(FIRST_POD_KEY).decode() == "0"
+
+    def _await_pod_zero(self, worker_group: WorkerGroup, members: int) -> None:
+        """A round without pod 0 trains nothing: its first worker would be global rank 0 without the
+        checkpoint volume, which only pod 0 mounts. Every member waits until a pod waits to join (pod
+        0's replacement, which the operator creates at once) and then joins the next round with it;
+        the round is never published, so the gang's counts and the restart's record skip it."""
+        handler = worker_group.spec.rdzv_handler
+        _status("awaiting", pod=self._pod_rank, members=members, missing=0, time=f"{time.time():.6f}")
+        deadline = time.monotonic() + self._init_timeout.total_seconds()
+        while handler.num_nodes_waiting() == 0:
+            if time.monotonic() > deadline:
+                raise PodZeroMissingError(
+                    f"a round of {members} pod(s) formed without pod 0, and no pod came to join it in "
+                    f"{self._init_timeout.total_seconds():.0f} s (the init timeout)"
+                )
+            time.sleep(MONITOR_INTERVAL)
 
     def _publish(self, store: Store, members: int, reformed: float) -> RestartRecord | None:
         """Rank 0's agent, once a round is complete: the gang's counts for it, in its store; returns

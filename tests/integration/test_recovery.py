@@ -64,7 +64,8 @@ def started(
     """An operator, and ``job`` Running with every rank of attempt 0: its pods, by rank."""
     start_operator(kube, namespace, tmp_path, operators, "-v")
     kube.apply(job, namespace)
-    name, replicas = job["metadata"]["name"], job["spec"]["replicas"]
+    spec = job["spec"]
+    name, replicas = job["metadata"]["name"], spec.get("replicas") or spec["elastic"]["maxReplicas"]
     pods = running_ranks(kube, namespace, name, replicas, attempt=0)
     wait_phase(kube, namespace, name, "Running")
     return pods
@@ -142,11 +143,17 @@ def test_a_pod_killed_with_its_launcher_is_replaced_alone(
     assert (record["mode"], record["cause"], record["rank"], status["restarts"]) == (mode, "ExitCode", 2, 1)
 
 
+@pytest.mark.parametrize("elastic", [False, True], ids=["fixed-size", "elastic"])
 def test_losing_rank_0s_pod_replaces_it_alone_and_the_rendezvous_pod_stays(
-    kube: Kube, namespace: str, tmp_path: Path, operators: list[OperatorProcess]
+    kube: Kube, namespace: str, tmp_path: Path, operators: list[OperatorProcess], elastic: bool
 ) -> None:
-    """No rank is special: the store is the attempt's rendezvous pod, which outlives rank 0's pod."""
-    before = uids(started(kube, namespace, tmp_path, operators, ddpjob("host", replicas=2)))
+    """No rank is special: the store is the attempt's rendezvous pod, which outlives rank 0's pod. An
+    elastic job's too: its survivors wait for the new pod 0 (docs/elastic.md)."""
+    job = ddpjob("host", replicas=2)
+    if elastic:
+        del job["spec"]["replicas"]
+        job["spec"]["elastic"] = {"minReplicas": 1, "maxReplicas": 2}
+    before = uids(started(kube, namespace, tmp_path, operators, job))
     store = kube.json("get", "pod", "host-rdzv-0", "-n", namespace)["metadata"]["uid"]
     delete_pod(kube, namespace, "host-0-0")
     members = replaced(kube, namespace, "host", 2, 0, by="host-0-0r1")

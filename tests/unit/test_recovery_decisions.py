@@ -92,34 +92,24 @@ def test_a_lost_pod_is_replaced_alone(
 
 
 @pytest.mark.parametrize(
-    ("lost", "elastic", "replaced"),
+    ("lost", "elastic"),
     [
-        pytest.param(pod(0, deleting_at=20), False, ((0, 1),), id="deleted"),
+        pytest.param(pod(0, deleting_at=20), False, id="deleted"),
         pytest.param(
-            pod(0, exit_code=137, finished=20, launcher_killed=True),
-            False,
-            ((0, 1),),
-            id="killed-with-its-launcher",
+            pod(0, exit_code=137, finished=20, launcher_killed=True), False, id="killed-with-its-launcher"
         ),
-        # An elastic round without pod 0 would make another pod's worker global rank 0, without the volume.
-        pytest.param(pod(0, deleting_at=20), True, (), id="elastic-recreates-the-gang"),
+        # Its survivors wait for the new pod 0 instead of training without it (docs/elastic.md).
+        pytest.param(pod(0, deleting_at=20), True, id="elastic"),
     ],
 )
-def test_rank_0s_lost_pod_is_replaced_alone_like_any_other(
-    lost: dict[str, Any], elastic: bool, replaced: tuple[tuple[int, int], ...]
-) -> None:
+def test_rank_0s_lost_pod_is_replaced_alone_like_any_other(lost: dict[str, Any], elastic: bool) -> None:
     """The c10d store is the attempt's rendezvous pod's, which outlives rank 0's pod (docs/restarts.md)."""
     job = parse_job(elastic_object(1, 2)) if elastic else job_spec()
     decision = run(job, live_status(restarts=0), [lost, pod(1)], now=30)
-    assert decision.create.replacements == replaced
-    if replaced:
-        assert "mnist-1-0" not in decision.delete.pods, "the survivor keeps its pod"
-        record = decision.report.status["lastRestart"]
-        assert (record["mode"], record["rank"], record.get("note")) == ("PodReplaced", 0, None)
-    else:
-        record = decision.report.status["lastRestart"]
-        assert decision.report.status["phase"] == "Restarting" and record["mode"] == "WholeGang"
-        assert "elastic" in record["note"], record
+    assert decision.create.replacements == ((0, 1),)
+    assert "mnist-1-0" not in decision.delete.pods, "the survivor keeps its pod"
+    record = decision.report.status["lastRestart"]
+    assert (record["mode"], record["rank"], record.get("note")) == ("PodReplaced", 0, None)
 
 
 def test_the_replacement_supersedes_the_lost_pod() -> None:

@@ -10,10 +10,11 @@ Three recovery modes (docs/restarts.md):
 - **one pod replaced**: a pod was lost (deleted, evicted, its node gone): the operator creates a new pod
   for that rank only, and the survivors restart in place and wait for it on the next round. The c10d
   store lives in the attempt's rendezvous pod (``rendezvous_apart``), so rank 0's pod is replaced alone
-  like any other; only an elastic job keeps rank 0 special (its rounds must keep pod 0 as rank 0).
+  like any other, an elastic job's too (its survivors wait for the new pod 0 instead of training
+  without it: only pod 0 mounts the checkpoint volume).
 - **whole gang**: every pod deleted and the next attempt created. A launcher gave up (its budget
-  spent, or the rendezvous pod gone), Kueue evicted the group, a stall no pod was singled out for, an
-  elastic job's rank 0 lost, or ``runPolicy.restartMode: Recreate``.
+  spent, or the rendezvous pod gone), Kueue evicted the group, a stall no pod was singled out for, or
+  ``runPolicy.restartMode: Recreate``.
 
 Each restart is recorded in ``status.lastRestart``: cause, mode, the seconds from the failure to the
 survivors stopped, to the group re-formed and to the first training step after the resume, and the
@@ -52,10 +53,10 @@ def rendezvous_apart(job: JobSpec) -> bool:
 
 
 def rank0_replaceable(job: JobSpec) -> bool:
-    """Rank 0's lost pod is replaced alone like any other: the store outlives it, and the job is not
-    elastic (an elastic round without pod 0 would make another pod's worker global rank 0, which has
-    no checkpoint volume: there rank 0's loss still recreates the gang)."""
-    return rendezvous_apart(job) and job.elastic is None
+    """Rank 0's lost pod is replaced alone like any other: the store outlives it. An elastic job's too:
+    its survivors do not train in a round without pod 0 (its first worker would be global rank 0
+    without the checkpoint volume) but wait in it for the new pod 0 (docs/elastic.md)."""
+    return rendezvous_apart(job)
 
 
 def replaceable_ranks(
@@ -103,7 +104,7 @@ def is_lost_pod(failure: RankFailure) -> bool:
 def fallback_note(failures: Sequence[RankFailure], *, rank0: bool = False) -> str:
     """Why a lost pod recreates the whole gang under InPlace, for the restart's record and message."""
     if not rank0 and any(f.rank == RENDEZVOUS_RANK and is_lost_pod(f) for f in failures):
-        return "rank 0's pod was lost, and an elastic job's rounds keep pod 0 as rank 0: the whole gang is recreated"
+        return "rank 0's pod was lost, and it hosted the job's store (the job has no rendezvous pod): the whole gang is recreated"
     return ""
 
 

@@ -79,6 +79,9 @@ def verdict(
     one pod (what Shrink needs, policies.elastic)."""
     if policy.action not in STRAGGLER_MOVES:
         return NONE
+    # A Shrink's new pod may not land on the avoided node, and an elastic group does not train without
+    # pod 0: with no other node free it would wait for a pod 0 that cannot start.
+    rank0 = rank0 and policy.action != STRAGGLER_SHRINK
     slow = _sighting_verdict(policy, sighting, pod, now, replaced, rank0)
     if slow.replace is None and slow.held is None and check is not None:
         found = _check_verdict(policy, check, check_pod, replaced, rank0)
@@ -164,8 +167,9 @@ def _bounded(
     reached (then say why not)."""
     if pod.rank == RENDEZVOUS_RANK and not rank0:
         return StragglerVerdict(
-            held=f"rank {rank}'s pod {pod.name} is rank 0's of an elastic job (or one without a rendezvous "
-            "pod), which is not replaced alone: the straggler is reported only"
+            held=f"rank {rank}'s pod {pod.name} is rank 0's, which is not replaced alone for slowness under "
+            "Shrink (the group waits for pod 0 and its new pod may not land on the avoided node) or without a "
+            "rendezvous pod: the straggler is reported only"
         )
     if replaced >= policy.max_replacements:
         return StragglerVerdict(

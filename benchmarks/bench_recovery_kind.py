@@ -8,7 +8,9 @@ Three modes (docs/restarts.md), each on a digits job of 2 ranks with a checkpoin
   restarts in place and waits for it;
 - ``rank-0-replaced``: rank 0's pod is deleted; the store is the attempt's rendezvous pod, so rank 0's
   pod is replaced alone like any other (before the rendezvous pod, this was the whole gang's path);
-- ``whole-gang``: the same deletion under ``runPolicy.restartMode: Recreate``: every pod is recreated.
+- ``whole-gang``: the same deletion under ``runPolicy.restartMode: Recreate``: every pod is recreated;
+- ``elastic-rank-0-replaced``: rank 0's pod deleted in an elastic job of 1..2 pods: replaced alone, and
+  the survivor waits for the new pod 0 instead of training without it (docs/elastic.md).
 
 Each mode's job takes ``--runs`` failures one after the other (backoffLimit leaves room for all), each
 once the job has trained and checkpointed again since the last. Measured from the failure (the time the
@@ -43,7 +45,9 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits-cpu.yaml"
 NAMESPACE = "bench-recovery"
 METRICS_PORT = 9400
-MODES = ("in-place", "pod-replaced", "rank-0-replaced", "whole-gang")
+MODES = ("in-place", "pod-replaced", "rank-0-replaced", "whole-gang", "elastic-rank-0-replaced")
+# The modes that fail rank 0's pod (the others fail rank 1).
+RANK_0_MODES = frozenset({"rank-0-replaced", "elastic-rank-0-replaced"})
 T = TypeVar("T")
 
 
@@ -103,6 +107,9 @@ def manifest(name: str, mode: str, runs: int, image: str) -> dict[str, Any]:
             "resources": {"requests": {"storage": "1Gi"}},
         }
     }
+    if mode.startswith("elastic"):
+        del job["spec"]["replicas"]
+        job["spec"]["elastic"] = {"minReplicas": 1, "maxReplicas": 2}
     trainer = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "trainer")
     trainer["image"] = image
     trainer["command"] = [
@@ -138,9 +145,9 @@ def rank0_metrics(kube: Kube, job: str) -> dict[str, float]:
 
 
 def fail(kube: Kube, job: str, mode: str) -> float:
-    """Fail rank 1 (rank 0 for ``rank-0-replaced``) the mode's way; when it was done, on this machine's
+    """Fail rank 1 (rank 0 for RANK_0_MODES) the mode's way; when it was done, on this machine's
     clock."""
-    rank = 0 if mode == "rank-0-replaced" else 1
+    rank = 0 if mode in RANK_0_MODES else 1
     selector = f"ddp.dev/job-name={job},ddp.dev/rank={rank}"
     pods = kube.json("get", "pods", "-n", NAMESPACE, "-l", selector)["items"]
     victim = next(

@@ -1,10 +1,17 @@
-"""A complete round with fewer members than the job trains on (torch's rendezvous drops a member whose
+"""What the in-place agent does with a round torch's rendezvous completed before anything starts in it.
+
+A complete round with fewer members than the job trains on (torch's rendezvous drops a member whose
 heartbeats come late, even from a complete round) is refused by the in-place agent before it serves
 or starts anything: its workers would take their world for a bad configuration, a permanent failure.
 
 The round is torch's own agent's result, replaced here by what it returns in that case: the race that
 produces it (a starved launcher's heartbeat expiring between the round's completion and a peer's read
-of it) cannot be brought about on purpose without staging it."""
+of it) cannot be brought about on purpose without staging it.
+
+An elastic round without pod 0 (its pod lost, or late) trains nothing: its members wait for a pod to
+join and form the next round with it. tests/trainer/test_inplace_restarts.py proves it on real
+launchers; here the paths that end the wait (a pod comes, the rendezvous closes, nobody comes) are
+driven by a stand-in for torch's handler."""
 
 from __future__ import annotations
 
@@ -13,12 +20,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from torch.distributed import TCPStore
+from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.elastic.agent.server.api import WorkerGroup, WorkerSpec
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
 from ddp_trainer.config import parse_env
-from ddp_trainer.elastic import WORKERS_PORT_KEY, InPlaceAgent, ShortRoundError
+from ddp_trainer.elastic import (
+    FIRST_POD_KEY,
+    GROWS_KEY,
+    RESIZES_KEY,
+    RESTARTS_KEY,
+    WORKERS_HOST_KEY,
+    WORKERS_PORT_KEY,
+    InPlaceAgent,
+    PodZeroMissingError,
+    ShortRoundError,
+)
 from ddp_trainer.restarts import RestartLedger
 from ddp_trainer.worker import forked_worker
 
@@ -91,3 +109,91 @@ def test_a_round_too_short_to_train_on_is_refused_before_anything_starts(
     else:
         agent._rendezvous(group)
         assert store.check([WORKERS_PORT_KEY]) and group.master_port == int(store.get(WORKERS_PORT_KEY))
+
+
+class WaitingHandler(Handler):
+    """A rendezvous where a pod comes to wait after ``waits_after`` polls, or that is closed."""
+
+    def __init__(self, waits_after: int | None, closed: bool = False) -> None:
+        self.polls, self.waits_after, self.closed = 0, waits_after, closed
+
+    def num_nodes_waiting(self) -> int:
+        self.polls += 1
+        return 1 if self.waits_after is not None and self.polls > self.waits_after else 0
+
+    def is_closed(self) -> bool:
+        return self.closed
+
+
+@pytest.mark.parametrize(
+    ("handler", "ends"),
+    [
+        pytest.param(WaitingHandler(waits_after=3), None, id="pod-0-joins-the-next-round"),
+        pytest.param(
+            WaitingHandler(waits_after=None, closed=True), RendezvousClosedError, id="the-job-ended"
+        ),
+        pytest.param(WaitingHandler(waits_after=None), PodZeroMissingError, id="no-pod-comes"),
+    ],
+)
+def test_an_elastic_round_without_pod_0_trains_nothing_and_waits_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    handler: WaitingHandler,
+    ends: type[Exception] | None,
+) -> None:
+    """Pod 1 of an elastic 2..3 job whose store is the rendezvous pod's: torch's first round ranks it
+    0 of 2 (pod 0 is missing), the next one 1 of 3 (pod 0 is back)."""
+    env = parse_env(
+        {
+            "WORLD_SIZE": "3",
+            "NNODES": "3",
+            "NODE_RANK": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500",
+            "DDP_RESTART_MODE": "InPlace",
+            "DDP_MIN_MEMBERS": "2",
+            "DDP_RENDEZVOUS_ENDPOINT": "127.0.0.1:29400",
+            "POD_IP": "127.0.0.1",
+        }
+    )
+    gang = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+    # The second round's store as pod 0's agent, its rank 0, leaves it.
+    second = PrefixStore("round/2", gang)
+    for key, value in ((FIRST_POD_KEY, "0"), (WORKERS_HOST_KEY, "127.0.0.1"), (WORKERS_PORT_KEY, "29501")):
+        second.set(key, value)
+    for key in (RESTARTS_KEY, GROWS_KEY, RESIZES_KEY):
+        second.set(key, "1")
+    rounds = [(PrefixStore("round/1", gang), 0, 2), (second, 1, 3)]
+
+    def torchs_round(self: LocalElasticAgent, worker_group: WorkerGroup) -> None:
+        worker_group.store, worker_group.group_rank, worker_group.group_world_size = rounds.pop(0)
+        worker_group.master_addr = "127.0.0.1"
+
+    monkeypatch.setattr(LocalElasticAgent, "_rendezvous", torchs_round)
+    spec = WorkerSpec(
+        role="trainer",
+        local_world_size=1,
+        rdzv_handler=handler,  # type: ignore[arg-type]
+        entrypoint=forked_worker,
+        args=([],),
+        max_restarts=3,
+        master_addr="127.0.0.1",
+    )
+    agent = InPlaceAgent(
+        spec, env=env, exit_dir=tmp_path, progress_dir=tmp_path, ledger=RestartLedger(), gang_store=gang,
+        init_timeout=1,
+    )  # fmt: skip
+    group: Any = agent._worker_group
+    if ends is not None:
+        with pytest.raises(ends):
+            agent._rendezvous(group)
+        assert not agent.joined and len(rounds) == 1, "no next round without a pod to join"
+    else:
+        agent._rendezvous(group)
+        assert not rounds and (group.group_rank, group.master_port) == (1, 29501)
+        assert agent.joined
+    # Pod 1 said which pod the first round's rank 0 was, and served nothing in it.
+    first = PrefixStore("round/1", gang)
+    assert first.get(FIRST_POD_KEY) == b"1" and not first.check([WORKERS_PORT_KEY, WORKERS_HOST_KEY])
+    assert "launcher event=awaiting pod=1 members=2 missing=0 " in capsys.readouterr().out

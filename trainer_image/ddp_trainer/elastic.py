@@ -346,6 +346,9 @@ class InPlaceAgent(LocalElasticAgent):
         _status("awaiting", pod=self._pod_rank, members=members, missing=0, time=f"{time.time():.6f}")
         deadline = time.monotonic() + self._init_timeout.total_seconds()
         while handler.num_nodes_waiting() == 0:
+            if handler.is_closed():
+                # A pod ended the job (it gave up, or the operator stopped the gang): nothing will join.
+                raise RendezvousClosedError()
             if time.monotonic() > deadline:
                 raise PodZeroMissingError(
                     f"a round of {members} pod(s) formed without pod 0, and no pod came to join it in "

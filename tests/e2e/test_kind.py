@@ -267,15 +267,20 @@ def _assert_ranks_followed_the_keys(
     }, status.get("topology")
 
 
+@pytest.mark.parametrize("elastic", [False, True], ids=["fixed-size", "elastic"])
 def test_rank_0s_deleted_pod_is_replaced_alone_and_the_others_keep_theirs(
     cluster: suite.ExternalCluster,
     checkpoint_storage: str | None,  # noqa: F811 (the suite's fixtures)
     operator_release: str,  # noqa: F811
     restricted_namespace: str,  # noqa: F811
+    elastic: bool,
 ) -> None:
     """No rank is special: the store is the attempt's rendezvous pod, which outlives rank 0's pod; the
-    new rank 0 pod receives the survivors' state and mounts the checkpoint volume again."""
-    _replaced_alone(cluster, checkpoint_storage, restricted_namespace, "delete", "PodDeleted", rank=0)
+    new rank 0 pod receives the survivors' state and mounts the checkpoint volume again. An elastic
+    job's too (1..2 pods): its survivor trains nothing without pod 0 and waits for the new one."""
+    _replaced_alone(
+        cluster, checkpoint_storage, restricted_namespace, "delete", "PodDeleted", rank=0, elastic=elastic
+    )
 
 
 def test_a_pod_killed_with_its_launcher_is_replaced_alone(
@@ -290,14 +295,23 @@ def test_a_pod_killed_with_its_launcher_is_replaced_alone(
 
 
 def _replaced_alone(
-    cluster: suite.ExternalCluster, storage_class: str | None, namespace: str, how: str, cause: str, rank: int
+    cluster: suite.ExternalCluster,
+    storage_class: str | None,
+    namespace: str,
+    how: str,
+    cause: str,
+    rank: int,
+    elastic: bool = False,
 ) -> None:
     """The pod of ``rank`` lost mid-run (``how``: deleted, or killed with its launcher): a replacement
     joins the survivor, who keeps its pod, and the job succeeds having redone no step."""
-    job = f"replaced-{how}"
+    job = f"replaced-{how}{'-elastic' if elastic else ''}"
     manifest = suite.digits_job(
         job, "--throttle-ms", "60", "--checkpoint-every", "20", storage_class=storage_class
     )
+    if elastic:
+        del manifest["spec"]["replicas"]
+        manifest["spec"]["elastic"] = {"minReplicas": 1, "maxReplicas": 2}
     cluster.apply_json(manifest, "-n", namespace)
     _, rank0_log = _started_with_a_checkpoint(cluster, namespace, job)
     before = _pod_uids(cluster, namespace, job)
@@ -329,7 +343,8 @@ def _replaced_alone(
         ),
         timeout=120,
     )
-    suite.TIMINGS.record(f"pod_replaced_{how}_rank{rank}_resumed_s", float(record["resumedSeconds"]))
+    kind = "_elastic" if elastic else ""
+    suite.TIMINGS.record(f"pod_replaced_{how}_rank{rank}{kind}_resumed_s", float(record["resumedSeconds"]))
 
 
 def _trainer_running(cluster: suite.ExternalCluster, namespace: str, pod: str) -> bool:

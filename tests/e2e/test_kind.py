@@ -6,7 +6,7 @@ here against the kind cluster: DNS and a ClusterIP Service from a pod, the digit
 with a checkpoint volume from the default StorageClass (local-path-provisioner), metrics scraped from both
 ranks through the apiserver's pod proxy, and a rank exiting 1 failing the job with its reason; and the
 recovery modes of docs/restarts.md with a real kubelet (a SIGKILLed worker and a rank exiting 137 restart
-the gang in place, a deleted rank pod is replaced alone, a pod killed with its launcher and a frozen pod are
+the gang in place, rank 0's deleted pod is replaced alone, in a fixed-size and in an elastic job, a pod killed with its launcher and a frozen pod are
 replaced alone, an elastic job shrinks and grows); and stragglers: under `stragglerPolicy: Report` a rank
 slowed by its CPU limit (its pod resized in place) is named and nothing is replaced, and under `Replace`
 at 3 ranks one pod slowed by its CPU quota and one by its link (tbf), each cut from the node, are each

@@ -78,7 +78,15 @@ def test_every_overridden_method_of_in_place_agent_is_fenced() -> None:
     from ddp_trainer.elastic import InPlaceAgent
 
     overridden = {name for name in vars(InPlaceAgent) if name.startswith("_") and not name.startswith("__")}
-    ours = {"_publish", "_grow_under_way", "_grow", "_agreed_stop", "_abc_impl"}
+    ours = {
+        "_publish",
+        "_grow_under_way",
+        "_grow",
+        "_agreed_stop",
+        "_has_pod_zero",
+        "_await_pod_zero",
+        "_abc_impl",
+    }
     assert overridden - ours <= set(PRIVATE_METHODS)
 
 

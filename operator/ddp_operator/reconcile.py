@@ -393,7 +393,7 @@ class _LiveAttempt:
             replaced,
             check,
             check_pod,
-            rank0=recovery.rank0_replaceable(self.job),
+            rank0=recovery.rendezvous_apart(self.job),
             shrinkable=elastic.can_shrink(self.job.elastic, self.running),
         )
 
@@ -574,7 +574,7 @@ def _restart(
     preemptions = int_field(live.old.get("preemptions"), 0)
     in_place = live.job.run_policy.restart_mode == recovery.MODE_IN_PLACE
     note = (
-        recovery.fallback_note(live.failures, rank0=recovery.rank0_replaceable(live.job)) if in_place else ""
+        recovery.fallback_note(live.failures, rank0=recovery.rendezvous_apart(live.job)) if in_place else ""
     )
     record = recovery.new_record(
         cause=reason,
@@ -686,7 +686,7 @@ def _rule_stalled(live: _LiveAttempt) -> Decision | None:
         live.job.run_policy.restart_mode,
         [p.rank for p in silent],
         queued=live.job.kueue is not None,
-        rank0=recovery.rank0_replaceable(live.job),
+        rank0=recovery.rendezvous_apart(live.job),
     )
     if alone is not None:
         # The pods that stopped answering take no SIGTERM: deleted at once, their ranks replaced alone.
@@ -820,9 +820,9 @@ def _restart_notices(live: _LiveAttempt) -> tuple[PhaseEvent, ...]:
 
 def _rule_replace_lost(live: _LiveAttempt) -> Decision | None:
     """InPlace: a lost pod (deleted, evicted, its node gone) is replaced alone (rank 0's too, unless
-    policies.recovery.rank0_replaceable says no); its peers restart in place and wait for the new pod on
+    policies.recovery.rendezvous_apart says no); its peers restart in place and wait for the new pod on
     the rendezvous's next round."""
-    mode, rank0 = live.job.run_policy.restart_mode, recovery.rank0_replaceable(live.job)
+    mode, rank0 = live.job.run_policy.restart_mode, recovery.rendezvous_apart(live.job)
     ranks = recovery.replaceable_ranks(mode, live.failures, rank0=rank0, replicas=live.job.replicas)
     if ranks is None:
         return None

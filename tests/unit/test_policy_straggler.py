@@ -397,7 +397,7 @@ def test_rank_0_is_replaced_like_any_other_except_where_it_is_special() -> None:
     replaced = decide(replace_job(), {**RUNNING_STATUS, "replicas": 3}, pods, at(600), observed=seen)
     assert replaced.delete.pods == ("mnist-0-0",) and replaced.create.replacements == ((0, 1),)
     # Where rank 0 is special, it is reported only: without a rendezvous pod
-    # (policies.recovery.rank0_replaceable), and under Shrink, whose new pod 0 may find no node.
+    # (policies.recovery.rendezvous_apart), and under Shrink, whose new pod 0 may find no node.
     for policy, rank0 in ((REPLACE, False), (SHRINK, True)):
         held = straggler.verdict(policy, sighting(rank=0), pods[0], at(600), 0, rank0=rank0)
         assert held.replace is None and held.held is not None and "rank 0's" in held.held, policy

@@ -41,22 +41,18 @@ RECOVERY_MODES: Final = (MODE_IN_PLACE, MODE_POD_REPLACED, MODE_WHOLE_GANG)
 # A pod that went away with its process (not a process that failed inside a live pod): the only kind
 # of failure one new pod can mend.
 LOST_POD_REASONS: Final = frozenset({REASON_POD_DELETED, REASON_EVICTED, REASON_PREEMPTED})
-# The rank whose pod is special where the store is not apart (``rank0_replaceable``): without a
+# The rank whose pod is special where the store is not apart (``rendezvous_apart``): without a
 # rendezvous pod, rank 0's launcher hosts the c10d store, and losing it loses the group's meeting point.
 RENDEZVOUS_RANK: Final = 0
 
 
 def rendezvous_apart(job: JobSpec) -> bool:
     """The job's c10d store lives in a rendezvous pod of its own, not in rank 0's launcher: every job
-    whose pods restart in place and that has more than one pod (names.rendezvous_pod_name)."""
+    whose pods restart in place and that has more than one pod (names.rendezvous_pod_name). Then rank
+    0's lost pod is replaced alone like any other, an elastic job's too: its survivors do not train in
+    a round without pod 0 (its first worker would be global rank 0 without the checkpoint volume) but
+    wait in it for the new pod 0 (docs/elastic.md)."""
     return job.run_policy.restart_mode == MODE_IN_PLACE and job.replicas > 1
-
-
-def rank0_replaceable(job: JobSpec) -> bool:
-    """Rank 0's lost pod is replaced alone like any other: the store outlives it. An elastic job's too:
-    its survivors do not train in a round without pod 0 (its first worker would be global rank 0
-    without the checkpoint volume) but wait in it for the new pod 0 (docs/elastic.md)."""
-    return rendezvous_apart(job)
 
 
 def replaceable_ranks(
@@ -69,7 +65,7 @@ def replaceable_ranks(
     launcher is left in it to restart anything). A process that exited by its launcher's decision in a
     pod that stays means the launcher gave up (a permanent code, or the gang's budget spent), which the
     attempt's judge decides. A Kueue eviction takes the whole group away. ``rank0``: rank 0's pod may be
-    replaced alone too (``rank0_replaceable``). When every one of the ``replicas`` pods is lost, no
+    replaced alone too (``rendezvous_apart``). When every one of the ``replicas`` pods is lost, no
     survivor holds the state: the whole gang restarts, from the disk.
     """
     if restart_mode != MODE_IN_PLACE or not failures:
@@ -88,7 +84,7 @@ def replaceable_hung(
 ) -> tuple[int, ...] | None:
     """The ranks of a stalled attempt's pods to replace alone: those whose metrics stopped answering
     while the others' did (frozen or wedged pods, deleted without a grace period), rank 0's among them
-    only where ``rank0`` (``rank0_replaceable``); None: the whole gang restarts (Recreate, no pod singled
+    only where ``rank0`` (``rendezvous_apart``); None: the whole gang restarts (Recreate, no pod singled
     out, or a Kueue group, which would count the hung pod until its deletion is confirmed)."""
     if restart_mode != MODE_IN_PLACE or queued or not silent or any(r is None for r in silent):
         return None

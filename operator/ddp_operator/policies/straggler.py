@@ -75,7 +75,7 @@ def verdict(
 ) -> StragglerVerdict:
     """Whether the straggler's pod (``pod``), or the pod of the rank the last health check found slow
     (``check_pod``), is due for a replacement now. ``rank0``: rank 0's pod may be replaced alone too
-    (policies.recovery.rank0_replaceable). ``shrinkable``: the group keeps elastic.minReplicas without
+    (policies.recovery.rendezvous_apart). ``shrinkable``: the group keeps elastic.minReplicas without
     one pod (what Shrink needs, policies.elastic)."""
     if policy.action not in STRAGGLER_MOVES:
         return NONE

@@ -313,6 +313,64 @@ def test_a_lost_pod_started_again_joins_the_survivors_without_restarting_them(
     assert samples(scrapes[0], "ddp_last_restart_steps_redone") == {"0": 0.0}, scrapes[0]
 
 
+@pytest.mark.parametrize("lost", [1, 0], ids=["rank-1", "rank-0"])
+def test_a_standby_takes_the_lost_pods_rank_and_the_survivors_keep_theirs(
+    gangs: Gangs, tmp_path: Path, lost: int
+) -> None:
+    """A standby pod (runPolicy.standbyPods) waits with torch imported and its forkserver up, and no
+    rank of its own; once its assignment file names the lost pod's rank, it joins the survivors' next
+    round as that pod, receives their state, and the group ends with the uninterrupted run's
+    parameters. The assignment is written as the kubelet writes a downward API file (a new file renamed
+    into place), after the survivors stopped: the order a real operator's decision comes in."""
+    env = {**IN_PLACE, **rendezvous_pod(gangs)}
+    args = in_place_args(tmp_path / "ckpt", "--metrics-linger", "120")
+    pods = gangs.pods(3, 1, args, env=env)
+    assignment = tmp_path / "placement" / "assignment"
+    assignment.parent.mkdir()
+    standby_env = {
+        "WORLD_SIZE": "3",
+        "NNODES": "3",
+        "NPROC_PER_NODE": "1",
+        "MASTER_PORT": pods[0].env["MASTER_PORT"],
+        **env,
+        "DDP_STANDBY_FILE": str(assignment),
+    }
+    standby = gangs.start("standby", standby_env, args, free_port())
+    standby.wait_for_stdout(r"^launcher event=standby ")
+    pods[0].wait_for_stdout(r"^progress step=35 ")
+    pods[lost].end()  # the whole pod: its launcher and its worker, SIGKILL
+    survivors = [pod for rank, pod in enumerate(pods) if rank != lost]
+    for survivor in survivors:
+        survivor.wait_for_stdout(r"^launcher event=stopped ")
+    written = assignment.with_name(".assignment.new")
+    written.write_text(f"rank={lost} budget=2\n")
+    written.rename(assignment)
+    standby.wait_for_stdout(rf"^launcher event=assigned pod={lost} budget=2 ")
+    assert all(pod.process.poll() is None for pod in survivors), describe([*pods, standby])
+    ended = [standby if rank == lost else pod for rank, pod in enumerate(pods)]
+    scrapes = finish(ended)
+    match = ended[0].wait_for_stdout(r"^resumed step=(\d+) epoch=\d+ from=(\w+)")
+    assert int(match.group(1)) >= 35 and match.group(2) == "peer", describe(ended)
+    digests = [pod.digests() for pod in ended]
+    assert [list(d) for d in digests] == [[0], [1], [2]]
+    assert {d for found in digests for d in found.values()} == {uninterrupted_digest(gangs)}
+    for rank, text in enumerate(scrapes):
+        assert samples(text, "ddp_group_restarts_total") == {str(rank): 1.0}
+    assert samples(scrapes[0], "ddp_last_restart_steps_redone") == {"0": 0.0}, scrapes[0]
+
+
+def test_a_standby_stopped_before_any_assignment_exits_0(gangs: Gangs, tmp_path: Path) -> None:
+    """The job ended (or its standby is no longer wanted): SIGTERM ends the waiting standby cleanly."""
+    env = {**IN_PLACE, **rendezvous_pod(gangs)}
+    standby_env = {"WORLD_SIZE": "2", "NNODES": "2", "NPROC_PER_NODE": "1", "MASTER_PORT": str(free_port())}
+    standby_env |= {**env, "DDP_STANDBY_FILE": str(tmp_path / "assignment")}
+    standby = gangs.start("standby", standby_env, in_place_args(tmp_path / "ckpt"))
+    standby.wait_for_stdout(r"^launcher event=standby ")
+    standby.signal(signal.SIGTERM)
+    assert standby.wait() == 0, describe([standby])
+    standby.wait_for_stdout(r"^launcher event=released signal=SIGTERM")
+
+
 def test_losing_the_rendezvous_host_ends_the_other_pods_with_peer_lost(gangs: Gangs, tmp_path: Path) -> None:
     pods = gangs.pods(3, 1, in_place_args(tmp_path / "ckpt"), with_metrics=False, env=IN_PLACE)
     pods[0].wait_for_stdout(r"^progress step=20 ")

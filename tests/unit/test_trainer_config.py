@@ -24,6 +24,7 @@ from ddp_trainer.exitcodes import (
     EXIT_STOPPED,
     is_retryable,
 )
+from ddp_trainer.standby import BadAssignmentError, assigned_env, parse_assignment
 
 pytestmark = pytest.mark.unit
 
@@ -495,3 +496,61 @@ def test_a_bad_rendezvous_endpoint_names_the_variable(env: dict[str, str], messa
 def test_the_workers_forkserver_kind(value: str | None, expected: str) -> None:
     env = {"WORLD_SIZE": "1"} if value is None else {"WORLD_SIZE": "1", "DDP_WORKER_FORKSERVER": value}
     assert parse_env(env).worker_forkserver == expected
+
+
+STANDBY = {
+    **{key: value for key, value in POD.items() if key != "NODE_RANK"},
+    "DDP_RESTART_MODE": "InPlace",
+    "DDP_RENDEZVOUS_ENDPOINT": "digits-rdzv:29500",
+    "DDP_STANDBY_FILE": "/etc/ddp/placement/assignment",
+}
+
+
+def test_a_standby_pod_has_no_rank_of_its_own_until_assigned() -> None:
+    env = parse_env(STANDBY)
+    assert env.standby_file == "/etc/ddp/placement/assignment" and env.launches_workers
+    assigned = assigned_env(env, parse_assignment("rank=1 budget=2\n", env.nnodes))
+    assert (assigned.node_rank, assigned.rank, assigned.restart_budget, assigned.standby_file) == (
+        1,
+        1,
+        2,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        pytest.param({**STANDBY, "DDP_RESTART_MODE": "Recreate"}, "needs DDP_RESTART_MODE", id="recreate"),
+        pytest.param(
+            {k: v for k, v in STANDBY.items() if k != "DDP_RENDEZVOUS_ENDPOINT"},
+            "needs DDP_RENDEZVOUS_ENDPOINT",
+            id="no-rendezvous-pod",
+        ),
+        pytest.param({**STANDBY, "NODE_RANK": "1"}, "NODE_RANK is set", id="a-rank-of-its-own"),
+        pytest.param({**STANDBY, "DDP_MIN_MEMBERS": "1"}, "DDP_MIN_MEMBERS is set", id="elastic"),
+        pytest.param(
+            {**STANDBY, "DDP_RANK_ORDER_FILE": "/etc/ddp/placement/rank-order"},
+            "DDP_RANK_ORDER_FILE is set",
+            id="ranks-by-topology",
+        ),
+    ],
+)
+def test_a_standby_pod_needs_what_a_standby_uses(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match="DDP_STANDBY_FILE") as raised:
+        parse_env(env)
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        pytest.param("rank=2 budget=1", "the job has 2 pod(s)", id="rank-beyond-the-job"),
+        pytest.param("rank=1", "not 'rank=<K> budget=<B>'", id="no-budget"),
+        pytest.param("rank=-1 budget=1", "not 'rank=<K> budget=<B>'", id="negative"),
+    ],
+)
+def test_a_bad_assignment_is_named(text: str, problem: str) -> None:
+    with pytest.raises(BadAssignmentError, match="DDP_STANDBY_FILE") as raised:
+        parse_assignment(text, 2)
+    assert problem in str(raised.value)

@@ -46,6 +46,8 @@ WORKER_MARKER: Final = "DDP_TRAINER_WORKER"
 # How the in-place launcher starts the forkserver its workers are forked from (ddp_trainer.worker_forkserver):
 # a fork of the launcher (default), or a new interpreter as multiprocessing starts it.
 WORKER_FORKSERVER_ENV: Final = "DDP_WORKER_FORKSERVER"
+# A standby pod's file of its assignment (ddp_trainer.standby).
+STANDBY_FILE_ENV: Final = "DDP_STANDBY_FILE"
 WORKER_FORKSERVER_KINDS: Final = ("fork", "interpreter")
 
 
@@ -115,6 +117,9 @@ class DistEnv:
     pod_ip: str | None = None
     # DDP_WORKER_FORKSERVER: "fork" (the launcher forks it) or "interpreter" (multiprocessing's own).
     worker_forkserver: str = WORKER_FORKSERVER_KINDS[0]
+    # DDP_STANDBY_FILE: a standby pod's launcher (ddp_trainer.standby) waits for its rank in this file;
+    # until then node_rank and rank are placeholders (0). None: a pod with a rank of its own.
+    standby_file: str | None = None
 
     @property
     def rendezvous_store(self) -> tuple[str, int]:
@@ -162,7 +167,11 @@ def _int(env: Mapping[str, str], name: str, fix: str, *, default: int | None = N
 def parse_env(env: Mapping[str, str]) -> DistEnv:
     """Validate the env contract; raises ConfigError naming the first bad variable."""
     launched_worker = env.get(WORKER_MARKER) == "1"
+    standby_file = None if launched_worker else _standby_file(env)
     view = _round_view(env, launched_worker)
+    if standby_file is not None:
+        # No rank is a standby's own until the operator assigns one (ddp_trainer.standby).
+        view = {**view, "NODE_RANK": "0", "RANK": "0"}
     world_size, nproc, nnodes = _world(view)
     rank, local_rank, node_rank = _ranks(view, world_size, nproc, nnodes, launched_worker)
     master_addr, master_port = _rendezvous(env, world_size)
@@ -221,7 +230,35 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
         rendezvous_endpoint=_endpoint(endpoint) if endpoint is not None else None,
         pod_ip=(env.get("POD_IP") or "").strip() or None,
         worker_forkserver=_worker_forkserver(env),
+        standby_file=standby_file,
     )
+
+
+def _standby_file(env: Mapping[str, str]) -> str | None:
+    """DDP_STANDBY_FILE, checked against what a standby needs: restarts in place at the job's
+    rendezvous pod, a fixed-size job whose ranks follow NODE_RANK, and no rank of its own."""
+    value = (env.get(STANDBY_FILE_ENV) or "").strip() or None
+    if value is None:
+        return None
+    needs = {
+        "DDP_RESTART_MODE": (env.get("DDP_RESTART_MODE") or "").strip() == "InPlace",
+        "DDP_RENDEZVOUS_ENDPOINT": bool((env.get("DDP_RENDEZVOUS_ENDPOINT") or "").strip()),
+    }
+    for name, present in needs.items():
+        if not present:
+            raise ConfigError(
+                STANDBY_FILE_ENV,
+                f"a standby pod needs {name} (restarts in place at the job's rendezvous pod)",
+                f"set {name}, or unset {STANDBY_FILE_ENV}",
+            )
+    for name in ("DDP_MIN_MEMBERS", "DDP_RANK_ORDER_FILE", "NODE_RANK", "PET_NODE_RANK", "RANK"):
+        if (env.get(name) or "").strip():
+            raise ConfigError(
+                STANDBY_FILE_ENV,
+                f"a standby pod takes its rank from the file, and {name} is set",
+                f"unset {name} on a standby pod, or unset {STANDBY_FILE_ENV}",
+            )
+    return value
 
 
 def _worker_forkserver(env: Mapping[str, str]) -> str:

@@ -76,6 +76,11 @@ from ddp_trainer.exitcodes import (
     first_failure_code,
     is_retryable,
 )
+from ddp_trainer.predecessor import (
+    TorchRendezvousMismatchError,
+    check_torch_rendezvous,
+    evict_predecessors,
+)
 from ddp_trainer.progress import launcher_status_line
 from ddp_trainer.rank_order import RankOrderMissingError, wait_for_key
 from ddp_trainer.restarts import (
@@ -718,8 +723,13 @@ def run_in_place(
     )
     try:
         check_torch_agent(agent=agent)  # before the first round: nothing has started yet
-    except TorchAgentMismatchError as mismatch:
+        check_torch_rendezvous(handler)
+    except (TorchAgentMismatchError, TorchRendezvousMismatchError) as mismatch:
         return _refuse(handler, str(mismatch))
+    # A pod of this rank that was lost may still be a member: this pod is its rank's one pod now.
+    removed = evict_predecessors(handler)
+    if removed:
+        _status("predecessor", pod=env.node_rank, removed=removed, time=f"{time.time():.6f}")
     close_rendezvous = True
     try:
         result = agent.run()

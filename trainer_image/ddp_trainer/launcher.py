@@ -60,6 +60,15 @@ def launch_local_workers(env: DistEnv, config: TrainConfig, argv: Sequence[str])
         from ddp_trainer.elastic import prepare_workers
 
         prepare_workers(env, config)
+    if in_place and env.standby_file is not None:
+        from ddp_trainer.standby import serve_as_standby
+
+        # Ready before any failure (torch imported, the forkserver up): wait to be some pod's.
+        assigned = serve_as_standby(env)
+        if assigned is None:
+            shutil.rmtree(workspace, ignore_errors=True)
+            return EXIT_OK
+        env = assigned
     server = None
     if env.metrics_port:
         from ddp_trainer.config import metrics_port_error

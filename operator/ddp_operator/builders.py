@@ -69,6 +69,7 @@ CONTRACT_ENV: Final = (
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
     "DDP_RANK_ORDER_FILE",
     "DDP_RENDEZVOUS_ENDPOINT",
+    "DDP_STANDBY_FILE",  # a standby pod's, in place of NODE_RANK, RANK and LOCAL_RANK
     "POD_IP",
 )
 # Defaults the template may override.
@@ -498,7 +499,8 @@ def build_rank_pod(
         )
 
     if topology.orders_ranks(job) and names.PLACEMENT_VOLUME not in volume_names:
-        _show_rank_order(volumes, trainer)
+        # The order key is written once the pod is bound, after the container may have started.
+        _show_annotation(volumes, trainer, names.RANK_ORDER_FILE, names.ANNOTATION_RANK_ORDER)
 
     trainer["env"] = _merge_env(list(trainer.get("env") or []), contract_env(job, rank, attempt, budget))
     _add_port(trainer, names.RENDEZVOUS_PORT_NAME, job.rendezvous_port)
@@ -512,19 +514,61 @@ def build_rank_pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
-def _show_rank_order(volumes: list[dict[str, Any]], trainer: dict[str, Any]) -> None:
-    """The order key is written once the pod is bound, after the container may have started: a
-    downward API volume shows the annotation as it changes (an env var keeps its value at start)."""
+# A standby's env has no rank of its own: these come from its assignment (ddp_trainer.standby).
+STANDBY_FILE_ENV: Final = "DDP_STANDBY_FILE"
+_RANK_ENV: Final = frozenset({"NODE_RANK", "PET_NODE_RANK", "RANK", "LOCAL_RANK"})
+# Any rank but 0 builds a standby's spec: rank 0's pod alone mounts the checkpoint volume, and rank 0
+# is never given to a standby of a job that has one (policies.standby).
+_STANDBY_TEMPLATE_RANK: Final = 1
+
+
+def build_standby_pod(
+    job: JobSpec, attempt: int, number: int, *, avoid_nodes: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The attempt's ``number``-th standby pod (runPolicy.standbyPods): a rank pod of no rank. Its own
+    name and labels (names.ROLE_STANDBY), no hostname (a rank's DNS name stays its rank's), no rank in
+    its env, and its assignment file; not in the in-tree gang (it must not hold the gang's minimum)."""
+    pod = build_rank_pod(job, _STANDBY_TEMPLATE_RANK, attempt, avoid_nodes=avoid_nodes)
+    metadata, pod_spec = pod["metadata"], pod["spec"]
+    metadata["name"] = names.standby_pod_name(job.name, attempt, number)
+    labels = metadata["labels"]
+    del labels[names.LABEL_RANK]
+    labels[names.LABEL_ROLE] = names.ROLE_STANDBY
+    labels[names.LABEL_STANDBY] = str(number)
+    del pod_spec["hostname"], pod_spec["subdomain"]
+    trainer = next(c for c in pod_spec["containers"] if c.get("name") == names.TRAINER_CONTAINER)
+    env = [entry for entry in trainer["env"] if entry.get("name") not in _RANK_ENV]
+    env.append({"name": STANDBY_FILE_ENV, "value": f"{names.PLACEMENT_PATH}/{names.ASSIGNMENT_FILE}"})
+    trainer["env"] = env
+    _show_annotation(pod_spec["volumes"], trainer, names.ASSIGNMENT_FILE, names.ANNOTATION_ASSIGNMENT)
+    return pod
+
+
+def standby_promotion(rank: int, replacement: int, budget: int) -> dict[str, Any]:
+    """The merge patch that gives a standby pod rank ``rank``'s place: the rank's labels (its
+    ``replacement`` number makes it the rank's newest pod), no standby role, and its assignment."""
+    return {
+        "metadata": {
+            "labels": {
+                names.LABEL_RANK: str(rank),
+                names.LABEL_REPLACEMENT: str(replacement),
+                names.LABEL_ROLE: None,
+            },
+            "annotations": {names.ANNOTATION_ASSIGNMENT: names.assignment(rank, budget)},
+        }
+    }
+
+
+def _show_annotation(
+    volumes: list[dict[str, Any]], trainer: dict[str, Any], path: str, annotation: str
+) -> None:
+    """An annotation the operator writes after the container may have started, as a file: a downward
+    API volume follows the annotation as it changes (an env var keeps its value at start)."""
     volumes.append(
         {
             "name": names.PLACEMENT_VOLUME,
             "downwardAPI": {
-                "items": [
-                    {
-                        "path": names.RANK_ORDER_FILE,
-                        "fieldRef": {"fieldPath": f"metadata.annotations['{names.ANNOTATION_RANK_ORDER}']"},
-                    }
-                ]
+                "items": [{"path": path, "fieldRef": {"fieldPath": f"metadata.annotations['{annotation}']"}}]
             },
         }
     )

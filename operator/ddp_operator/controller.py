@@ -466,8 +466,10 @@ class Controller:
                 if remains is not None:
                     self.pods.remember(remains)
         await self._release_from_kueue(key, job, decision)
+        if decision.create.promotions:
+            decision = await self._promote(key, job, decision)
 
-        if decision.create.ranks or decision.create.replacements:
+        if decision.create.ranks or decision.create.replacements or decision.create.standbys:
             refusal = await self._create_attempt(key, state, job, decision)
             if refusal is not None:
                 # Decided on at once by the next reconcile; this decision's status is not written.
@@ -487,6 +489,38 @@ class Controller:
             return
         if decision.requeue_after is not None:
             self.kick_later(key, decision.requeue_after)
+
+    async def _promote(self, key: JobKey, job: JobSpec, decision: Decision) -> Decision:
+        """Give each promotion's standby pod its rank (policies.standby); a standby that is gone by
+        now (deleted, its node lost) is replaced by a new pod of that rank, as without standbys.
+        Returns ``decision`` with those new pods among its replacements."""
+        fallback = []
+        for promotion in decision.create.promotions:
+            patch = builders.standby_promotion(promotion.rank, promotion.replacement, promotion.budget)
+            try:
+                self.pods.remember(await self.api.patch_child(job.namespace, "Pod", promotion.pod, patch))
+            except ApiError as error:
+                if error.status != 404:
+                    raise
+                logger.info(
+                    "job=%s/%s standby %s is gone: a new pod takes rank %d",
+                    *key,
+                    promotion.pod,
+                    promotion.rank,
+                )
+                fallback.append((promotion.rank, promotion.replacement))
+                continue
+            logger.info(
+                "job=%s/%s action=promote pod=%s rank=%d budget=%d",
+                *key,
+                promotion.pod,
+                promotion.rank,
+                promotion.budget,
+            )
+        if not fallback:
+            return decision
+        create = decision.create
+        return replace(decision, create=replace(create, replacements=(*create.replacements, *fallback)))
 
     async def _force_delete(self, key: JobKey, job: JobSpec, pods: Sequence[str], reason: str) -> None:
         """Delete with grace 0: pods no kubelet will confirm (their node is gone, or never answered)."""
@@ -668,10 +702,9 @@ class Controller:
         report = await self.api.create_children(pods, accept, on_result=on_result)
         if isinstance(report.error, PodCreateForbidden | ChildInvalid):
             labels = ((report.failed or {}).get("metadata") or {}).get("labels") or {}
-            rank = labels.get(names.LABEL_RANK)
             return CreateRefusal(
                 isinstance(report.error, PodCreateForbidden),
-                f"rank {rank}'s pod" if rank is not None else "the rendezvous pod",
+                _pod_child(labels),
                 decision.create.attempt,
                 report.error.message or report.error.reason,
             )
@@ -769,8 +802,17 @@ def _log_decision(key: JobKey, decision: Decision) -> None:
     )
 
 
+def _pod_child(labels: Mapping[str, Any]) -> str:
+    """Which of the job's pods a refused pod was, by its labels, for the job's condition."""
+    if labels.get(names.LABEL_ROLE) == names.ROLE_STANDBY:
+        return f"standby pod {labels.get(names.LABEL_STANDBY)}"
+    rank = labels.get(names.LABEL_RANK)
+    return f"rank {rank}'s pod" if rank is not None else "the rendezvous pod"
+
+
 def _rank_pods(job: JobSpec, decision: Decision, patch: Mapping[str, Any] | None) -> list[JsonDict]:
-    """The attempt's missing ranks and the replacements of lost pods, each with the gang's restart budget,
+    """The attempt's missing ranks, the replacements of lost pods, each with the gang's restart budget, and
+    its new standby pods (outside the in-tree gang: they must not count towards its minimum),
     kept off the nodes the job moved away from (the status the decision writes records them); first the
     attempt's rendezvous pod, where the job has one, with the attempt's own ranks (a replacement joins a
     store that exists: creating it again would only cost an API call)."""
@@ -784,7 +826,7 @@ def _rank_pods(job: JobSpec, decision: Decision, patch: Mapping[str, Any] | None
         )
         for rank in decision.create.ranks
     ]
-    return pods + [
+    pods += [
         builders.build_rank_pod(
             job,
             rank,
@@ -795,4 +837,8 @@ def _rank_pods(job: JobSpec, decision: Decision, patch: Mapping[str, Any] | None
             avoid_nodes=avoid,
         )
         for rank, replacement in decision.create.replacements
+    ]
+    return pods + [
+        builders.build_standby_pod(job, attempt, number, avoid_nodes=avoid)
+        for number in decision.create.standbys
     ]

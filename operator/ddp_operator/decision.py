@@ -8,8 +8,9 @@ object) on create as success:
   else) and each of ``report.notices``;
 - delete ``delete.pods``, and carry out ``kueue`` (policies/kueue.py);
 - create the Service if ``create.service``, the NetworkPolicy if ``create.network_policy`` and the
-  checkpoint PVC if ``create.pvc``, then the pods of ``create.ranks`` (attempt ``create.attempt``)
-  concurrently; a child the apiserver refuses for good (403 on a pod, 400/422 on any child) is not
+  checkpoint PVC if ``create.pvc``, then give ``create.promotions`` their ranks (a standby pod that is
+  gone by then is replaced by a new pod of that rank), then create the pods of ``create.ranks``, the
+  replacements and the standby pods ``create.standbys`` (attempt ``create.attempt``) concurrently; a child the apiserver refuses for good (403 on a pod, 400/422 on any child) is not
   retried: the executor hands it to the next ``decide`` as a ``CreateRefusal``, which fails the job;
 - delete the DDPJob when ``delete.job`` (TTL);
 - call ``decide`` again after ``requeue_after`` seconds when it is set (deadlines, TTL, restarts).
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from ddp_operator.policies import kueue as kueue_policy
+from ddp_operator.policies import standby as standby_policy
 from ddp_operator.policies.kueue import KueueActions
 from ddp_operator.progress.tracker import STRAGGLER_WINDOW_SECONDS
 
@@ -106,6 +108,10 @@ class Creates:
     # Gang restarts the new pods' launchers may still make in place (DDP_RESTART_BUDGET,
     # policies.recovery.launcher_budget).
     restart_budget: int = 0
+    # Standby pods given a lost pod's rank instead of a new pod (policies.standby), patched before the
+    # creates; and the numbers of the attempt's new standby pods, created with the other pods.
+    promotions: tuple[standby_policy.Promotion, ...] = ()
+    standbys: tuple[int, ...] = ()
     service: bool = False
     pvc: bool = False
     network_policy: bool = False

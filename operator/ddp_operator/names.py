@@ -41,6 +41,14 @@ LABEL_ROLE: Final = "ddp.dev/role"
 # anti-affinity on ddp.dev/job-name, one rank per node) must never count it.
 LABEL_RENDEZVOUS_OF: Final = "ddp.dev/rendezvous-of"
 ROLE_RENDEZVOUS: Final = "rendezvous"
+# A standby pod (runPolicy.standbyPods, docs/restarts.md "Standby pods") carries this role and its
+# number in LABEL_STANDBY until it is given a rank; then it carries the rank's labels and keeps its number.
+ROLE_STANDBY: Final = "standby"
+LABEL_STANDBY: Final = "ddp.dev/standby"
+# The rank and restart budget the operator gives a standby (``rank=<K> budget=<B>``), shown to its
+# launcher by a downward API volume as the file DDP_STANDBY_FILE.
+ANNOTATION_ASSIGNMENT: Final = "ddp.dev/assignment"
+ASSIGNMENT_FILE: Final = "assignment"
 RENDEZVOUS_CONTAINER: Final = "rendezvous"
 
 TRAINER_CONTAINER: Final = "trainer"
@@ -142,6 +150,17 @@ def pod_name(job: str, rank: int, attempt: int, replacement: int = 0) -> str:
     job ``a-1``'s)."""
     base = f"{job}-{rank}-{attempt}"
     return f"{base}r{replacement}" if replacement > 0 else base
+
+
+def standby_pod_name(job: str, attempt: int, number: int) -> str:
+    """The attempt's ``number``-th standby pod: ``<job>-standby<n>-<attempt>``. Its second part is not a
+    number, so no rank pod of any job has this name, and not ``rdzv``, so no rendezvous pod either."""
+    return f"{job}-standby{number}-{attempt}"
+
+
+def assignment(rank: int, budget: int) -> str:
+    """The value of ANNOTATION_ASSIGNMENT (the trainer's ddp_trainer.standby parses it)."""
+    return f"rank={rank} budget={budget}"
 
 
 def pod_hostname(job: str, rank: int) -> str:

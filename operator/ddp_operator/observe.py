@@ -128,6 +128,10 @@ class PodObservation:
     finalizers: tuple[str, ...] = ()
     # The job's rendezvous pod (names.ROLE_RENDEZVOUS), which is no rank's: rank is None on it.
     rendezvous: bool = False
+    # A standby pod's number (names.LABEL_STANDBY), kept once it has been given a rank; and whether
+    # it still waits for one (names.ROLE_STANDBY: rank is None on it then).
+    standby: int | None = None
+    standby_waiting: bool = False
     # The rendezvous order key the operator wrote on the bound pod (names.ANNOTATION_RANK_ORDER,
     # policies.topology.order_key); None until then, and on a job whose ranks are not ordered.
     rank_order: str | None = None
@@ -380,4 +384,6 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         rank_order=str(annotations.get(names.ANNOTATION_RANK_ORDER) or "") or None,
         finalizers=finalizers,
         rendezvous=labels.get(names.LABEL_ROLE) == names.ROLE_RENDEZVOUS,
+        standby=_int_label(labels, names.LABEL_STANDBY),
+        standby_waiting=labels.get(names.LABEL_ROLE) == names.ROLE_STANDBY,
     )

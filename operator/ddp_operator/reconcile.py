@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, Final, Literal
 
-from ddp_operator import builders, kueue, names, ranks
+from ddp_operator import builders, kueue, names, ranks, standbys
 from ddp_operator.decision import (
     DEFAULT_TIMING,
     REASON_CREATED,
@@ -51,7 +51,16 @@ from ddp_operator.decision import (
 )
 from ddp_operator.kueue import QueueObservation, queued_message
 from ddp_operator.observe import PodObservation, format_time, int_field, parse_time, superseded
-from ddp_operator.policies import creation, deadline, elastic, recovery, stall, straggler, success, ttl
+from ddp_operator.policies import (
+    creation,
+    deadline,
+    elastic,
+    recovery,
+    stall,
+    straggler,
+    success,
+    ttl,
+)
 from ddp_operator.policies import kueue as kueue_policy
 from ddp_operator.policies.attempt import judge_attempt
 from ddp_operator.policies.failure import (
@@ -1029,6 +1038,8 @@ def decide(
     """
     old: Mapping[str, Any] = status or {}
     decision = _decide(job, old, _ours(job, pods), now, refusal, rules, observed, queue)
+    # The standby pods (no rank's until one takes a lost pod's, so not in _ours): policies.standby.
+    decision = standbys.with_standbys(job, decision, _owned(job, pods))
     # The rendezvous pods (no rank's, so not in _ours) go with the attempt they served.
     doomed = recovery.stores_to_delete(
         _owned(job, pods), decision.phase, decision.report.status.get("attempt")

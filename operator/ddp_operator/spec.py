@@ -39,6 +39,9 @@ MAX_NPROC_PER_NODE: Final = 256
 DEFAULT_RESTART_POLICY: Final[RestartPolicy] = "ExitCode"
 DEFAULT_BACKOFF_LIMIT: Final = 3
 MAX_BACKOFF_LIMIT: Final = 1000
+# runPolicy.standbyPods: a few spares are what a failure every few minutes needs; each one holds a
+# rank pod's resources (GPUs included) while it waits.
+MAX_STANDBY_PODS: Final = 8
 DEFAULT_CLEAN_POD_POLICY: Final[CleanPodPolicy] = "Running"
 DEFAULT_RESTART_MODE: Final[RestartMode] = "InPlace"
 DEFAULT_CHECKPOINT_MOUNT_PATH: Final = "/var/run/ddp/checkpoints"
@@ -93,6 +96,7 @@ DECLARED_FIELDS: Final[Mapping[str, frozenset[str]]] = {
             "suspend",
             "restartMode",
             "stragglerPolicy",
+            "standbyPods",
         }
     ),
     "spec.runPolicy.stragglerPolicy": frozenset(
@@ -182,6 +186,9 @@ class RunPolicy:
     suspend: bool = False
     restart_mode: RestartMode = DEFAULT_RESTART_MODE
     straggler: StragglerPolicy = field(default_factory=StragglerPolicy)
+    # Pods kept started and ready beside the ranks, each taking a lost pod's rank when one is lost
+    # (docs/restarts.md, "Standby pods").
+    standby_pods: int = 0
 
 
 @dataclass(frozen=True)
@@ -397,6 +404,7 @@ def _parse_run_policy(raw: Mapping[str, Any]) -> RunPolicy:
         suspend=_bool(raw, "suspend", path, False),
         restart_mode=cast(RestartMode, _enum(raw, "restartMode", path, RESTART_MODES, DEFAULT_RESTART_MODE)),
         straggler=_parse_straggler_policy(_mapping(raw.get("stragglerPolicy"), f"{path}.stragglerPolicy")),
+        standby_pods=_required_int(raw, "standbyPods", path, 0, minimum=0, maximum=MAX_STANDBY_PODS),
     )
 
 
@@ -535,6 +543,29 @@ def _parse_elastic(spec: Mapping[str, Any], run_policy: RunPolicy) -> ElasticSpe
     return ElasticSpec(min_replicas=minimum, max_replicas=maximum, replacement_wait_seconds=wait)
 
 
+def _check_standby_pods(
+    run_policy: RunPolicy, replicas: int, queued: bool, elastic: bool, scheduling: SchedulingSpec
+) -> None:
+    """A standby takes a lost pod's rank in the survivors' rendezvous: it needs pods that restart in
+    place at a rendezvous pod (InPlace, more than one pod), and ranks that are pod numbers (no elastic
+    renumbering, no topology order). The CRD refuses all of these but the Kueue one: a standby outside
+    the job's Kueue pod group would run outside the queue's quota."""
+    if run_policy.standby_pods == 0:
+        return
+    field = "spec.runPolicy.standbyPods"
+    problems = [
+        (run_policy.restart_mode != RESTART_MODE_IN_PLACE, "needs spec.runPolicy.restartMode InPlace (its default)"),
+        (replicas < 2, "needs a job of at least 2 pods (a single pod has no survivor to join)"),
+        (elastic, "is for fixed-size jobs: an elastic job trains on without a lost pod (spec.elastic)"),
+        (scheduling.topology is not None, "needs ranks that follow the pod numbers: not with spec.scheduling.topology"),
+        (queued, "is not available to a job queued by Kueue (a standby would run outside the queue's quota): drop "
+         "the kueue.x-k8s.io/queue-name label, or set it to 0"),
+    ]  # fmt: skip
+    for present, why in problems:
+        if present:
+            raise SpecError(field, why)
+
+
 def _check_straggler_policy(run_policy: RunPolicy, queued: bool, elastic: bool) -> None:
     """Replace and Shrink move one rank's pod alone: a Recreate job never does, and a Kueue group would
     count the moved pod until its deletion is confirmed (the CRD refuses the first, this the second).
@@ -618,6 +649,7 @@ def parse_job(obj: Mapping[str, Any]) -> JobSpec:
     scheduling = _parse_scheduling(spec.get("scheduling"))
     kueue = _parse_kueue(metadata, template)
     _check_straggler_policy(run_policy, kueue is not None, elastic is not None)
+    _check_standby_pods(run_policy, replicas, kueue is not None, elastic is not None, scheduling)
 
     generation = metadata.get("generation", 1)
     return JobSpec(

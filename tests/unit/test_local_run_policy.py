@@ -44,6 +44,7 @@ FIELDS: dict[str, tuple[bool, Any, str]] = {
     "ttlSecondsAfterFinished": (False, 60, ""),
     "cleanPodPolicy": (False, "All", ""),
     "stragglerPolicy": (False, {"action": "Replace"}, ""),
+    "standbyPods": (False, 1, ""),
 }
 
 

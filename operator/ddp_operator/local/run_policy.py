@@ -42,6 +42,11 @@ RUN_POLICY: Final[Mapping[str, LocalSupport]] = {
         "the straggler is reported (its rank, slowdown and phase in the live line and the summary), "
         "never replaced: Replace and Shrink move a pod to another node, and every local rank shares this machine",
     ),
+    "standbyPods": LocalSupport(
+        False,
+        "no standby process is started: a standby saves a replacement pod's start (scheduling, the "
+        "sandbox, the torch import), and no local pod is replaced alone",
+    ),
 }
 
 

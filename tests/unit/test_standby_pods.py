@@ -1,0 +1,206 @@
+"""Standby pods (runPolicy.standbyPods, docs/restarts.md "Standby pods"): policies.standby's plan,
+decide() with it, the standby pod the builders make and the spec's refusals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.unit.kube_factories import at, job_spec, observe, pod, with_run_policy
+from tests.unit.test_reconcile import live_status
+
+from ddp_operator import builders, names
+from ddp_operator.policies import standby
+from ddp_operator.reconcile import decide
+from ddp_operator.spec import SpecError, parse_job
+
+pytestmark = pytest.mark.unit
+
+CHECKPOINT = {"checkpoint": {"volumeClaimTemplate": {"resources": {"requests": {"storage": "1Gi"}}}}}
+
+
+def standby_pod(number: int, attempt: int = 0, **state: Any) -> dict[str, Any]:
+    """A standby pod as the apiserver returns it (a rank pod's status; its own name and labels)."""
+    made = pod(9, attempt, **state)
+    made["metadata"]["name"] = names.standby_pod_name("mnist", attempt, number)
+    labels = made["metadata"]["labels"]
+    del labels[names.LABEL_RANK]
+    labels |= {names.LABEL_ROLE: names.ROLE_STANDBY, names.LABEL_STANDBY: str(number)}
+    return made
+
+
+def promoted(number: int, rank: int, replacement: int) -> dict[str, Any]:
+    """A standby pod that took ``rank``: the rank's labels, its standby number kept."""
+    made = standby_pod(number)
+    labels = made["metadata"]["labels"]
+    del labels[names.LABEL_ROLE]
+    labels |= {names.LABEL_RANK: str(rank), names.LABEL_REPLACEMENT: str(replacement)}
+    return made
+
+
+ONE = with_run_policy(standbyPods=1)
+
+
+@pytest.mark.parametrize(
+    ("spec", "phase", "replacements", "pods", "expected"),
+    [
+        pytest.param(
+            ONE, "Running", [(1, 1)], [standby_pod(1)],
+            standby.StandbyPlan(
+                promotions=(standby.Promotion("mnist-standby1-0", 1, 1, 2),), create=(2,)
+            ),
+            id="a-running-standby-takes-the-lost-rank-and-another-starts",
+        ),
+        pytest.param(
+            ONE, "Running", [(1, 1)], [],
+            standby.StandbyPlan(replacements=((1, 1),), create=(1,)),
+            id="no-standby-a-new-pod-as-before",
+        ),
+        pytest.param(
+            ONE, "Running", [(1, 1)], [standby_pod(1, phase="Pending", scheduled=False)],
+            standby.StandbyPlan(replacements=((1, 1),)),
+            id="a-standby-not-started-yet-is-not-given-a-rank",
+        ),
+        pytest.param(
+            {**ONE, **CHECKPOINT}, "Running", [(0, 1)], [standby_pod(1)],
+            standby.StandbyPlan(replacements=((0, 1),)),
+            id="rank-0-of-a-job-with-a-checkpoint-volume-gets-a-new-pod",
+        ),
+        pytest.param(
+            ONE, "Running", [(0, 1)], [standby_pod(1)],
+            standby.StandbyPlan(promotions=(standby.Promotion("mnist-standby1-0", 0, 1, 2),), create=(2,)),
+            id="rank-0-without-a-checkpoint-volume-like-any-other",
+        ),
+        pytest.param(
+            ONE, "Running", [(1, 3), (2, 4)], [standby_pod(1)],
+            standby.StandbyPlan(
+                promotions=(standby.Promotion("mnist-standby1-0", 1, 3, 2),), replacements=((2, 4),), create=(2,)
+            ),
+            id="two-lost-one-standby",
+        ),
+        pytest.param(
+            ONE, "Running", [], [standby_pod(1, exit_code=1)],
+            standby.StandbyPlan(create=(2,), delete=("mnist-standby1-0",)),
+            id="an-ended-standby-goes-and-its-number-is-not-reused",
+        ),
+        pytest.param(
+            ONE, "Running", [], [standby_pod(3, attempt=1), promoted(1, 1, 1)],
+            standby.StandbyPlan(create=(2,), delete=("mnist-standby3-1",)),
+            id="an-older-attempts-standby-goes-numbers-follow-the-promoted-one",
+        ),
+        pytest.param(
+            ONE, "Restarting", [], [standby_pod(1)],
+            standby.StandbyPlan(delete=("mnist-standby1-0",)),
+            id="the-attempt-ends-its-standbys-go",
+        ),
+        pytest.param(
+            ONE, "Starting", [], [],
+            standby.StandbyPlan(),
+            id="none-before-every-rank-runs",
+        ),
+        pytest.param(
+            with_run_policy(standbyPods=0), "Running", [], [standby_pod(1), standby_pod(1, deleting_at=5)],
+            standby.StandbyPlan(delete=("mnist-standby1-0",)),
+            id="no-longer-wanted",
+        ),
+        pytest.param(
+            ONE, "Running", [], [standby_pod(1), standby_pod(2)],
+            standby.StandbyPlan(delete=("mnist-standby2-0",)),
+            id="one-too-many-the-newest-goes",
+        ),
+    ],
+)  # fmt: skip
+def test_the_standby_plan(
+    spec: dict[str, Any],
+    phase: str,
+    replacements: list[tuple[int, int]],
+    pods: list[dict[str, Any]],
+    expected: standby.StandbyPlan,
+) -> None:
+    job = job_spec(**spec)
+    assert standby.plan(job, phase, 0, replacements, 2, observe(*pods)) == expected
+
+
+def test_a_lost_pod_is_taken_by_the_running_standby_and_another_is_started() -> None:
+    job = job_spec(**ONE)
+    lost = pod(1, deleting_at=20)
+    decision = decide(job, live_status(restarts=1), observe(pod(0), lost, standby_pod(1)), at(30))
+    assert decision.create.promotions == (standby.Promotion("mnist-standby1-0", 1, 1, 2),)
+    assert decision.create.replacements == () and decision.create.standbys == (2,)
+    assert decision.create.attempt == 0
+    [notice] = decision.report.notices
+    assert notice.reason == "PodReplaced" and "replaced by standby pod mnist-standby1-0" in notice.message
+    record = decision.report.status["lastRestart"]
+    assert (
+        record["mode"] == "PodReplaced"
+        and record["note"] == "rank 1's pod taken by standby pod mnist-standby1-0"
+    )
+    assert decision.report.status["podReplacements"] == 1
+
+
+def test_the_promoted_standby_is_its_ranks_pod_from_then_on() -> None:
+    """The standby with rank 1's labels supersedes the lost pod: nothing more is replaced."""
+    job = job_spec(**ONE)
+    status = live_status(restarts=2)
+    status["podReplacements"] = 1
+    status["lastRestart"] = {"mode": "PodReplaced", "attempt": 0, "groupRestarts": 1, "failureTime": "x"}
+    pods = observe(pod(0), pod(1, deleting_at=20), promoted(1, 1, 1), standby_pod(2))
+    decision = decide(job, status, pods, at(40))
+    assert decision.create.promotions == () and decision.create.replacements == ()
+    assert decision.create.standbys == () and "mnist-standby2-0" not in decision.delete.pods
+
+
+def test_the_standby_pod_has_no_rank_its_assignment_file_and_no_hostname() -> None:
+    job = job_spec(**ONE)
+    made = builders.build_standby_pod(job, 2, 3)
+    labels = made["metadata"]["labels"]
+    assert made["metadata"]["name"] == "mnist-standby3-2"
+    assert names.LABEL_RANK not in labels and labels[names.LABEL_ROLE] == names.ROLE_STANDBY
+    assert labels[names.LABEL_STANDBY] == "3" and labels[names.LABEL_ATTEMPT] == "2"
+    assert "hostname" not in made["spec"] and "subdomain" not in made["spec"]
+    [trainer] = made["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert not {"NODE_RANK", "PET_NODE_RANK", "RANK", "LOCAL_RANK"} & set(env)
+    assert env["DDP_STANDBY_FILE"] == f"{names.PLACEMENT_PATH}/{names.ASSIGNMENT_FILE}"
+    assert "DDP_RENDEZVOUS_ENDPOINT" in env and env["DDP_RESTART_MODE"] == "InPlace"
+    [placement] = [v for v in made["spec"]["volumes"] if v["name"] == names.PLACEMENT_VOLUME]
+    [item] = placement["downwardAPI"]["items"]
+    assert item["fieldRef"]["fieldPath"] == f"metadata.annotations['{names.ANNOTATION_ASSIGNMENT}']"
+    patch = builders.standby_promotion(1, 4, 2)
+    assert patch["metadata"]["labels"] == {
+        names.LABEL_RANK: "1",
+        names.LABEL_REPLACEMENT: "4",
+        names.LABEL_ROLE: None,
+    }
+    assert patch["metadata"]["annotations"] == {names.ANNOTATION_ASSIGNMENT: "rank=1 budget=2"}
+
+
+def test_the_standby_pod_of_a_job_with_a_checkpoint_volume_does_not_mount_it() -> None:
+    made = builders.build_standby_pod(job_spec(**ONE, **CHECKPOINT), 0, 1)
+    assert names.CHECKPOINT_VOLUME not in {v["name"] for v in made["spec"]["volumes"]}
+
+
+@pytest.mark.parametrize(
+    ("spec", "labels", "problem"),
+    [
+        pytest.param({"runPolicy": {"standbyPods": 1, "restartMode": "Recreate"}}, {}, "restartMode InPlace", id="recreate"),
+        pytest.param({**ONE, "replicas": 1}, {}, "at least 2 pods", id="one-pod"),
+        pytest.param(
+            {**ONE, "replicas": None, "elastic": {"minReplicas": 1, "maxReplicas": 2}}, {}, "fixed-size", id="elastic"
+        ),
+        pytest.param(
+            {**ONE, "scheduling": {"topology": {"required": "topology.kubernetes.io/rack"}}}, {}, "topology",
+            id="topology",
+        ),
+        pytest.param(ONE, {names.KUEUE_QUEUE_LABEL: "team-a"}, "Kueue", id="kueue"),
+    ],
+)  # fmt: skip
+def test_a_standby_needs_what_it_uses(spec: dict[str, Any], labels: dict[str, str], problem: str) -> None:
+    from tests.unit.kube_factories import job_object
+
+    body = job_object(**spec)
+    body["spec"] = {k: v for k, v in body["spec"].items() if v is not None}
+    body["metadata"]["labels"] = labels
+    with pytest.raises(SpecError, match=r"spec\.runPolicy\.standbyPods") as refused:
+        parse_job(body)
+    assert problem in str(refused.value)

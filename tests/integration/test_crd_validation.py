@@ -79,6 +79,17 @@ def elastic(bounds: dict[str, Any], restart_mode: str | None = None) -> Mutation
     return mutate
 
 
+def standby_with(*others: Mutation) -> Mutation:
+    """runPolicy.standbyPods 1 with what it cannot go with."""
+
+    def mutate(job: dict[str, Any]) -> None:
+        for other in others:
+            other(job)
+        setting("spec.runPolicy.standbyPods", 1)(job)
+
+    return mutate
+
+
 INVALID = [
     pytest.param(setting("spec.replicas", 0), "spec.replicas", id="replicas-zero"),
     pytest.param(setting("spec.replicas", 4097), "spec.replicas", id="replicas-too-many"),
@@ -161,6 +172,27 @@ INVALID = [
         setting("spec.runPolicy", {"restartMode": "Recreate", "stragglerPolicy": {"action": "Replace"}}),
         "spec.runPolicy.stragglerPolicy.action",
         id="straggler-replace-needs-in-place",
+    ),
+    pytest.param(
+        setting("spec.runPolicy.standbyPods", 9), "spec.runPolicy.standbyPods", id="standby-too-many"
+    ),
+    pytest.param(
+        standby_with(setting("spec.runPolicy.restartMode", "Recreate")),
+        "spec.runPolicy.standbyPods",
+        id="standby-needs-in-place",
+    ),
+    pytest.param(
+        standby_with(elastic({"minReplicas": 1, "maxReplicas": 2})),
+        "spec.runPolicy.standbyPods",
+        id="standby-not-elastic",
+    ),
+    pytest.param(
+        standby_with(setting("spec.replicas", 1)), "spec.runPolicy.standbyPods", id="standby-one-pod"
+    ),
+    pytest.param(
+        standby_with(setting("spec.scheduling.topology", {"required": "topology.kubernetes.io/rack"})),
+        "spec.runPolicy.standbyPods",
+        id="standby-not-with-topology",
     ),
 ]
 

@@ -274,3 +274,60 @@ def test_a_lost_nodes_pod_is_replaced_without_waiting_for_its_grace_period(
         assert status["lastRestart"]["cause"] == "Evicted"
     finally:
         local_cluster.restore_node(node)
+
+
+def pod_or_none(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    listed = kube.json("get", "pods", "-n", namespace, "--field-selector", f"metadata.name={name}")
+    return listed["items"][0] if listed["items"] else None
+
+
+def test_a_standby_pod_takes_the_lost_pods_rank_and_another_is_started(
+    kube: Kube, namespace: str, tmp_path: Path, operators: list[OperatorProcess]
+) -> None:
+    """runPolicy.standbyPods: once the job runs, a standby pod with no rank is started; a lost pod's
+    rank goes to it (its labels and its assignment annotation), no new pod is created for the rank,
+    another standby is started, and all standbys go when the job ends (docs/restarts.md)."""
+    before = uids(
+        started(
+            kube, namespace, tmp_path, operators, ddpjob("spare", replicas=2, run_policy={"standbyPods": 1})
+        )
+    )
+
+    def running(name: str) -> dict[str, Any] | None:
+        found = pod_or_none(kube, namespace, name)
+        return found if found and found.get("status", {}).get("phase") == "Running" else None
+
+    first = wait_for("the standby pod running", lambda: running("spare-standby1-0"), timeout=90)
+    labels = first["metadata"]["labels"]
+    assert names.LABEL_RANK not in labels and labels[names.LABEL_ROLE] == names.ROLE_STANDBY
+    delete_pod(kube, namespace, "spare-1-0")
+
+    def taken() -> dict[str, Any] | None:
+        found = pod_or_none(kube, namespace, "spare-standby1-0")
+        annotations = (found or {}).get("metadata", {}).get("annotations") or {}
+        return found if annotations.get(names.ANNOTATION_ASSIGNMENT) else None
+
+    promoted = wait_for("the standby given rank 1", taken, timeout=90)
+    assert promoted["metadata"]["annotations"][names.ANNOTATION_ASSIGNMENT] == "rank=1 budget=3"
+    labels = promoted["metadata"]["labels"]
+    assert (labels[names.LABEL_RANK], labels[names.LABEL_REPLACEMENT]) == ("1", "1")
+    assert names.LABEL_ROLE not in labels
+    wait_for("a new standby pod running", lambda: running("spare-standby2-0"), timeout=90)
+    status = wait_phase(kube, namespace, "spare", "Running")
+    assert (status["restarts"], status["podReplacements"]) == (1, 1)
+    record = status["lastRestart"]
+    assert (record["mode"], record["rank"]) == ("PodReplaced", 1)
+    assert record["note"] == "rank 1's pod taken by standby pod spare-standby1-0"
+    assert pod_or_none(kube, namespace, "spare-1-0r1") is None, "no new pod for the rank"
+    assert kube.json("get", "pod", "spare-0-0", "-n", namespace)["metadata"]["uid"] == before[0]
+    events = kube.json("get", "events", "-n", namespace, "--field-selector", "reason=PodReplaced")["items"]
+    assert any("standby pod spare-standby1-0" in e["message"] for e in events), events
+    for pod in ("spare-0-0", "spare-standby1-0"):
+        kube.end_pod(namespace, pod, 0)
+    wait_phase(kube, namespace, "spare", "Succeeded")
+
+    def standbys_left() -> bool:
+        listed = kube.json("get", "pods", "-n", namespace, "-l", f"{names.LABEL_ROLE}={names.ROLE_STANDBY}")
+        return not [p for p in listed["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    wait_for("no standby pod left", standbys_left, timeout=60)

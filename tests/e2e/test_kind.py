@@ -347,6 +347,47 @@ def _replaced_alone(
     suite.TIMINGS.record(f"pod_replaced_{how}_rank{rank}{kind}_resumed_s", float(record["resumedSeconds"]))
 
 
+def test_a_standby_pod_takes_a_deleted_pods_rank(
+    cluster: suite.ExternalCluster,
+    checkpoint_storage: str | None,  # noqa: F811 (the suite's fixtures)
+    operator_release: str,  # noqa: F811
+    restricted_namespace: str,  # noqa: F811
+) -> None:
+    """runPolicy.standbyPods 1: once the job runs, a standby pod starts and waits with torch imported.
+    Rank 1's pod deleted mid-run: the standby takes rank 1 (no new pod is created for it), receives
+    the survivor's state, and the job Succeeds with the example's accuracy having redone no step."""
+    namespace, job = restricted_namespace, "standby"
+    # Smaller requests: the standby is a third trainer pod on the 2-core node.
+    manifest = suite.digits_job(
+        job, "--throttle-ms", "60", "--checkpoint-every", "20", storage_class=checkpoint_storage, cpu="250m"
+    )
+    manifest["spec"].setdefault("runPolicy", {})["standbyPods"] = 1
+    cluster.apply_json(manifest, "-n", namespace)
+    _, rank0_log = _started_with_a_checkpoint(cluster, namespace, job)
+    standby = f"{job}-standby1-0"
+
+    def standby_log() -> str:
+        found = cluster.kubectl_run("logs", "-n", namespace, standby, "-c", "trainer", check=False)
+        return found.stdout if found.returncode == 0 else ""
+
+    suite.wait_for(
+        "the standby waiting, ready", lambda: "launcher event=standby " in standby_log(), timeout=300
+    )
+    before = _pod_uids(cluster, namespace, job)
+    assert standby not in before, "a standby is no rank's pod until it takes one"
+    cluster.kubectl_run("delete", "pod", f"{job}-1-0", "-n", namespace, "--wait=false")
+    status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
+    after = _pod_uids(cluster, namespace, job)
+    assert after.get(f"{job}-0-0") == before[f"{job}-0-0"], "the survivor keeps its pod"
+    assert standby in after and f"{job}-1-0r1" not in after, after
+    record = _assert_recovered(status, rank0_log.text(), "PodReplaced", "PodDeleted")
+    assert record.get("rank") == 1 and record.get("note") == f"rank 1's pod taken by standby pod {standby}", (
+        record
+    )
+    assert "launcher event=assigned pod=1 " in standby_log()
+    suite.TIMINGS.record("standby_took_rank1_resumed_s", float(record["resumedSeconds"]))
+
+
 def _trainer_running(cluster: suite.ExternalCluster, namespace: str, pod: str) -> bool:
     """The pod's trainer container has started (its log can be followed from its first line)."""
     found = cluster.kubectl_run("get", "pod", pod, "-n", namespace, "-o", "json", check=False)

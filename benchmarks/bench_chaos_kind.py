@@ -81,14 +81,29 @@ class Outcome:
     status: dict[str, Any]
 
 
-def _job_manifest(name: str, epochs: int, image: str) -> dict[str, Any]:
+def _job_manifest(name: str, epochs: int, image: str, options: JobOptions) -> dict[str, Any]:
     job = manifest(name, "in-place", 40, image)
     trainer = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "trainer")
     trainer["command"] = [
-        "python", "-m", "ddp_trainer", "--workload", "digits", "--epochs", str(epochs),
-        "--throttle-ms", "30", "--checkpoint-every", "20",
+        "python", "-m", "ddp_trainer", "--workload", "digits", "--epochs", str(epochs), "--throttle-ms", "30",
     ]  # fmt: skip
+    if options.checkpoint:
+        trainer["command"] += ["--checkpoint-every", "20"]
+    else:
+        del job["spec"]["checkpoint"]
+    if options.standby_pods:
+        job["spec"]["runPolicy"]["standbyPods"] = options.standby_pods
+        # The standbys are more trainer pods beside two ranks on the 2-core kind node.
+        trainer["resources"]["requests"]["cpu"] = "250m"
     return job
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """What the job is given beside its work: standby pods, a checkpoint volume."""
+
+    standby_pods: int = 0
+    checkpoint: bool = True
 
 
 def _status(kube: Kube, job: str) -> dict[str, Any]:
@@ -148,10 +163,11 @@ def run_job(
     faults: Sequence[str],
     every: float,
     limit: int | None = None,
+    options: JobOptions = JobOptions(),
 ) -> Outcome:
     kube.run("delete", "ddpjob", job, "-n", NAMESPACE, "--ignore-not-found", "--wait=true")
     applied = time.time()
-    kube.run("apply", "-f", "-", stdin=json.dumps(_job_manifest(job, epochs, image)))
+    kube.run("apply", "-f", "-", stdin=json.dumps(_job_manifest(job, epochs, image, options)))
     done: list[Fault] = []
     last = 0.0
     if faults:
@@ -262,14 +278,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--runs", type=int, default=3, help="clean and faulty pairs [3]")
     parser.add_argument("--hang", action="store_true", help="also one faulty run with a single freeze")
+    parser.add_argument("--standby-pods", type=int, default=0, help="runPolicy.standbyPods of the job [0]")
+    parser.add_argument(
+        "--no-checkpoint", action="store_true", help="no checkpoint volume (a standby may then take rank 0)"
+    )
     args = parser.parse_args(argv)
+    options = JobOptions(standby_pods=args.standby_pods, checkpoint=not args.no_checkpoint)
     kube = Kube(args.context, args.kubectl)
     kube.run("create", "namespace", NAMESPACE, check=False)
     faults = [f for f in args.faults.split(",") if f]
     clean: list[float] = []
     faulty: list[Outcome] = []
     for index in range(args.runs):
-        base = run_job(kube, args.cluster, "chaos-clean", args.epochs, args.image, [], args.every)
+        base = run_job(
+            kube, args.cluster, "chaos-clean", args.epochs, args.image, [], args.every, options=options
+        )
         print(
             f"clean run {index + 1}: {base.wall_s:.1f} s {base.status.get('phase')}",
             file=sys.stderr,
@@ -277,7 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         # Each run starts the cycle one class later, so short runs still take every class.
         cycle = faults[index % len(faults) :] + faults[: index % len(faults)]
-        run = run_job(kube, args.cluster, "chaos-faulty", args.epochs, args.image, cycle, args.every)
+        run = run_job(
+            kube, args.cluster, "chaos-faulty", args.epochs, args.image, cycle, args.every, options=options
+        )
         print(
             f"faulty run {index + 1}: {run.wall_s:.1f} s {run.status.get('phase')}, {len(run.faults)} faults",
             file=sys.stderr,
@@ -291,7 +316,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     hang = None
     if args.hang:
         hang = run_job(
-            kube, args.cluster, "chaos-hang", args.epochs, args.image, ["freeze"], args.every, limit=1
+            kube,
+            args.cluster,
+            "chaos-hang",
+            args.epochs,
+            args.image,
+            ["freeze"],
+            args.every,
+            limit=1,
+            options=options,
         )
     print(report(clean, faulty, args.every, hang))
     return 0

@@ -10,7 +10,13 @@ Three modes (docs/restarts.md), each on a digits job of 2 ranks with a checkpoin
   pod is replaced alone like any other (before the rendezvous pod, this was the whole gang's path);
 - ``whole-gang``: the same deletion under ``runPolicy.restartMode: Recreate``: every pod is recreated;
 - ``elastic-rank-0-replaced``: rank 0's pod deleted in an elastic job of 1..2 pods: replaced alone, and
-  the survivor waits for the new pod 0 instead of training without it (docs/elastic.md).
+  the survivor waits for the new pod 0 instead of training without it (docs/elastic.md);
+- ``standby-pod-replaced``: rank 1's pod deleted in a job with ``runPolicy.standbyPods: 1``: a running
+  standby pod takes rank 1 instead of a new pod (docs/restarts.md, "Standby pods");
+- ``standby-rank-0-replaced``: the same for rank 0's pod, in a job without a checkpoint volume (rank 0
+  of a job with one gets a new pod: only it mounts the volume).
+
+In the standby modes each failure waits first for a standby whose launcher waits, ready.
 
 Each mode's job takes ``--runs`` failures one after the other (backoffLimit leaves room for all), each
 once the job has trained and checkpointed again since the last. Measured from the failure (the time the
@@ -45,9 +51,17 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits-cpu.yaml"
 NAMESPACE = "bench-recovery"
 METRICS_PORT = 9400
-MODES = ("in-place", "pod-replaced", "rank-0-replaced", "whole-gang", "elastic-rank-0-replaced")
+MODES = (
+    "in-place",
+    "pod-replaced",
+    "rank-0-replaced",
+    "whole-gang",
+    "elastic-rank-0-replaced",
+    "standby-pod-replaced",
+    "standby-rank-0-replaced",
+)
 # The modes that fail rank 0's pod (the others fail rank 1).
-RANK_0_MODES = frozenset({"rank-0-replaced", "elastic-rank-0-replaced"})
+RANK_0_MODES = frozenset({"rank-0-replaced", "elastic-rank-0-replaced", "standby-rank-0-replaced"})
 T = TypeVar("T")
 
 
@@ -107,11 +121,18 @@ def manifest(name: str, mode: str, runs: int, image: str) -> dict[str, Any]:
             "resources": {"requests": {"storage": "1Gi"}},
         }
     }
+    if mode.startswith("standby"):
+        job["spec"]["runPolicy"]["standbyPods"] = 1
+        if mode in RANK_0_MODES:
+            del job["spec"]["checkpoint"]
     if mode.startswith("elastic"):
         del job["spec"]["replicas"]
         job["spec"]["elastic"] = {"minReplicas": 1, "maxReplicas": 2}
     trainer = next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "trainer")
     trainer["image"] = image
+    if mode.startswith("standby"):
+        # A third trainer pod (the standby) beside two ranks on the 2-core kind node.
+        trainer["resources"]["requests"]["cpu"] = "250m"
     trainer["command"] = [
         "python", "-m", "ddp_trainer", "--workload", "digits", "--epochs", "400",
         "--throttle-ms", "30", "--checkpoint-every", "20",
@@ -169,6 +190,18 @@ def fail(kube: Kube, job: str, mode: str) -> float:
     return time.time()
 
 
+def standby_ready(kube: Kube, job: str) -> bool | None:
+    """A standby pod of ``job`` whose launcher logged that it waits (torch imported, forkserver up)."""
+    pods = kube.json("get", "pods", "-n", NAMESPACE, "-l", f"ddp.dev/job-name={job},ddp.dev/role=standby")
+    for pod in pods["items"]:
+        if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+            continue
+        logs = kube.run("logs", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "trainer", check=False)
+        if "launcher event=standby " in logs:
+            return True
+    return None
+
+
 def one_failure(kube: Kube, job: str, mode: str, restarts_before: int) -> Run:
     # Trained and checkpointed since the last resume: a few seconds of steps.
     def training() -> bool | None:
@@ -176,6 +209,8 @@ def one_failure(kube: Kube, job: str, mode: str, restarts_before: int) -> Run:
 
     wait_for("training steps", training)
     time.sleep(4.0)
+    if mode.startswith("standby"):
+        wait_for("a standby waiting, ready", lambda: standby_ready(kube, job))
     failed_at = fail(kube, job, mode)
 
     def resumed() -> float | None:

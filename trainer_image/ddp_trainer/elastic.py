@@ -188,8 +188,9 @@ MONITOR_INTERVAL = 0.1
 # KEEP_ALIVE_INTERVAL x KEEP_ALIVE_MAX_ATTEMPT seconds; every heartbeat rewrites the rendezvous state
 # (a compare-and-set of all pods' entries), so this is a trade of detection time against store load,
 # and against dropping a live pod whose heartbeats come late: torch drops such a pod even from a
-# complete round. 6 s did that on a loaded 2-core CI machine (a round of 1 out of 2 pods); a
-# replacement pod takes longer than 10 s to start, so the longer bound rarely delays a re-form.
+# complete round. 6 s did that on a loaded 2-core CI machine (a round of 1 out of 2 pods). A lost
+# pod's replacement (or a standby given its rank) does not wait for the bound: it removes its
+# predecessor from the rendezvous state itself (ddp_trainer.predecessor).
 KEEP_ALIVE_INTERVAL = 2
 KEEP_ALIVE_MAX_ATTEMPT = 5
 # torch's grace between SIGTERM and SIGKILL when the pod itself is stopped: the agreed stop and rank

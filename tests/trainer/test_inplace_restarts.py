@@ -296,21 +296,26 @@ def test_a_lost_pod_started_again_joins_the_survivors_without_restarting_them(
     replacement = gangs.again(pods[lost], f"pod{lost}-again")
     # The survivors' launchers never ended: the replacement joined them in place.
     assert all(pod.process.poll() is None for pod in survivors), describe(pods)
-    ended = [replacement if rank == lost else pod for rank, pod in enumerate(pods)]
+    scrapes = rejoined_exactly(gangs, [replacement if rank == lost else pod for rank, pod in enumerate(pods)])
+    info = labelled(scrapes[0], "ddp_last_restart_info")
+    assert info is not None and info["cause"] == "PeerLost" and info["exit_code"] == str(EXIT_PEER_LOST)
+
+
+def rejoined_exactly(gangs: Gangs, ended: list[TrainerProcess]) -> list[str]:
+    """The 3 pods of a group a new pod joined (``ended``, by rank) finish: the new one received the
+    survivors' step (35 or later) over the group, every rank ends with the uninterrupted run's
+    parameters, one restart is counted on every pod however long the survivors waited, and no
+    completed step was done again. Returns the pods' scrapes."""
     scrapes = finish(ended)
-    # The survivors hold step 35 or later; the replacement receives it from them over the group.
     match = ended[0].wait_for_stdout(r"^resumed step=(\d+) epoch=\d+ from=(\w+)")
     assert int(match.group(1)) >= 35 and match.group(2) == "peer", describe(ended)
     digests = [pod.digests() for pod in ended]
     assert [list(d) for d in digests] == [[0], [1], [2]]
     assert {d for found in digests for d in found.values()} == {uninterrupted_digest(gangs)}
-    # One restart, however long the survivors waited for the replacement, on every pod.
     for rank, text in enumerate(scrapes):
         assert samples(text, "ddp_group_restarts_total") == {str(rank): 1.0}
-    info = labelled(scrapes[0], "ddp_last_restart_info")
-    assert info is not None and info["cause"] == "PeerLost" and info["exit_code"] == str(EXIT_PEER_LOST)
-    # Nothing completed was done again: the survivors' steps when they stopped are where the group resumed.
     assert samples(scrapes[0], "ddp_last_restart_steps_redone") == {"0": 0.0}, scrapes[0]
+    return scrapes
 
 
 @pytest.mark.parametrize("lost", [1, 0], ids=["rank-1", "rank-0"])
@@ -347,16 +352,7 @@ def test_a_standby_takes_the_lost_pods_rank_and_the_survivors_keep_theirs(
     written.rename(assignment)
     standby.wait_for_stdout(rf"^launcher event=assigned pod={lost} budget=2 ")
     assert all(pod.process.poll() is None for pod in survivors), describe([*pods, standby])
-    ended = [standby if rank == lost else pod for rank, pod in enumerate(pods)]
-    scrapes = finish(ended)
-    match = ended[0].wait_for_stdout(r"^resumed step=(\d+) epoch=\d+ from=(\w+)")
-    assert int(match.group(1)) >= 35 and match.group(2) == "peer", describe(ended)
-    digests = [pod.digests() for pod in ended]
-    assert [list(d) for d in digests] == [[0], [1], [2]]
-    assert {d for found in digests for d in found.values()} == {uninterrupted_digest(gangs)}
-    for rank, text in enumerate(scrapes):
-        assert samples(text, "ddp_group_restarts_total") == {str(rank): 1.0}
-    assert samples(scrapes[0], "ddp_last_restart_steps_redone") == {"0": 0.0}, scrapes[0]
+    rejoined_exactly(gangs, [standby if rank == lost else pod for rank, pod in enumerate(pods)])
 
 
 def test_a_standby_stopped_before_any_assignment_exits_0(gangs: Gangs, tmp_path: Path) -> None:

@@ -168,7 +168,7 @@ def describe(
     max_events: int = 15,
 ) -> str:
     """`ddpjob describe`: phase, conditions, progress, the last restart's anatomy, goodput, the
-    straggler, each rank's pod, and the job's recent Events, in one screen."""
+    straggler, each rank's pod, the standby pods, and the job's recent Events, in one screen."""
     meta, status = _meta(job), _status(job)
     spec = _mapping(job.get("spec"))
     reason, message = phase_reason(job)
@@ -204,6 +204,14 @@ def describe(
         rows = [("RANK", "POD", "STATE", "NODE", "AGE")] + [
             (str(rank), pod.name, _pod_state(pod), pod.node or "-", age(pod.created_at, now))
             for rank, pod in sorted(current.items())
+        ]
+        lines.extend("  " + line for line in _table(rows).splitlines())
+    standbys = [p for p in pods if p.standby_waiting and not p.deleting]
+    if standbys:
+        lines.append("Standby pods (runPolicy.standbyPods: no rank until a lost pod's is given):")
+        rows = [("POD", "STATE", "NODE", "AGE")] + [
+            (pod.name, _pod_state(pod), pod.node or "-", age(pod.created_at, now))
+            for pod in sorted(standbys, key=lambda p: p.name)
         ]
         lines.extend("  " + line for line in _table(rows).splitlines())
     lines.append("Events:" if events else "Events:      <none>")

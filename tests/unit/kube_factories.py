@@ -130,6 +130,16 @@ def pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": status}
 
 
+def standby_pod(number: int, attempt: int = 0, **state: Any) -> dict[str, Any]:
+    """A standby pod as the apiserver returns it (a rank pod's status; its own name and labels)."""
+    made = pod(9, attempt, **state)
+    made["metadata"]["name"] = names.standby_pod_name("mnist", attempt, number)
+    labels = made["metadata"]["labels"]
+    del labels[names.LABEL_RANK]
+    labels |= {names.LABEL_ROLE: names.ROLE_STANDBY, names.LABEL_STANDBY: str(number)}
+    return made
+
+
 def observe(*pods: dict[str, Any], seen_at: float = 0.0) -> list[PodObservation]:
     """Observations as the pod cache holds them: a bad end first seen at ``seen_at`` (seconds after T0)."""
     return [seen(observe_pod(copy.deepcopy(p)), None, at(seen_at)) for p in pods]

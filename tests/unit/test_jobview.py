@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kube_factories import at, job_object, observe, pod
+from kube_factories import at, job_object, observe, pod, standby_pod
 
 from ddp_operator import jobview
 from ddp_operator.observe import format_time
@@ -277,3 +277,12 @@ def test_switch_note_says_why() -> None:
     assert "replacement" in jobview.switch_note(0, first, replaced)
     assert "new attempt" in jobview.switch_note(0, replaced, next_attempt)
     assert jobview.switch_note(0, None, first) == "rank 0: pod mnist-0-0 (attempt 0)"
+
+
+def test_describe_lists_the_standby_pods_apart_from_the_ranks() -> None:
+    job = job_with({"phase": "Running", "attempt": 0})
+    pods = jobview.own_pods(job, [pod(0), pod(1), standby_pod(1), standby_pod(2, deleting_at=3)])
+    text = jobview.describe(job, pods, [], at(10))
+    ranks, standbys = text.split("Ranks:")[1].split("Standby pods")
+    assert "mnist-standby1-0" not in ranks and "mnist-standby1-0" in standbys
+    assert "mnist-standby2-0" not in text, "a standby being deleted is not listed"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.unit.kube_factories import at, job_spec, observe, pod, with_run_policy
+from tests.unit.kube_factories import at, job_spec, observe, pod, standby_pod, with_run_policy
 from tests.unit.test_reconcile import live_status
 
 from ddp_operator import builders, names
@@ -17,16 +17,6 @@ from ddp_operator.spec import SpecError, parse_job
 pytestmark = pytest.mark.unit
 
 CHECKPOINT = {"checkpoint": {"volumeClaimTemplate": {"resources": {"requests": {"storage": "1Gi"}}}}}
-
-
-def standby_pod(number: int, attempt: int = 0, **state: Any) -> dict[str, Any]:
-    """A standby pod as the apiserver returns it (a rank pod's status; its own name and labels)."""
-    made = pod(9, attempt, **state)
-    made["metadata"]["name"] = names.standby_pod_name("mnist", attempt, number)
-    labels = made["metadata"]["labels"]
-    del labels[names.LABEL_RANK]
-    labels |= {names.LABEL_ROLE: names.ROLE_STANDBY, names.LABEL_STANDBY: str(number)}
-    return made
 
 
 def promoted(number: int, rank: int, replacement: int) -> dict[str, Any]:

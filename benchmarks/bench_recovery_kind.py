@@ -14,7 +14,13 @@ Three modes (docs/restarts.md), each on a digits job of 2 ranks with a checkpoin
 - ``standby-pod-replaced``: rank 1's pod deleted in a job with ``runPolicy.standbyPods: 1``: a running
   standby pod takes rank 1 instead of a new pod (docs/restarts.md, "Standby pods");
 - ``standby-rank-0-replaced``: the same for rank 0's pod, in a job without a checkpoint volume (rank 0
-  of a job with one gets a new pod: only it mounts the volume).
+  of a job with one gets a new pod: only it mounts the volume);
+- ``hard-kill``, ``standby-hard-kill``: rank 1's trainer container SIGKILLed from the node (its launcher
+  and workers die at once, no word: a node crash, an OOM kill of the launcher), without and with a
+  standby;
+- ``standby-freeze``: every process of rank 1's container SIGSTOPped from the node (a hang), with a
+  standby: found by the operator's stall limit (no ``stallTimeoutSeconds``), then taken by the standby.
+  Its figure includes the detection (``--cluster`` names the kind cluster, for the node's container).
 
 In the standby modes each failure waits first for a standby whose launcher waits, ready.
 
@@ -47,6 +53,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from ddp_harness import kind_faults
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "digits-cpu.yaml"
 NAMESPACE = "bench-recovery"
@@ -59,6 +67,9 @@ MODES = (
     "elastic-rank-0-replaced",
     "standby-pod-replaced",
     "standby-rank-0-replaced",
+    "hard-kill",
+    "standby-hard-kill",
+    "standby-freeze",
 )
 # The modes that fail rank 0's pod (the others fail rank 1).
 RANK_0_MODES = frozenset({"rank-0-replaced", "elastic-rank-0-replaced", "standby-rank-0-replaced"})
@@ -165,7 +176,7 @@ def rank0_metrics(kube: Kube, job: str) -> dict[str, float]:
     return values
 
 
-def fail(kube: Kube, job: str, mode: str) -> float:
+def fail(kube: Kube, job: str, mode: str, cluster: str) -> float:
     """Fail rank 1 (rank 0 for RANK_0_MODES) the mode's way; when it was done, on this machine's
     clock."""
     rank = 0 if mode in RANK_0_MODES else 1
@@ -185,6 +196,10 @@ def fail(kube: Kube, job: str, mode: str) -> float:
         pid = int(started[-1].split("workers=")[1].split(",")[0].split(":")[1].split()[0])
         kill = f"import os, signal; os.kill({pid}, signal.SIGKILL)"
         kube.run("exec", "-n", NAMESPACE, victim, "-c", "trainer", "--", "python3", "-c", kill)
+    elif mode.endswith("hard-kill"):
+        kind_faults.kill_container(cluster, NAMESPACE, victim)
+    elif mode.endswith("freeze"):
+        kind_faults.freeze_pod(cluster, NAMESPACE, victim)
     else:
         kube.run("delete", "pod", victim, "-n", NAMESPACE, "--wait=false")
     return time.time()
@@ -202,7 +217,7 @@ def standby_ready(kube: Kube, job: str) -> bool | None:
     return None
 
 
-def one_failure(kube: Kube, job: str, mode: str, restarts_before: int) -> Run:
+def one_failure(kube: Kube, job: str, mode: str, restarts_before: int, cluster: str) -> Run:
     # Trained and checkpointed since the last resume: a few seconds of steps.
     def training() -> bool | None:
         return rank0_metrics(kube, job).get("ddp_sync_steps_total", 0) > 0 or None
@@ -211,7 +226,7 @@ def one_failure(kube: Kube, job: str, mode: str, restarts_before: int) -> Run:
     time.sleep(4.0)
     if mode.startswith("standby"):
         wait_for("a standby waiting, ready", lambda: standby_ready(kube, job))
-    failed_at = fail(kube, job, mode)
+    failed_at = fail(kube, job, mode, cluster)
 
     def resumed() -> float | None:
         at = rank0_metrics(kube, job).get("ddp_resumed_timestamp_seconds")
@@ -246,7 +261,7 @@ def one_failure(kube: Kube, job: str, mode: str, restarts_before: int) -> Run:
     )
 
 
-def bench_mode(kube: Kube, mode: str, runs: int, image: str) -> list[Run]:
+def bench_mode(kube: Kube, mode: str, runs: int, image: str, cluster: str) -> list[Run]:
     job = f"bench-{mode}"
     kube.run("delete", "ddpjob", job, "-n", NAMESPACE, "--ignore-not-found", "--wait=true")
     kube.run("apply", "-f", "-", stdin=json.dumps(manifest(job, mode, runs, image)))
@@ -261,7 +276,7 @@ def bench_mode(kube: Kube, mode: str, runs: int, image: str) -> list[Run]:
         restarts = int(
             (kube.json("get", "ddpjob", job, "-n", NAMESPACE).get("status") or {}).get("restarts", 0)
         )
-        run = one_failure(kube, job, mode, restarts)
+        run = one_failure(kube, job, mode, restarts, cluster)
         print(f"{mode} run {index + 1}: {run}", file=sys.stderr, flush=True)
         results.append(run)
     kube.run("delete", "ddpjob", job, "-n", NAMESPACE, "--wait=true")
@@ -318,9 +333,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = kind_parser(__doc__)
     parser.add_argument("--runs", type=int, default=5, help="failures per mode [5]")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--cluster", default="ddp", help="kind cluster name, for the node's container [ddp]")
     args = parser.parse_args(argv)
     kube = kind_cluster(args)
-    results = {mode: bench_mode(kube, mode, args.runs, args.image) for mode in args.modes.split(",")}
+    results = {
+        mode: bench_mode(kube, mode, args.runs, args.image, args.cluster) for mode in args.modes.split(",")
+    }
     print(table(results))
     return 0
 

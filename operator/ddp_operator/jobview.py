@@ -209,11 +209,11 @@ def describe(
     standbys = [p for p in pods if p.standby_waiting and not p.deleting]
     if standbys:
         lines.append("Standby pods (runPolicy.standbyPods: no rank until a lost pod's is given):")
-        rows = [("POD", "STATE", "NODE", "AGE")] + [
+        waiting = [("POD", "STATE", "NODE", "AGE")] + [
             (pod.name, _pod_state(pod), pod.node or "-", age(pod.created_at, now))
             for pod in sorted(standbys, key=lambda p: p.name)
         ]
-        lines.extend("  " + line for line in _table(rows).splitlines())
+        lines.extend("  " + line for line in _table(waiting).splitlines())
     lines.append("Events:" if events else "Events:      <none>")
     if events:
         recent = sorted(events, key=_event_time)[-max_events:]

@@ -544,9 +544,9 @@ def build_standby_pod(
     return pod
 
 
-def standby_promotion(rank: int, replacement: int, budget: int) -> dict[str, Any]:
-    """The merge patch that gives a standby pod rank ``rank``'s place: the rank's labels (its
-    ``replacement`` number makes it the rank's newest pod), no standby role, and its assignment."""
+def standby_promotion(rank: int, replacement: int, budget: int, at: datetime) -> dict[str, Any]:
+    """The merge patch that gives a standby pod rank ``rank``'s place at ``at``: the rank's labels (its
+    ``replacement`` number makes it the rank's newest pod), no standby role, its assignment and when."""
     return {
         "metadata": {
             "labels": {
@@ -554,7 +554,10 @@ def standby_promotion(rank: int, replacement: int, budget: int) -> dict[str, Any
                 names.LABEL_REPLACEMENT: str(replacement),
                 names.LABEL_ROLE: None,
             },
-            "annotations": {names.ANNOTATION_ASSIGNMENT: names.assignment(rank, budget)},
+            "annotations": {
+                names.ANNOTATION_ASSIGNMENT: names.assignment(rank, budget),
+                names.ANNOTATION_ASSIGNED_AT: recovery.format_micro_time(at),
+            },
         }
     }
 

@@ -496,7 +496,9 @@ class Controller:
         Returns ``decision`` with those new pods among its replacements."""
         fallback = []
         for promotion in decision.create.promotions:
-            patch = builders.standby_promotion(promotion.rank, promotion.replacement, promotion.budget)
+            patch = builders.standby_promotion(
+                promotion.rank, promotion.replacement, promotion.budget, self.clock()
+            )
             try:
                 self.pods.remember(await self.api.patch_child(job.namespace, "Pod", promotion.pod, patch))
             except ApiError as error:

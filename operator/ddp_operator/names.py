@@ -48,6 +48,9 @@ LABEL_STANDBY: Final = "ddp.dev/standby"
 # The rank and restart budget the operator gives a standby (``rank=<K> budget=<B>``), shown to its
 # launcher by a downward API volume as the file DDP_STANDBY_FILE.
 ANNOTATION_ASSIGNMENT: Final = "ddp.dev/assignment"
+# When the operator gave it the rank (RFC 3339): the group changed then, as it does at a new pod's start,
+# so a standby that took a hung pod's rank is not taken for hung by the same stall (policies.stall).
+ANNOTATION_ASSIGNED_AT: Final = "ddp.dev/assigned-at"
 ASSIGNMENT_FILE: Final = "assignment"
 RENDEZVOUS_CONTAINER: Final = "rendezvous"
 

@@ -132,6 +132,8 @@ class PodObservation:
     # it still waits for one (names.ROLE_STANDBY: rank is None on it then).
     standby: int | None = None
     standby_waiting: bool = False
+    # When a standby pod was given its rank (names.ANNOTATION_ASSIGNED_AT): for the group, its start.
+    assigned_at: datetime | None = None
     # The rendezvous order key the operator wrote on the bound pod (names.ANNOTATION_RANK_ORDER,
     # policies.topology.order_key); None until then, and on a job whose ranks are not ordered.
     rank_order: str | None = None
@@ -386,4 +388,5 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         rendezvous=labels.get(names.LABEL_ROLE) == names.ROLE_RENDEZVOUS,
         standby=_int_label(labels, names.LABEL_STANDBY),
         standby_waiting=labels.get(names.LABEL_ROLE) == names.ROLE_STANDBY,
+        assigned_at=parse_time(annotations.get(names.ANNOTATION_ASSIGNED_AT)),
     )

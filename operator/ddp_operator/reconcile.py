@@ -411,8 +411,9 @@ class _LiveAttempt:
         """The stall limit and its clock's start (policies.stall.clock), plus an elastic allowance."""
         if self.progress is None:
             return None, None
-        # A pod's start (or a replacement's creation) changes the group: the clock starts again there.
-        started = [p.started_at or p.created_at for p in self.current]
+        # A pod's start (or a replacement's creation, or a standby given its rank) changes the group:
+        # the clock starts again there.
+        started = [p.assigned_at or p.started_at or p.created_at for p in self.current]
         spec, progress = self.job.elastic, self.progress
         return stall.clock(
             self.job.run_policy.stall_timeout_seconds, progress.step_seconds, progress.step_changed_at,

@@ -312,6 +312,7 @@ def test_a_standby_pod_takes_the_lost_pods_rank_and_another_is_started(
     labels = promoted["metadata"]["labels"]
     assert (labels[names.LABEL_RANK], labels[names.LABEL_REPLACEMENT]) == ("1", "1")
     assert names.LABEL_ROLE not in labels
+    assert names.ANNOTATION_ASSIGNED_AT in promoted["metadata"]["annotations"]
     wait_for("a new standby pod running", lambda: running("spare-standby2-0"), timeout=90)
     status = wait_phase(kube, namespace, "spare", "Running")
     assert (status["restarts"], status["podReplacements"]) == (1, 1)

@@ -10,7 +10,9 @@ from tests.unit.kube_factories import at, job_spec, observe, pod, standby_pod, w
 from tests.unit.test_reconcile import live_status
 
 from ddp_operator import builders, names
+from ddp_operator.observe import format_time
 from ddp_operator.policies import standby
+from ddp_operator.progress.tracker import ProgressObservation
 from ddp_operator.reconcile import decide
 from ddp_operator.spec import SpecError, parse_job
 
@@ -19,9 +21,10 @@ pytestmark = pytest.mark.unit
 CHECKPOINT = {"checkpoint": {"volumeClaimTemplate": {"resources": {"requests": {"storage": "1Gi"}}}}}
 
 
-def promoted(number: int, rank: int, replacement: int) -> dict[str, Any]:
-    """A standby pod that took ``rank``: the rank's labels, its standby number kept."""
+def promoted(number: int, rank: int, replacement: int, assigned: float = 20) -> dict[str, Any]:
+    """A standby pod that took ``rank`` at ``assigned``: the rank's labels, its standby number kept."""
     made = standby_pod(number)
+    made["metadata"]["annotations"] = {names.ANNOTATION_ASSIGNED_AT: format_time(at(assigned))}
     labels = made["metadata"]["labels"]
     del labels[names.LABEL_ROLE]
     labels |= {names.LABEL_RANK: str(rank), names.LABEL_REPLACEMENT: str(replacement)}
@@ -156,13 +159,16 @@ def test_the_standby_pod_has_no_rank_its_assignment_file_and_no_hostname() -> No
     [placement] = [v for v in made["spec"]["volumes"] if v["name"] == names.PLACEMENT_VOLUME]
     [item] = placement["downwardAPI"]["items"]
     assert item["fieldRef"]["fieldPath"] == f"metadata.annotations['{names.ANNOTATION_ASSIGNMENT}']"
-    patch = builders.standby_promotion(1, 4, 2)
+    patch = builders.standby_promotion(1, 4, 2, at(7))
     assert patch["metadata"]["labels"] == {
         names.LABEL_RANK: "1",
         names.LABEL_REPLACEMENT: "4",
         names.LABEL_ROLE: None,
     }
-    assert patch["metadata"]["annotations"] == {names.ANNOTATION_ASSIGNMENT: "rank=1 budget=2"}
+    assert patch["metadata"]["annotations"] == {
+        names.ANNOTATION_ASSIGNMENT: "rank=1 budget=2",
+        names.ANNOTATION_ASSIGNED_AT: "2025-01-01T12:00:07.000000Z",
+    }
 
 
 def test_the_standby_pod_of_a_job_with_a_checkpoint_volume_does_not_mount_it() -> None:
@@ -194,3 +200,20 @@ def test_a_standby_needs_what_it_uses(spec: dict[str, Any], labels: dict[str, st
     with pytest.raises(SpecError, match=r"spec\.runPolicy\.standbyPods") as refused:
         parse_job(body)
     assert problem in str(refused.value)
+
+
+def test_a_standby_that_took_a_hung_pods_rank_is_not_taken_for_hung_by_the_same_stall() -> None:
+    """A frozen pod's rank went to the standby at 100 s; the reads still show the step of 30 s and no
+    answer from the new rank 1 (its launcher only now joins). Its rank's taking is the group's change,
+    as a new pod's start is: the stall clock starts again there, and nothing is deleted or replaced."""
+    job = job_spec(**ONE)
+    status = live_status(restarts=1)
+    status["podReplacements"] = 1
+    status["lastRestart"] = {"mode": "PodReplaced", "attempt": 0, "groupRestarts": 1, "failureTime": "x"}
+    progress = ProgressObservation(
+        attempt=0, step=120, step_changed_at=at(30), rank_steps={0: 120}, step_seconds=0.2
+    )
+    pods = observe(pod(0), pod(1, deleting_at=99), promoted(1, 1, 1, assigned=100), standby_pod(2))
+    decision = decide(job, status, pods, at(101), observed=progress)
+    assert decision.delete.hung_pods == () and decision.create.promotions == ()
+    assert decision.create.replacements == () and decision.report.status["phase"] == "Running"

@@ -12,7 +12,7 @@ from tests.unit.kube_factories import RUNNING_STATUS, at, job_spec, observe, pod
 from ddp_operator.policies import recovery, stall
 from ddp_operator.policies.recovery import GroupRestartReport
 from ddp_operator.progress.exposition import PodScrape, reduce_text
-from ddp_operator.progress.tracker import ProgressObservation, ProgressTracker, stepped_at
+from ddp_operator.progress.tracker import ProgressObservation, ProgressTracker
 from ddp_operator.reconcile import decide
 
 pytestmark = pytest.mark.unit
@@ -288,29 +288,3 @@ def test_which_hung_pods_are_replaced_alone(
     mode: str, silent: list[int], queued: bool, expected: tuple[int, ...] | None
 ) -> None:
     assert recovery.replaceable_hung(mode, silent, queued=queued) == expected
-
-
-@pytest.mark.parametrize(
-    ("last_sync", "before", "expected"),
-    [
-        pytest.param(at(4).timestamp(), at(0), at(4), id="the-ranks-time-between-the-reads"),
-        pytest.param(at(-3).timestamp(), at(0), at(15), id="a-node-clock-behind-is-not-trusted"),
-        pytest.param(at(20).timestamp(), at(0), at(15), id="a-node-clock-ahead-is-not-trusted"),
-        pytest.param(None, at(0), at(15), id="no-time-exported"),
-        pytest.param(at(4).timestamp(), None, at(15), id="the-first-read"),
-    ],
-)
-def test_when_a_step_was_made(last_sync: float | None, before: Any, expected: Any) -> None:
-    assert stepped_at(last_sync, at(15), before) == expected
-
-
-def test_a_hang_is_timed_from_the_last_step_not_from_the_read_that_showed_it() -> None:
-    """Reads every 15 s; the group makes its last step at 16 s and hangs. The read at 30 s shows it, and
-    its stall clock starts at 16 s (the ranks' time of it), so the hang is due at 46 s, not at 60 s."""
-    tracker = ProgressTracker(pods=2, world_size=2)
-    tracker.record(at(0), {0: PodScrape(steps=10, last_sync=at(0).timestamp())})
-    tracker.record(at(15), {0: PodScrape(steps=25, last_sync=at(15).timestamp())})
-    tracker.record(at(30), {0: PodScrape(steps=26, last_sync=at(16).timestamp())})
-    tracker.record(at(45), {0: PodScrape(steps=26, last_sync=at(16).timestamp())})
-    limit, since = stall.clock(None, tracker.step_seconds, tracker.step_changed_at)
-    assert (limit, since) == (stall.HANG_FLOOR_SECONDS, at(16))

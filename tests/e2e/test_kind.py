@@ -347,44 +347,65 @@ def _replaced_alone(
     suite.TIMINGS.record(f"pod_replaced_{how}_rank{rank}{kind}_resumed_s", float(record["resumedSeconds"]))
 
 
-def test_a_standby_pod_takes_a_deleted_pods_rank(
+def test_standby_pods_take_a_frozen_pods_rank_then_a_deleted_ones(
     cluster: suite.ExternalCluster,
     checkpoint_storage: str | None,  # noqa: F811 (the suite's fixtures)
     operator_release: str,  # noqa: F811
     restricted_namespace: str,  # noqa: F811
 ) -> None:
     """runPolicy.standbyPods 1: once the job runs, a standby pod starts and waits with torch imported.
-    Rank 1's pod deleted mid-run: the standby takes rank 1 (no new pod is created for it), receives
-    the survivor's state, and the job Succeeds with the example's accuracy having redone no step."""
+    Rank 1's pod frozen from the node (no stallTimeoutSeconds): the hang is found and the standby takes
+    rank 1, and is not itself taken for hung by the same stall; a second standby starts. Then the pod
+    that now holds rank 1 is deleted: the second standby takes it. No new pod is ever created for the
+    rank, rank 0 keeps its pod, and the job Succeeds with the example's accuracy having redone no step."""
     namespace, job = restricted_namespace, "standby"
-    # Smaller requests: the standby is a third trainer pod on the 2-core node.
+    # Smaller requests: the standby is a third trainer pod on the 2-core node; more epochs: two faults.
     manifest = suite.digits_job(
-        job, "--throttle-ms", "60", "--checkpoint-every", "20", storage_class=checkpoint_storage, cpu="250m"
-    )
+        job, "--epochs", "30", "--throttle-ms", "60", "--checkpoint-every", "20",
+        storage_class=checkpoint_storage, cpu="250m",
+    )  # fmt: skip
     manifest["spec"].setdefault("runPolicy", {})["standbyPods"] = 1
     cluster.apply_json(manifest, "-n", namespace)
     _, rank0_log = _started_with_a_checkpoint(cluster, namespace, job)
-    standby = f"{job}-standby1-0"
+    first, second = f"{job}-standby1-0", f"{job}-standby2-0"
 
-    def standby_log() -> str:
-        found = cluster.kubectl_run("logs", "-n", namespace, standby, "-c", "trainer", check=False)
+    def log_of(pod: str) -> str:
+        found = cluster.kubectl_run("logs", "-n", namespace, pod, "-c", "trainer", check=False)
         return found.stdout if found.returncode == 0 else ""
 
     suite.wait_for(
-        "the standby waiting, ready", lambda: "launcher event=standby " in standby_log(), timeout=300
+        "the standby waiting, ready", lambda: "launcher event=standby " in log_of(first), timeout=300
     )
     before = _pod_uids(cluster, namespace, job)
-    assert standby not in before, "a standby is no rank's pod until it takes one"
-    cluster.kubectl_run("delete", "pod", f"{job}-1-0", "-n", namespace, "--wait=false")
+    assert first not in before, "a standby is no rank's pod until it takes one"
+    kind_faults.freeze_pod(KIND_CLUSTER, namespace, f"{job}-1-0")
+    suite.wait_for(
+        "the first standby given rank 1", lambda: "event=assigned pod=1 " in log_of(first), timeout=300
+    )
+    suite.wait_for(
+        "a second standby waiting", lambda: "launcher event=standby " in log_of(second), timeout=300
+    )
+    # The first standby trains as rank 1 again before it is taken away.
+    suite.wait_for(
+        "rank 1 training on the first standby",
+        lambda: "launcher event=started pod=1 " in log_of(first),
+        timeout=300,
+    )
+    cluster.kubectl_run("delete", "pod", first, "-n", namespace, "--wait=false")
     status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
     after = _pod_uids(cluster, namespace, job)
-    assert after.get(f"{job}-0-0") == before[f"{job}-0-0"], "the survivor keeps its pod"
-    assert standby in after and f"{job}-1-0r1" not in after, after
-    record = _assert_recovered(status, rank0_log.text(), "PodReplaced", "PodDeleted")
-    assert record.get("rank") == 1 and record.get("note") == f"rank 1's pod taken by standby pod {standby}", (
-        record
-    )
-    assert "launcher event=assigned pod=1 " in standby_log()
+    assert after.get(f"{job}-0-0") == before[f"{job}-0-0"], "rank 0 keeps its pod"
+    assert second in after and not [name for name in after if name.startswith(f"{job}-1-0r")], after
+    assert (status.get("restarts"), status.get("podReplacements")) == (2, 2), status
+    record = status.get("lastRestart") or {}
+    assert (record.get("mode"), record.get("cause"), record.get("rank")) == ("PodReplaced", "PodDeleted", 1)
+    assert record.get("note") == f"rank 1's pod taken by standby pod {second}", record
+    assert int(record.get("stepsRedone", -1)) == 0, record
+    final = suite.status_lines(rank0_log.text(), "final")
+    assert final and 0.5 < float(final[-1]["accuracy"]) <= 1.0, rank0_log.text()[-2000:]
+    events = json.loads(cluster.kubectl_run("get", "events", "-n", namespace, "-o", "json").stdout)["items"]
+    replaced = [e["message"] for e in events if e.get("reason") == "PodReplaced"]
+    assert any("no synchronized step" in m for m in replaced if f"standby pod {first}" in m), replaced
     suite.TIMINGS.record("standby_took_rank1_resumed_s", float(record["resumedSeconds"]))
 
 

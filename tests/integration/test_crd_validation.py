@@ -239,6 +239,7 @@ def test_valid_job_is_accepted_with_defaults(kubectl: Callable[..., Any]) -> Non
         "cleanPodPolicy": "Running",
         "suspend": False,
         "restartMode": "InPlace",
+        "standbyPods": 0,
     }
     assert spec["rendezvousPort"] == 29500
     assert spec["metrics"] == {"enabled": True, "port": 9400}

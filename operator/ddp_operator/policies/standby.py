@@ -71,15 +71,11 @@ def plan(
         else:
             left.append((rank, replacement))
     promoted = {promotion.pod for promotion in promotions}
-    kept = [p for p in kept if p.name not in promoted]
-    excess = kept[job.run_policy.standby_pods :]
-    delete = [
-        p.name
-        for p in waiting
-        if (p not in kept or p in excess) and not p.deleting and p.name not in promoted
-    ]
+    # The ones that stay waiting: the oldest, up to standbyPods; every other waiting pod goes.
+    keep = [p for p in kept if p.name not in promoted][: job.run_policy.standby_pods]
+    delete = [p.name for p in waiting if p not in keep and p.name not in promoted and not p.deleting]
     create: tuple[int, ...] = ()
-    missing = job.run_policy.standby_pods - (len(kept) - len(excess))
+    missing = job.run_policy.standby_pods - len(keep)
     if live and missing > 0:
         used = max(
             (p.standby or 0 for p in pods if p.standby is not None and p.attempt == attempt), default=0

@@ -450,6 +450,7 @@ class Controller:
             stall_timeout=job.run_policy.stall_timeout_seconds,
             pod_urls={pod.name: f"http://{_host(pod.pod_ip)}:{port}/metrics" for pod in current.values()},
             elastic=job.elastic is not None,
+            read_every_pod_at=decision.read_every_pod_at,
         )
         self.scraper.track(key, target)
 

@@ -23,6 +23,7 @@ the policy (policies/failure.py, policies/deadline.py). docs/api.md lists them a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final, Literal
 
 from ddp_operator.policies import kueue as kueue_policy
@@ -139,6 +140,9 @@ class Decision:
     # Seconds until the failures seen in the live attempt are judged (TimingRules' decision window;
     # 0: judged now); None: no failure waits. Only the operator's debug line shows it.
     judged_in: float | None = None
+    # When the progress scraper must read every pod of the attempt: a stall falling due is judged on
+    # a read that late (policies.stall.read_due); None: no stall watched.
+    read_every_pod_at: datetime | None = None
 
     @property
     def phase(self) -> str:

@@ -436,6 +436,12 @@ class _LiveAttempt:
         return stall.seconds_left(limit, progress.step, since, self.now)
 
     @cached_property
+    def stall_verdict_left(self) -> float | None:
+        """Seconds until the stall is judged (policies.stall.verdict_left); None: not watched."""
+        read_at = self.progress.rank_steps_read_at if self.progress is not None else None
+        return stall.verdict_left(self.stall_left, read_at, self.now)
+
+    @cached_property
     def decision_window_left(self) -> float | None:
         """Seconds until a failed attempt is judged; 0: now; None: nothing failed.
 
@@ -676,7 +682,7 @@ def _rule_stalled(live: _LiveAttempt) -> Decision | None:
     """No synchronized step for the stall limit (stallTimeoutSeconds, or the job's own pace): the gang
     is hung; retried like a lost peer. Under InPlace, pods whose metrics stopped answering (frozen,
     wedged) are lost pods: replaced alone unless rank 0's is among them (policies.recovery)."""
-    left = live.stall_left
+    left = live.stall_verdict_left
     if left is None or left > 0 or live.progress is None:
         return None
     limit = live.stall_clock[0] or 0
@@ -800,7 +806,7 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
             live.active_left,
             live.startup_left,
             live.decision_window_left,
-            live.stall_left,
+            live.stall_verdict_left,
             success.finish_grace_left(live.current, live.now),
             live.straggler_left,
             live.straggler_verdict.left,
@@ -933,7 +939,7 @@ def _replace_alone(
         notices=(
             PhaseEvent(type="Warning", reason=_REPLACED_REASONS[slow_node is not None], message=message),
         ),
-        requeue_after=_min_wait(live.active_left, live.stall_left),
+        requeue_after=_min_wait(live.active_left, live.stall_verdict_left),
     )
 
 
@@ -1017,7 +1023,8 @@ def _live(
             break
     else:
         decision = _rule_progress(live)
-    return replace(decision, judged_in=live.decision_window_left)
+    read_at = stall.read_due(live.stall_left, live.now)  # the read a stall is judged on
+    return replace(decision, judged_in=live.decision_window_left, read_every_pod_at=read_at)
 
 
 def decide(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from tests.unit.kube_factories import at
@@ -148,3 +149,51 @@ def test_the_health_checks_slow_rank_of_a_shrunk_group_is_mapped_to_its_pod(
     assert observation.health.slow_rank == 1
     assert fetched.count(POD2) == reads_of_every_pod
     assert observation.rank_pods == ({0: "mnist-0-0", 1: "mnist-2-0"} if elastic else {})
+
+
+def silent(url: str) -> str:
+    raise TimeoutError(f"{url} did not answer")  # a frozen process: its kernel accepts, nothing answers
+
+
+@pytest.mark.parametrize(
+    ("frozen", "rank_steps"),
+    [
+        pytest.param(RANK1, {0: 120}, id="rank-1s-pod-silent"),
+        pytest.param(RANK0, {1: 119}, id="rank-0s-pod-silent-the-others-still-read"),
+    ],
+)
+def test_a_read_of_every_pod_asked_for_comes_at_its_time_once_and_is_handed_on(
+    frozen: str, rank_steps: dict[int, int]
+) -> None:
+    answers = {RANK0: exposition(0, 120), RANK1: exposition(1, 119)}
+    fetched: list[str] = []
+    kicked: list[tuple[str, str]] = []
+    now = [at(0)]
+
+    def fetch(url: str) -> str:
+        fetched.append(url)
+        return answers[url] if url != frozen or now[0] == at(0) else silent(url)
+
+    scraper = ProgressScraper(kicked.append, clock=lambda: now[0], fetch=fetch)
+    pods = {"mnist-0-0": RANK0, "mnist-1-0": RANK1}
+    target = Target(0, RANK0, pods=2, world_size=2, stall_timeout=60, pod_urls=pods)
+    scraper.track(KEY, target)
+    asyncio.run(scraper.scrape_all())  # at 0 s: rank 0's pod, as every interval
+    scraper.track(KEY, replace(target, read_every_pod_at=at(57)))
+    reads = []
+    for seconds in (56, 57, 58):
+        now[0] = at(seconds)
+        fetched.clear()
+        kicks = len(kicked)
+        asyncio.run(scraper.read_asked())
+        reads.append((sorted(fetched), len(kicked) - kicks))
+    scraper.stop()
+    # Not before its time; at it, every pod once and a kick though the step stood; then not again.
+    assert reads == [([], 0), ([RANK0, RANK1], 1), ([], 0)]
+    observation = scraper.observation(KEY)
+    assert observation is not None
+    assert (observation.step, observation.rank_steps, observation.rank_steps_read_at) == (
+        120,
+        rank_steps,
+        at(57),
+    )

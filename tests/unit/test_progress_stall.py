@@ -12,7 +12,7 @@ from tests.unit.kube_factories import RUNNING_STATUS, at, job_spec, observe, pod
 from ddp_operator.policies import recovery, stall
 from ddp_operator.policies.recovery import GroupRestartReport
 from ddp_operator.progress.exposition import PodScrape, reduce_text
-from ddp_operator.progress.tracker import ProgressObservation, ProgressTracker
+from ddp_operator.progress.tracker import ProgressObservation, ProgressTracker, stepped_at
 from ddp_operator.reconcile import decide
 
 pytestmark = pytest.mark.unit
@@ -61,8 +61,15 @@ def test_a_stall_names_the_silent_ranks_then_the_ranks_behind(rank_steps: dict[i
         assert "furthest behind" not in detail and failure.rank == 0
 
 
-def observed(step: int, changed: float, rank_steps: dict[int, int]) -> ProgressObservation:
-    return ProgressObservation(attempt=0, step=step, step_changed_at=at(changed), rank_steps=rank_steps)
+def observed(step: int, changed: float, rank_steps: dict[int, int], read_at: float) -> ProgressObservation:
+    """Training at ``step`` since ``changed``; every pod read at ``read_at``, ``rank_steps`` answering."""
+    return ProgressObservation(
+        attempt=0,
+        step=step,
+        step_changed_at=at(changed),
+        rank_steps=rank_steps,
+        rank_steps_read_at=at(read_at),
+    )
 
 
 @pytest.mark.parametrize(
@@ -76,7 +83,11 @@ def observed(step: int, changed: float, rank_steps: dict[int, int]) -> ProgressO
 def test_decide_restarts_a_stalled_gang(backoff_limit: int, now: float, phase: str, reason: str) -> None:
     job = job_spec(**with_run_policy(stallTimeoutSeconds=60, backoffLimit=backoff_limit))
     decision = decide(
-        job, RUNNING_STATUS, observe(pod(0), pod(1)), at(now), observed=observed(120, 100, {0: 120, 1: 119})
+        job,
+        RUNNING_STATUS,
+        observe(pod(0), pod(1)),
+        at(now),
+        observed=observed(120, 100, {0: 120, 1: 119}, read_at=157),
     )
     assert decision.report.status["phase"] == phase
     if phase == "Running":
@@ -192,6 +203,7 @@ def test_decide_finds_a_hang_without_a_stall_timeout(now: float, phase: str) -> 
         step=120,
         step_changed_at=at(100),
         rank_steps={0: 120, 1: 120},
+        rank_steps_read_at=at(127),
         step_seconds=3.0,
     )
     decision = decide(job, RUNNING_STATUS, observe(pod(0), pod(1)), at(now), observed=progress)
@@ -233,6 +245,7 @@ def test_no_hang_is_declared_while_the_group_is_changing_or_done(
         step=120,
         step_changed_at=at(100),
         rank_steps={0: 120, 1: 120},
+        rank_steps_read_at=at(127),
         step_seconds=3.0,
         **progress,
     )
@@ -255,7 +268,11 @@ def test_a_hung_pod_that_stopped_answering_is_deleted_without_a_grace_period(
 ) -> None:
     job = job_spec(**with_run_policy(stallTimeoutSeconds=60, backoffLimit=3, restartMode=mode))
     decision = decide(
-        job, RUNNING_STATUS, observe(pod(0), pod(1)), at(161), observed=observed(120, 100, rank_steps)
+        job,
+        RUNNING_STATUS,
+        observe(pod(0), pod(1)),
+        at(161),
+        observed=observed(120, 100, rank_steps, read_at=157),
     )
     assert decision.report.status["phase"] == phase
     hung = "mnist-1-0" if 1 not in rank_steps else "mnist-0-0"
@@ -288,3 +305,72 @@ def test_which_hung_pods_are_replaced_alone(
     mode: str, silent: list[int], queued: bool, expected: tuple[int, ...] | None
 ) -> None:
     assert recovery.replaceable_hung(mode, silent, queued=queued) == expected
+
+
+@pytest.mark.parametrize(
+    ("last_sync", "before", "expected"),
+    [
+        pytest.param(at(4).timestamp(), at(0), at(4), id="the-ranks-time-between-the-reads"),
+        pytest.param(at(-3).timestamp(), at(0), at(15), id="a-node-clock-behind-is-not-trusted"),
+        pytest.param(at(20).timestamp(), at(0), at(15), id="a-node-clock-ahead-is-not-trusted"),
+        pytest.param(None, at(0), at(15), id="no-time-exported"),
+        pytest.param(at(4).timestamp(), None, at(15), id="the-first-read"),
+    ],
+)
+def test_when_a_step_was_made(last_sync: float | None, before: Any, expected: Any) -> None:
+    assert stepped_at(last_sync, at(15), before) == expected
+
+
+def test_a_hang_is_timed_from_the_last_step_not_from_the_read_that_showed_it() -> None:
+    """Reads every 15 s; the group makes its last step at 16 s and hangs. The read at 30 s shows it, and
+    its stall clock starts at 16 s (the ranks' time of it), so the hang is due at 46 s, not at 60 s."""
+    tracker = ProgressTracker(pods=2, world_size=2)
+    tracker.record(at(0), {0: PodScrape(steps=10, last_sync=at(0).timestamp())})
+    tracker.record(at(15), {0: PodScrape(steps=25, last_sync=at(15).timestamp())})
+    tracker.record(at(30), {0: PodScrape(steps=26, last_sync=at(16).timestamp())})
+    tracker.record(at(45), {0: PodScrape(steps=26, last_sync=at(16).timestamp())})
+    limit, since = stall.clock(None, tracker.step_seconds, tracker.step_changed_at)
+    assert (limit, since) == (stall.HANG_FLOOR_SECONDS, at(16))
+
+
+@pytest.mark.parametrize(
+    ("left", "read_at", "expected"),
+    [
+        pytest.param(2.0, 97.0, 2.0, id="before-the-deadline-on-a-late-read"),
+        pytest.param(-1.0, 97.0, -1.0, id="due-and-read-late-enough-judged-now"),
+        pytest.param(-1.0, 96.5, 14.0, id="due-but-read-too-early-waits-for-the-next-read"),
+        pytest.param(-1.0, None, 14.0, id="due-and-never-read-waits"),
+        pytest.param(-16.0, 80.0, -1.0, id="no-late-read-in-the-grace-judged-on-the-old-one"),
+        pytest.param(None, 97.0, None, id="not-watched"),
+    ],
+)
+def test_a_stall_is_judged_on_a_read_of_every_pod_that_started_just_before_it_fell_due(
+    left: float | None, read_at: float | None, expected: float | None
+) -> None:
+    """The deadline is at 100 s on every row (``left`` seconds from now); a read of every pod that
+    started at 97 s or later (its silent pods timed out by 100 s) is the one the verdict waits for."""
+    now = at(100 - (left or 0))
+    assert stall.read_due(left, now) == (None if left is None else at(97))
+    assert stall.verdict_left(left, None if read_at is None else at(read_at), now) == expected
+
+
+def test_a_pod_frozen_after_the_half_limit_read_is_named_by_the_read_at_the_deadline() -> None:
+    """Limit 60 s from step 120 at 100 s: the read of every pod at 130 s (half the limit) still had both
+    answering; rank 1's pod froze after it. Judged on that read, no pod would be singled out and the
+    whole gang would go; the verdict waits for the read asked for at 157 s, which finds rank 1 silent."""
+    job = job_spec(**with_run_policy(stallTimeoutSeconds=60, backoffLimit=3))
+    pods = observe(pod(0), pod(1))
+    early = decide(
+        job, RUNNING_STATUS, pods, at(161), observed=observed(120, 100, {0: 120, 1: 119}, read_at=130)
+    )
+    assert early.report.status["phase"] == "Running" and not early.delete.pods and not early.delete.hung_pods
+    assert early.read_every_pod_at == at(157)
+    assert early.requeue_after == pytest.approx(stall.READ_GRACE_SECONDS - 1)
+    late = decide(job, RUNNING_STATUS, pods, at(161), observed=observed(120, 100, {0: 120}, read_at=157))
+    assert (late.report.status["phase"], late.delete.hung_pods) == ("Running", ("mnist-1-0",))
+    assert late.create.replacements == ((1, 1),)
+    # No read came by the grace's end (no endpoint could be read): judged on the last read, not never.
+    never = decide(
+        job, RUNNING_STATUS, pods, at(176), observed=observed(120, 100, {0: 120, 1: 119}, read_at=130)
+    )
+    assert never.report.status["phase"] == "Restarting"

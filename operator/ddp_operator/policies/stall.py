@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Final
 
 from ddp_operator.policies.failure import REASON_STALLED, RankFailure
 
@@ -31,6 +32,14 @@ HANG_FLOOR_SECONDS = 30
 # a loaded 2-core node that alone took over 30 s (a grown elastic group and a straggler's replacement on
 # kind were taken for hung ones and recreated).
 START_FLOOR_SECONDS = 120
+# A pod's metrics endpoint that has not answered a read in this long is silent: a stopped or wedged
+# process's kernel still accepts the connection, and nothing ever answers it.
+READ_TIMEOUT_SECONDS: Final = 3.0
+# A stall is judged on a read of every pod that started at most READ_TIMEOUT_SECONDS before it fell due
+# (read_due), so the pods it names are the ones silent or behind then, not at an older read. Without such
+# a read (no pod's endpoint could be read at all), it is judged this long after it fell due, on what the
+# reads showed last.
+READ_GRACE_SECONDS: Final = 15.0
 
 
 def limit(configured: int | None, step_seconds: float | None) -> int | None:
@@ -83,6 +92,26 @@ def suspected(limit: int | None, step: int, step_changed_at: datetime | None, no
     """No new step for half the limit: time to read every rank's step, to name the ranks behind."""
     left = seconds_left(limit, step, step_changed_at, now)
     return left is not None and limit is not None and left <= limit / 2
+
+
+def read_due(left: float | None, now: datetime) -> datetime | None:
+    """When the read of every pod that a stall falling due in ``left`` seconds (seconds_left) is judged
+    on must start: early enough for a silent pod's read to have timed out by then. None: not watched."""
+    return None if left is None else now + timedelta(seconds=left - READ_TIMEOUT_SECONDS)
+
+
+def verdict_left(left: float | None, read_at: datetime | None, now: datetime) -> float | None:
+    """Seconds until a stall falling due in ``left`` seconds is judged (<= 0: now); None: not watched.
+
+    ``read_at``: when the newest read of every pod started. One that started at read_due or later is
+    the one to judge on: then at the deadline. An older one could name no silent pod (a pod frozen
+    after it answered) or the wrong one, and a whole gang would be recreated for one hung pod: the
+    verdict waits for the next read, and READ_GRACE_SECONDS past the deadline at most.
+    """
+    due = read_due(left, now)
+    if left is None or due is None:
+        return None
+    return left if read_at is not None and read_at >= due else left + READ_GRACE_SECONDS
 
 
 def silent_ranks(rank_steps: Mapping[int, int], nodes: Mapping[int, str | None]) -> list[int]:

@@ -6,18 +6,21 @@ and the interval, never with ranks. Each answer is reduced (``exposition``) and 
 tracker (``tracker``, one per attempt); the job is kicked only when what its status would show
 changed, so a job whose numbers stand still costs no status write. While a stall is suspected (no new
 step for half the job's stall timeout, ``policies.stall``), every rank's endpoint is read too, so a
-Stalled restart can name the ranks furthest behind. The rank pods need no token and no API access.
+Stalled restart can name the ranks furthest behind; and once more when decide() asks for it
+(``Target.read_every_pod_at``: just before the stall falls due), whatever the interval, so the stall is
+judged on a read of that moment. The rank pods need no token and no API access.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import urllib.request
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from ddp_operator import ranks
@@ -31,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_SECONDS: Final = 15.0
 DEFAULT_CONCURRENCY: Final = 16
-FETCH_TIMEOUT_SECONDS: Final = 3.0
+FETCH_TIMEOUT_SECONDS: Final = stall.READ_TIMEOUT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,9 @@ class Target:
     pod_urls: Mapping[str, str] = field(default_factory=dict)
     # An elastic job: its round may number its members otherwise than their pod ranks (ranks.py).
     elastic: bool = False
+    # When decide() needs a read of every pod (policies.stall.read_due: a stall's verdict is judged on
+    # it), read then whatever the interval; None: no such need.
+    read_every_pod_at: datetime | None = None
 
 
 @dataclass
@@ -61,6 +67,10 @@ class _Tracked:
     # when that read was.
     rank_pods: dict[int, str] = field(default_factory=dict)
     rank_pods_read_at: datetime | None = None
+    # When the newest read of every pod started (it satisfies a read asked for at or before then).
+    every_pod_read_at: datetime | None = None
+    # One read of a job at a time: an asked-for read and the interval's never interleave their rounds.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def fetch_text(url: str, timeout: float = FETCH_TIMEOUT_SECONDS) -> str:
@@ -90,6 +100,9 @@ class ProgressScraper:
         self._limit = asyncio.Semaphore(concurrency)
         self._jobs: dict[JobKey, _Tracked] = {}
         self._task: asyncio.Task[None] | None = None
+        # Set when a target asks for a read sooner than the loop would wake.
+        self._wake = asyncio.Event()
+        self._reads: set[asyncio.Task[None]] = set()
         self.scrapes = 0
 
     # ---- what the controller tells it and asks ------------------------------------------------
@@ -102,6 +115,8 @@ class ProgressScraper:
             self._jobs[key] = _Tracked(target, tracker)
         else:
             tracked.target = target
+        if target.read_every_pod_at is not None:
+            self._wake.set()
 
     def untrack(self, key: JobKey) -> None:
         self._jobs.pop(key, None)
@@ -118,15 +133,41 @@ class ProgressScraper:
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        for task in self._reads:
+            task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _loop(self) -> None:
+        next_round = self._clock() + timedelta(seconds=self.interval)
         while True:
-            await asyncio.sleep(self.interval)
-            await self.scrape_all()
+            now = self._clock()
+            if now >= next_round:
+                next_round = now + timedelta(seconds=self.interval)
+                self._spawn(self.scrape_all())
+            self._spawn(self.read_asked())
+            wake = min([next_round, *(at for at in map(_asked, self._jobs.values()) if at is not None)])
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, (wake - self._clock()).total_seconds()))
+
+    def _spawn(self, work: Coroutine[object, object, None]) -> None:
+        # Reads run beside the loop, so one that waits out a silent pod delays no other job's.
+        task = asyncio.get_running_loop().create_task(work)
+        self._reads.add(task)
+        task.add_done_callback(self._reads.discard)
 
     async def scrape_all(self) -> None:
         await asyncio.gather(*(self._scrape(key) for key in list(self._jobs)), return_exceptions=True)
+
+    async def read_asked(self) -> None:
+        """Read every pod of each job whose target asked for it by now (Target.read_every_pod_at)."""
+        now = self._clock()
+        due = [
+            key for key, tracked in self._jobs.items() if (at := _asked(tracked)) is not None and at <= now
+        ]
+        for key in due:  # asked for and under way: not asked again
+            self._jobs[key].every_pod_read_at = now
+        await asyncio.gather(*(self._scrape(key, every_pod=True) for key in due), return_exceptions=True)
 
     async def _get(self, url: str, reader: ExpositionReader | None = None) -> PodScrape | None:
         async with self._limit:
@@ -138,58 +179,94 @@ class ProgressScraper:
                 logger.debug("progress scrape of %s failed: %s", url, error)
                 return None
 
-    async def _scrape(self, key: JobKey) -> None:
+    async def _scrape(self, key: JobKey, every_pod: bool = False) -> None:
         tracked = self._jobs.get(key)
         if tracked is None:
             return
-        target = tracked.target
-        rank_zero = await self._get(target.rank0_url, tracked.reader)
-        if (
-            rank_zero is None
-            or self._jobs.get(key) is not tracked
-            or tracked.target.attempt != target.attempt
-        ):
+        async with tracked.lock:
+            await self._read(key, tracked, every_pod)
+
+    async def _read(self, key: JobKey, tracked: _Tracked, asked: bool) -> None:
+        """One read of a job: rank 0's pod, and every pod when asked for (at once, beside rank 0's) or
+        while a stall is suspected or the round's membership is needed (after rank 0's answer)."""
+        target, every_pod = tracked.target, asked
+        started = self._clock()
+        others = (
+            [name for name, url in target.pod_urls.items() if url != target.rank0_url] if every_pod else []
+        )
+        rank_zero, *answers = await asyncio.gather(
+            self._get(target.rank0_url, tracked.reader), *(self._get(target.pod_urls[n]) for n in others)
+        )
+        if self._jobs.get(key) is not tracked or tracked.target.attempt != target.attempt:
             return
         now = self._clock()
         tracker = tracked.tracker
-        tracker.record(now, {0: rank_zero})
-        rank_steps: dict[int, int] = {}
+        if rank_zero is not None:
+            tracker.record(now, {0: rank_zero})
+        elif not every_pod or tracked.observation is None:
+            return  # nothing new: rank 0's pod is not up yet, or gone
+        answered = {name: a for name, a in zip(others, answers, strict=True) if a is not None}
+        if every_pod and rank_zero is not None:
+            answered.update(
+                {name: rank_zero for name, url in target.pod_urls.items() if url == target.rank0_url}
+            )
         stall_limit, since = stall.clock(
             target.stall_timeout, tracker.step_seconds, tracker.step_changed_at, tracker.group_changed_at
         )
         if tracker.finished:
             stall_limit = None
         suspected = stall.suspected(stall_limit, tracker.step, since, now)
-        if (suspected or _members_needed(tracked, tracker, rank_zero.health)) and target.pod_urls:
+        health = rank_zero.health if rank_zero is not None else None
+        if not every_pod and (suspected or _members_needed(tracked, tracker, health)) and target.pod_urls:
+            every_pod, started = True, now
             names = list(target.pod_urls)
-            answers = await asyncio.gather(*(self._get(target.pod_urls[name]) for name in names))
-            answered = {
-                name: answer for name, answer in zip(names, answers, strict=True) if answer is not None
-            }
+            reads = await asyncio.gather(*(self._get(target.pod_urls[name]) for name in names))
+            answered = {name: answer for name, answer in zip(names, reads, strict=True) if answer is not None}
+        if every_pod:
             tracked.rank_pods = ranks.read_rank_pods(
                 tracked.rank_pods, {name: sorted(answer.rank_steps) for name, answer in answered.items()}
             )
-            tracked.rank_pods_read_at = now
-            if suspected:
-                rank_steps = {r: s for answer in answered.values() for r, s in answer.rank_steps.items()}
-        before = tracked.observation
-        observation = ProgressObservation(
-            attempt=target.attempt,
-            step=tracker.step,
-            step_changed_at=tracker.step_changed_at or now,
-            status=render.status_progress(tracker.view(), rank_zero.health),
-            straggler=tracker.straggler,
-            rank_steps=rank_steps,
-            step_seconds=tracker.step_seconds,
-            group_changed_at=tracker.group_changed_at,
-            finished=tracker.finished,
-            restart=rank_zero.restart,
-            rank_pods=dict(tracked.rank_pods),
-            health=rank_zero.health,
+            tracked.rank_pods_read_at = tracked.every_pod_read_at = started
+        # Every rank's step, for a stall's verdict: while one is suspected, and when asked for.
+        judged = suspected or asked
+        rank_steps = (
+            {r: s for answer in answered.values() for r, s in answer.rank_steps.items()} if judged else {}
         )
+        read_at = started if judged else None
+        before = tracked.observation
+        if rank_zero is None and before is not None:
+            # Rank 0's pod did not answer an asked-for read (it may be the silent one): what it showed
+            # last stands, and the read of the others is new.
+            observation = replace(
+                before, rank_steps=rank_steps, rank_steps_read_at=read_at, rank_pods=dict(tracked.rank_pods)
+            )
+        else:
+            observation = ProgressObservation(
+                attempt=target.attempt,
+                step=tracker.step,
+                step_changed_at=tracker.step_changed_at or now,
+                status=render.status_progress(tracker.view(), health),
+                straggler=tracker.straggler,
+                rank_steps=rank_steps,
+                rank_steps_read_at=read_at,
+                step_seconds=tracker.step_seconds,
+                group_changed_at=tracker.group_changed_at,
+                finished=tracker.finished,
+                restart=rank_zero.restart if rank_zero is not None else None,
+                rank_pods=dict(tracked.rank_pods),
+                health=health,
+            )
         tracked.observation = observation
-        if before is None or _shown(before) != _shown(observation):
+        # An asked-for read is what a verdict waits for: it is handed on even when it shows nothing new.
+        if before is None or _shown(before) != _shown(observation) or asked:
             self._on_change(key)
+
+
+def _asked(tracked: _Tracked) -> datetime | None:
+    """When the target asked for a read of every pod that no read since has given; None: none."""
+    at = tracked.target.read_every_pod_at
+    done = tracked.every_pod_read_at
+    return None if at is None or (done is not None and done >= at) else at
 
 
 def _members_needed(tracked: _Tracked, tracker: ProgressTracker, health: HealthCheck | None) -> bool:

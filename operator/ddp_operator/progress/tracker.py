@@ -100,8 +100,8 @@ def persistence_left(sighting: StragglerSighting | None, window: float, now: dat
 class ProgressObservation:
     """What the operator has seen of one attempt's training, as ``decide`` reads it.
 
-    ``step_changed_at``: when a read first showed the current step (the operator's clock, so a stall
-    is measured without trusting a node's clock). ``rank_steps``: every rank's step, read only while a
+    ``step_changed_at``: when the current step was made, on the operator's clock (``stepped_at``: the
+    ranks' own time of it where it agrees with the reads, else when a read first showed it). ``rank_steps``: every rank's step, read only while a
     stall is suspected, to name the ranks furthest behind.
     """
 
@@ -111,6 +111,9 @@ class ProgressObservation:
     status: Mapping[str, object] | None = None
     straggler: StragglerSighting | None = None
     rank_steps: Mapping[int, int] = field(default_factory=dict)
+    # When the read of every pod that gave ``rank_steps`` started: a stall is judged on a read that
+    # late (policies.stall.verdict_left).
+    rank_steps_read_at: datetime | None = None
     # What rank 0's pod says of its group's restarts, and the kept step time (goodput).
     restart: GroupRestartReport | None = None
     # The attempt's seconds per step as the reads saw it made (ProgressTracker.step_seconds): the pace
@@ -157,6 +160,19 @@ class _Round:
     @property
     def step(self) -> float | None:
         return _max(p.steps for p in self.pods.values())
+
+
+def stepped_at(last_sync: float | None, now: datetime, before: datetime | None) -> datetime:
+    """When the step a read (at ``now``) shows first was made, on the operator's clock. The read
+    before it (at ``before``) did not show it, so it was made between the two: the ranks' own time of
+    their last synchronized step (``ddp_last_sync_timestamp_seconds``, a node's clock) is taken when it
+    falls there, and the read's time otherwise (a node clock that disagrees is not trusted). Taking the
+    read's time alone put the stall clock's start up to one read interval after a hang, and the hang's
+    detection that much past its limit (docs/restarts.md)."""
+    if last_sync is None or before is None:
+        return now
+    made = datetime.fromtimestamp(last_sync, UTC)
+    return made if before < made <= now else now
 
 
 def _max(values: Iterable[float | None]) -> float | None:
@@ -239,7 +255,9 @@ class ProgressTracker:
         self.latest.update(answers)
         step = int(read.step or 0)
         if self.step_changed_at is None or step > self.step:
-            self.step, self.step_changed_at = max(step, self.step), now
+            before = self._rounds[-1].at if self._rounds and self.step_changed_at is not None else None
+            made = answers[0].last_sync if 0 in answers else None
+            self.step, self.step_changed_at = max(step, self.step), stepped_at(made, now, before)
         if self._first_step is None and step > 0:
             self._first_step = (step, now)
         self.target_steps = max(self.target_steps, int(_max(p.target_steps for p in answers.values()) or 0))

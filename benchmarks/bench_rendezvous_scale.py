@@ -1,23 +1,25 @@
 """How the launchers' rendezvous scales: forming a round and re-forming it at 64, 256 and 1,024 members.
 
-Every pod's launcher is one member of torch's c10d rendezvous (``DynamicRendezvousHandler`` on a
-``C10dRendezvousBackend``) in one TCP store, configured as ``ddp_trainer.elastic.rendezvous_handler``
-configures it (keep-alive every 2 s, the descriptor address ``ddp_trainer.restarts.node_addr``); an
-agent between rounds asks the store every ``MONITOR_INTERVAL`` (100 ms) whether a member waits
-(``num_nodes_waiting``). Here the members are threads, many to a process (a launcher's rendezvous is
-a few store round trips, not a training run), each with its own store connection, as a pod has:
+Every pod's launcher is one member of the rendezvous in one TCP store, configured as
+``ddp_trainer.elastic.rendezvous_handler`` configures it: ``ddp_trainer.rendezvous.RoundsRendezvous``
+(``--handler ddp``, the launcher's), or torch's c10d rendezvous (``DynamicRendezvousHandler`` on a
+``C10dRendezvousBackend``, keep-alive every 2 s: ``--handler torch``, what the launcher used before, for
+the comparison). An agent between rounds asks the store every ``MONITOR_INTERVAL`` (100 ms) whether a
+member waits (``num_nodes_waiting``). Here the members are threads, many to a process (a launcher's
+rendezvous is a few store round trips, not a training run), each with its own store connection, as a
+pod has:
 
   form      every member calls ``next_rendezvous`` at once: until the last one has its rank.
   re-form   one member joins the next round (a restarted worker's agent); the others see it waiting at
             their next poll and join too: from that call until the last member has its new rank.
-  polling   the members idle between rounds (polling and keep-alives) for a few seconds: the backend's
-            state reads and writes per second, which is what the store serves while a job trains.
+  polling   the members idle between rounds (polling, and torch's keep-alives) for a few seconds: the
+            store requests per second, which is what the store serves while a job trains.
 
 Each figure is the median of --runs runs; "x" columns are the ratio to the smallest size measured in the
-same run (the same machine load). Store round trips are counted at the backend (``get_state`` and
-``set_state``; each is one or two requests to the store).
+same run (the same machine load). Store requests are counted at each member's store client (torch's:
+its backend's state reads and writes, each one or two requests).
 
-    python benchmarks/bench_rendezvous_scale.py [--members 64 256 1024 --runs 3 --processes 8]
+    python benchmarks/bench_rendezvous_scale.py [--members 64 256 1024 --runs 3 --processes 8 --handler ddp]
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from ddp_operator.local.ports import free_ports
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer_image"))
 
 POLL = 0.1  # ddp_trainer.elastic.MONITOR_INTERVAL, checked below
+# torch's keep-alive as the launcher configured it with torch's rendezvous.
+TORCH_KEEP_ALIVE_INTERVAL = 2
+TORCH_KEEP_ALIVE_MAX_ATTEMPT = 5
 # As the launcher runs it (ddp_trainer.elastic.run_in_place): rank 0's agent publishes the workers' store
 # in each round instead of torch hosting one at the rank 0 member's address.
 os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
@@ -68,14 +73,28 @@ class _Counted:
             self.calls += 1
 
 
-def _handler(port: int, members: int, rank: int, run_id: str, counter: _Counted) -> Any:
+def _handler(port: int, members: int, rank: int, run_id: str, counter: _Counted, kind: str) -> Any:
     from torch._C._distributed_c10d import TCPStore
+
+    from ddp_trainer.restarts import node_addr
+
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=600))
+    if kind == "ddp":
+        from ddp_trainer.rendezvous import RoundsRendezvous
+
+        return RoundsRendezvous(
+            _counting_store(store, counter),
+            run_id,
+            pod_rank=rank,
+            sort_key=node_addr(rank),
+            fewest=members,
+            most=members,
+            join_timeout=600,
+            store_info=("127.0.0.1", port),
+        )
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
-
-    from ddp_trainer import elastic
-    from ddp_trainer.restarts import node_addr
 
     class CountingBackend(C10dRendezvousBackend):
         def get_state(self) -> Any:
@@ -86,7 +105,6 @@ def _handler(port: int, members: int, rank: int, run_id: str, counter: _Counted)
             counter.add()
             return super().set_state(state, token)
 
-    store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=600))
     params = RendezvousParameters(
         backend="c10d",
         endpoint=f"127.0.0.1:{port}",
@@ -95,14 +113,53 @@ def _handler(port: int, members: int, rank: int, run_id: str, counter: _Counted)
         max_nodes=members,
         local_addr=node_addr(rank),
         join_timeout=600,
-        keep_alive_interval=elastic.KEEP_ALIVE_INTERVAL,
-        keep_alive_max_attempt=elastic.KEEP_ALIVE_MAX_ATTEMPT,
+        keep_alive_interval=TORCH_KEEP_ALIVE_INTERVAL,
+        keep_alive_max_attempt=TORCH_KEEP_ALIVE_MAX_ATTEMPT,
     )
     return create_handler(store, CountingBackend(store, run_id), params)
 
 
+def _counting_store(inner: Any, counter: _Counted) -> Any:
+    """The member's store client, counting its requests (a Python Store: PrefixStore takes it)."""
+    import torch.distributed as dist
+
+    class Counting(dist.Store):
+        def __init__(self) -> None:
+            super().__init__()
+
+        def set(self, key: str, value: Any) -> None:
+            counter.add()
+            inner.set(key, value)
+
+        def get(self, key: str) -> Any:
+            counter.add()
+            return inner.get(key)
+
+        def add(self, key: str, value: int) -> int:
+            counter.add()
+            return int(inner.add(key, value))
+
+        def check(self, keys: list[str]) -> bool:
+            counter.add()
+            return bool(inner.check(keys))
+
+        def wait(self, keys: list[str], timeout: Any = None) -> None:
+            counter.add()
+            inner.wait(keys, timeout) if timeout is not None else inner.wait(keys)
+
+        def compare_set(self, key: str, expected: Any, desired: Any) -> Any:
+            counter.add()
+            return inner.compare_set(key, expected, desired)
+
+        def multi_get(self, keys: list[str]) -> Any:
+            counter.add()
+            return inner.multi_get(keys)
+
+    return Counting()
+
+
 def _member_process(
-    port: int, members: int, ranks: list[int], run_id: str, barrier: Any, results: Any, idle: float
+    port: int, members: int, ranks: list[int], run_id: str, barrier: Any, results: Any, idle: float, kind: str
 ) -> None:
     """One process's share of the members: build them, then form, idle and re-form in step with the
     other processes (``barrier``); each phase's end times go to ``results``."""
@@ -110,7 +167,7 @@ def _member_process(
 
     assert elastic.MONITOR_INTERVAL == POLL, "the poll interval here is the launcher's"
     counter = _Counted()
-    handlers = {rank: _handler(port, members, rank, run_id, counter) for rank in ranks}
+    handlers = {rank: _handler(port, members, rank, run_id, counter, kind) for rank in ranks}
     ends: dict[str, list[float]] = {"form": [], "reform": []}
     lock = threading.Lock()
 
@@ -168,7 +225,7 @@ def _member_process(
         handler.shutdown()
 
 
-def measure(members: int, processes: int, idle: float) -> Result:
+def measure(members: int, processes: int, idle: float, kind: str) -> Result:
     from torch._C._distributed_c10d import TCPStore
 
     port = free_port()
@@ -180,7 +237,9 @@ def measure(members: int, processes: int, idle: float) -> Result:
     results = context.Queue()
     run_id = f"bench-{members}-{time.time_ns()}"
     children = [
-        context.Process(target=_member_process, args=(port, members, share, run_id, barrier, results, idle))
+        context.Process(
+            target=_member_process, args=(port, members, share, run_id, barrier, results, idle, kind)
+        )
         for share in shares
     ]
     for child in children:
@@ -211,10 +270,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--processes", type=int, default=8, help="processes the members are spread over")
     parser.add_argument("--idle", type=float, default=5.0, help="seconds of polling measured between rounds")
+    parser.add_argument("--handler", choices=["ddp", "torch"], default="ddp", help="whose rendezvous (above)")
     args = parser.parse_args()
     rows: list[tuple[int, Result]] = []
     for members in args.members:
-        runs = [measure(members, args.processes, args.idle) for _ in range(args.runs)]
+        runs = [measure(members, args.processes, args.idle, args.handler) for _ in range(args.runs)]
         median = Result(
             form=statistics.median(r.form for r in runs),
             reform=statistics.median(r.reform for r in runs),
@@ -224,14 +284,14 @@ def main() -> int:
         rows.append((members, median))
         print(
             f"members={members} form={[round(r.form, 2) for r in runs]} reform={[round(r.reform, 2) for r in runs]} "
-            f"idle_state_ops_per_s={[round(r.polls_per_second) for r in runs]} "
+            f"idle_requests_per_s={[round(r.polls_per_second) for r in runs]} "
             f"round_trips_per_reform={[round(r.round_trips_per_reform) for r in runs]}",
             flush=True,
         )
     base = rows[0][1]
     print()
     print(
-        "| members | form (s) | x | re-form (s) | x | state reads+writes/s while idle | per member | round trips per re-form |"
+        "| members | form (s) | x | re-form (s) | x | store requests/s while idle | per member | requests per re-form |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for members, r in rows:

@@ -250,7 +250,7 @@ def run_id(job: JobSpec, attempt: int) -> str:
 
 
 def restart_env(job: JobSpec, rank: int, attempt: int, restart_budget: int) -> list[tuple[str, str]]:
-    """How the pod's launcher recovers a failure (docs/trainer.md): in place on a c10d rendezvous whose
+    """How the pod's launcher recovers a failure (docs/trainer.md): in place on a rendezvous whose
     store is the attempt's rendezvous pod (rank 0's launcher where the job has a single pod), at most
     ``restart_budget`` more gang restarts; or not at all (Recreate)."""
     values: list[tuple[str, str]] = [("DDP_RESTART_MODE", job.run_policy.restart_mode)]

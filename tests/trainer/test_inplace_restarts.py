@@ -1,5 +1,5 @@
 """In-place restarts (DDP_RESTART_MODE=InPlace): "pods" are launcher processes on loopback, each with
-its NODE_RANK, forming one gloo group through the c10d rendezvous that NODE_RANK 0's launcher hosts, or,
+its NODE_RANK, forming one gloo group through the rendezvous that NODE_RANK 0's launcher hosts, or,
 as the operator runs them, the job's rendezvous pod (a process of its own here).
 
 The order of events is asserted (a failure, then every pod's workers stopped, then the round

@@ -1,12 +1,11 @@
-"""What the in-place agent does with a round torch's rendezvous completed before anything starts in it.
+"""What the in-place agent does with a round the rendezvous completed before anything starts in it.
 
-A complete round with fewer members than the job trains on (torch's rendezvous drops a member whose
-heartbeats come late, even from a complete round) is refused by the in-place agent before it serves
-or starts anything: its workers would take their world for a bad configuration, a permanent failure.
+A complete round with fewer members than the job trains on (torch's c10d rendezvous dropped a member
+whose heartbeats came late, even from a complete round; ddp_trainer.rendezvous never forms one, and the
+agent does not take that on trust) is refused by the in-place agent before it serves or starts
+anything: its workers would take their world for a bad configuration, a permanent failure.
 
-The round is torch's own agent's result, replaced here by what it returns in that case: the race that
-produces it (a starved launcher's heartbeat expiring between the round's completion and a peer's read
-of it) cannot be brought about on purpose without staging it.
+The round is the handler's result, replaced here by what it would return in that case.
 
 An elastic round without pod 0 (its pod lost, or late) trains nothing: its members wait for a pod to
 join and form the next round with it. tests/trainer/test_inplace_restarts.py proves it on real

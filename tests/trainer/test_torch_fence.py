@@ -18,11 +18,6 @@ from ddp_trainer.elastic import (
     worker_exit_codes,
 )
 from ddp_trainer.exitcodes import first_failure
-from ddp_trainer.predecessor import (
-    TorchRendezvousMismatchError,
-    check_torch_rendezvous,
-    evict_predecessors,
-)
 
 pytestmark = pytest.mark.trainer
 
@@ -124,67 +119,3 @@ def test_the_pod_reports_the_first_own_failure_of_all_its_workers(
 def test_no_process_context_reads_no_exit_codes() -> None:
     group: Any = SimpleNamespace(workers=[SimpleNamespace(local_rank=0, global_rank=0)])
     assert worker_exit_codes(None, group) == {}
-
-
-def _handler(store: Any, run_id: str, addr: str) -> Any:
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
-
-    params = RendezvousParameters(
-        backend="c10d", endpoint="", run_id=run_id, min_nodes=1, max_nodes=1, local_addr=addr
-    )
-    return create_handler(store, C10dRendezvousBackend(store, run_id), params)
-
-
-@pytest.fixture
-def rendezvous_store() -> Any:
-    from torch.distributed import TCPStore
-
-    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-
-
-def test_the_installed_torch_rendezvous_is_the_one_a_new_pods_join_was_written_against(
-    rendezvous_store: Any,
-) -> None:
-    check_torch_rendezvous(_handler(rendezvous_store, "fence", "000000"))
-
-
-@pytest.mark.parametrize(
-    ("handler", "named"),
-    [
-        pytest.param(
-            SimpleNamespace(_this_node=1, _settings=1), "has no _state_holder", id="no-state-holder"
-        ),
-        pytest.param(
-            SimpleNamespace(_state_holder=SimpleNamespace(sync=print), _this_node=1, _settings=1),
-            "its state holder has no mark_dirty()",
-            id="a-holder-method-gone",
-        ),
-    ],
-)
-def test_a_changed_rendezvous_is_refused_with_what_changed(handler: object, named: str) -> None:
-    with pytest.raises(TorchRendezvousMismatchError) as refused:
-        check_torch_rendezvous(handler)
-    assert named in str(refused.value) and "restartMode: Recreate" in str(refused.value)
-
-
-@pytest.mark.parametrize(
-    ("newcomer", "removed"),
-    [pytest.param("000001", 1, id="the-same-rank"), pytest.param("000002", 0, id="another-rank")],
-)
-def test_a_new_pod_removes_its_ranks_lost_predecessor_from_a_complete_round(
-    rendezvous_store: Any, newcomer: str, removed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A member that completed a round and was lost keeps the round complete (torch starts the next
-    only when its last member left); a new pod of its rank removes it, and the round is open again."""
-    # As the launcher runs it (ddp_trainer.elastic.prepare_workers): no workers' store in the round.
-    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    lost = _handler(rendezvous_store, "evict", "000001")
-    lost.next_rendezvous()  # the round of one completes; its member then "dies" (never leaves)
-    new = _handler(rendezvous_store, "evict", newcomer)
-    assert evict_predecessors(new) == removed
-    new._state_holder.sync()
-    state = new._state_holder.state
-    assert [node.addr for node in state.participants] == ([] if removed else ["000001"])
-    assert state.complete is not bool(removed) and state.round == removed

@@ -40,9 +40,8 @@ pytestmark = pytest.mark.unit
 
 
 def rendezvous_order(addresses: list[str], seed: int) -> list[str]:
-    """The order torch's c10d rendezvous gives a round's nodes: it sorts their descriptors
-    ``_NodeDesc(addr, pid, local_id)`` (a dataclass with order=True, so as tuples); every pod's
-    handler is its launcher's first (local_id 0), and pids are anyone's."""
+    """The order the launchers' rendezvous gives a round's pods (ddp_trainer.rendezvous.ranked): by
+    sort key, whatever order they joined in (tickets and pids are anyone's)."""
     rng = random.Random(seed)
     descriptors = [(addr, rng.randrange(1, 4_000_000), 0) for addr in addresses]
     rng.shuffle(descriptors)

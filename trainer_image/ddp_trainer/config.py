@@ -23,14 +23,14 @@ WORKLOADS: Final = ("digits", "mnist", "synthetic", "gcn")
 GRAPH_DATA: Final = ("generated", "ogbn-products")
 DEFAULT_MASTER_PORT: Final = 29500
 # DDP_RESTART_MODE: how a failed worker is restarted (docs/restarts.md). InPlace: the pod's launcher
-# restarts the worker group where it is, on a new round of an elastic (c10d) rendezvous; Recreate: the
+# restarts the worker group where it is, on a new round of the launchers. rendezvous (ddp_trainer.rendezvous); Recreate: the
 # process ends and the operator recreates the gang. A pod without the variable behaves as Recreate.
 RestartMode = Literal["InPlace", "Recreate"]
 RESTART_MODES: Final = ("InPlace", "Recreate")
 # DDP_RESTART_BUDGET when unset: runPolicy.backoffLimit's default.
 DEFAULT_RESTART_BUDGET: Final = 3
 # DDP_REPLACEMENT_WAIT_SECONDS when unset: how long an elastic job's round waits for more pods once
-# DDP_MIN_MEMBERS have joined (the c10d rendezvous' last_call_timeout, whole seconds, torch's unit).
+# DDP_MIN_MEMBERS have joined (the rendezvous' last call, whole seconds).
 DEFAULT_REPLACEMENT_WAIT: Final = 5
 # An elastic job's fewest members (minReplicas). The deprecated name (docs/api.md, "Deprecated names")
 # is all an older operator sets, so it is read when the first is not set.
@@ -123,7 +123,7 @@ class DistEnv:
 
     @property
     def rendezvous_store(self) -> tuple[str, int]:
-        """Where the c10d rendezvous' store listens: the rendezvous pod, or NODE_RANK 0's launcher."""
+        """Where the rendezvous store listens: the rendezvous pod, or NODE_RANK 0's launcher."""
         return self.rendezvous_endpoint or (self.master_addr, self.master_port)
 
     @property
@@ -274,12 +274,12 @@ def _worker_forkserver(env: Mapping[str, str]) -> str:
 
 
 def _in_place_only(env: Mapping[str, str], name: str, restart_mode: str, what: str) -> str | None:
-    """A variable of the c10d rendezvous, which only the in-place launcher uses."""
+    """A variable of the rendezvous, which only the in-place launcher uses."""
     value = (env.get(name) or "").strip() or None
     if value is not None and restart_mode != "InPlace":
         raise ConfigError(
             name,
-            f"{what} the c10d rendezvous, which only DDP_RESTART_MODE=InPlace uses",
+            f"{what} the rendezvous, which only DDP_RESTART_MODE=InPlace uses",
             f"unset {name}, or set DDP_RESTART_MODE=InPlace",
         )
     return value

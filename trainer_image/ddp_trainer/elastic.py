@@ -1,13 +1,13 @@
-"""In-place restarts (DDP_RESTART_MODE=InPlace): torch's elastic agent on a c10d rendezvous.
+"""In-place restarts (DDP_RESTART_MODE=InPlace): torch's elastic agent on the launchers' rendezvous.
 
 Every pod runs one ``LocalElasticAgent`` (torch's), which starts the pod's workers once every pod has
-joined a round of a ``DynamicRendezvousHandler`` (torch's) whose state lives in a TCP store: the job's
-rendezvous pod at DDP_RENDEZVOUS_ENDPOINT, which outlives any rank's pod (so rank 0's pod is replaced
-alone like any other), or, without it, one that the agent of NODE_RANK 0 hosts at
-MASTER_ADDR:MASTER_PORT (``ddpjob run``, a single pod). When a worker fails, its agent stops
-the pod's workers and joins the next round; torch's other agents see a pod waiting
+joined a round of the launchers' rendezvous (``ddp_trainer.rendezvous``, torch's handler interface)
+whose keys live in a TCP store: the job's rendezvous pod at DDP_RENDEZVOUS_ENDPOINT, which outlives any
+rank's pod (so rank 0's pod is replaced alone like any other), or, without it, one that the agent of
+NODE_RANK 0 hosts at MASTER_ADDR:MASTER_PORT (``ddpjob run``, a single pod). When a worker fails, its
+agent stops the pod's workers and joins the next round; torch's other agents see a pod waiting
 (``num_nodes_waiting() > 0``, polled every ``monitor_interval``), stop theirs and join too; once all
-pods are in, each starts its workers again and rank 0 resumes from the newest checkpoint.
+pods are in, each starts its workers again and the group resumes from the survivors' state.
 
 What this module adds to torch's agent (:class:`InPlaceAgent`, a small subclass, not a second agent):
 
@@ -36,10 +36,10 @@ What this module adds to torch's agent (:class:`InPlaceAgent`, a small subclass,
 
 torch facts this relies on (torch 2.15, ``torch/distributed/elastic``): ``_invoke_run`` restarts a
 failed group while ``_remaining_restarts > 0`` and a healthy one when nodes (torch's word: pods)
-wait; a round's nodes are ranked by sorting their descriptors (``_NodeDesc(addr, pid, local_id)``);
-each round's store is a ``PrefixStore`` of the round; ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` makes
-rank 0 publish the workers' store address in every round (a replacement pod joining a later round
-reads it there).
+wait; it takes each round's store, rank and size from the handler's ``RendezvousInfo``, and a handler
+whose ``use_agent_store`` is False leaves the workers' store to the agent (rank 0's agent serves it
+and publishes its address in every round's store: a replacement pod joining a later round reads it
+there).
 """
 
 from __future__ import annotations
@@ -59,10 +59,8 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, RunProcsResult
 from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
-from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+from torch.distributed.elastic.rendezvous import RendezvousHandler
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError
-from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
 from ddp_trainer import worker_forkserver
 from ddp_trainer.addresses import AGENT_SERVES_STORE_ENV, loopback_listener
@@ -76,13 +74,9 @@ from ddp_trainer.exitcodes import (
     first_failure_code,
     is_retryable,
 )
-from ddp_trainer.predecessor import (
-    TorchRendezvousMismatchError,
-    check_torch_rendezvous,
-    evict_predecessors,
-)
 from ddp_trainer.progress import launcher_status_line
 from ddp_trainer.rank_order import RankOrderMissingError, wait_for_key
+from ddp_trainer.rendezvous import RoundsRendezvous
 from ddp_trainer.restarts import (
     Decision,
     Failure,
@@ -182,17 +176,8 @@ FAILURES_KEY = "ddp/failures"
 STOPPED_KEY = "ddp/stopped"
 
 # How often the agent checks its workers and the rendezvous: a healthy agent notices a waiting pod
-# within this plus the rendezvous state's 1 s cache.
+# within this (ddp_trainer.rendezvous: one store request per check).
 MONITOR_INTERVAL = 0.1
-# A pod that stops sending heartbeats (lost with its launcher) leaves the rendezvous after
-# KEEP_ALIVE_INTERVAL x KEEP_ALIVE_MAX_ATTEMPT seconds; every heartbeat rewrites the rendezvous state
-# (a compare-and-set of all pods' entries), so this is a trade of detection time against store load,
-# and against dropping a live pod whose heartbeats come late: torch drops such a pod even from a
-# complete round. 6 s did that on a loaded 2-core CI machine (a round of 1 out of 2 pods). A lost
-# pod's replacement (or a standby given its rank) does not wait for the bound: it removes its
-# predecessor from the rendezvous state itself (ddp_trainer.predecessor).
-KEEP_ALIVE_INTERVAL = 2
-KEEP_ALIVE_MAX_ATTEMPT = 5
 # torch's grace between SIGTERM and SIGKILL when the pod itself is stopped: the agreed stop and rank
 # 0's checkpoint happen in it (the pod's terminationGracePeriodSeconds bounds it from outside).
 SHUTDOWN_TIMEOUT = 60
@@ -619,7 +604,7 @@ def serve_workers_store(host: str, timeout: timedelta) -> TCPStore:
 
 
 def rendezvous_handler(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHandler, Store]:
-    """The c10d rendezvous and its store: the job's rendezvous pod at DDP_RENDEZVOUS_ENDPOINT (every
+    """The launchers' rendezvous (ddp_trainer.rendezvous) and its store: the job's rendezvous pod at DDP_RENDEZVOUS_ENDPOINT (every
     launcher a client, waiting up to the init timeout for it to listen), or, without one, the store
     NODE_RANK 0's launcher hosts at MASTER_ADDR:MASTER_PORT."""
     started = time.monotonic()
@@ -638,24 +623,22 @@ def rendezvous_handler(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHan
     # An elastic job's round completes once DDP_MIN_MEMBERS pods have joined and then the replacement
     # wait has passed (or all NNODES are in): survivors go on without a pod that cannot be placed, and
     # a first start without all pods is bounded by it. A fixed-size job's round needs every pod.
-    elastic = {"last_call_timeout": env.replacement_wait} if env.elastic else {}
-    params = RendezvousParameters(
-        backend="c10d",
-        endpoint=f"{host}:{port}",
-        run_id=env.run_id,
-        min_nodes=env.min_members if env.min_members is not None else env.nnodes,
-        max_nodes=env.nnodes,
-        local_addr=node_addr(
+    handler = RoundsRendezvous(
+        store,
+        env.run_id,
+        pod_rank=env.node_rank,
+        sort_key=node_addr(
             env.node_rank, _order_key(env, config.init_timeout - (time.monotonic() - started))
         ),
+        fewest=env.min_members if env.min_members is not None else env.nnodes,
+        most=env.nnodes,
         # A replacement pod may take a while to be scheduled and started: the survivors wait for it
         # as long as a first start may take (an elastic job's below DDP_MIN_MEMBERS too).
-        join_timeout=int(config.init_timeout),
-        keep_alive_interval=KEEP_ALIVE_INTERVAL,
-        keep_alive_max_attempt=KEEP_ALIVE_MAX_ATTEMPT,
-        **elastic,
+        join_timeout=config.init_timeout,
+        last_call=float(env.replacement_wait) if env.elastic else 0.0,
+        store_info=(host, port),
     )
-    return create_handler(store, C10dRendezvousBackend(store, env.run_id), params), store
+    return handler, store
 
 
 def _order_key(env: DistEnv, timeout: float) -> str | None:
@@ -724,13 +707,8 @@ def run_in_place(
     )
     try:
         check_torch_agent(agent=agent)  # before the first round: nothing has started yet
-        check_torch_rendezvous(handler)
-    except (TorchAgentMismatchError, TorchRendezvousMismatchError) as mismatch:
+    except TorchAgentMismatchError as mismatch:
         return _refuse(handler, str(mismatch))
-    # A pod of this rank that was lost may still be a member: this pod is its rank's one pod now.
-    removed = evict_predecessors(handler)
-    if removed:
-        _status("predecessor", pod=env.node_rank, removed=removed, time=f"{time.time():.6f}")
     close_rendezvous = True
     try:
         result = agent.run()

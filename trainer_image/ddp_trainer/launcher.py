@@ -2,7 +2,7 @@
 
 It runs when NPROC_PER_NODE > 1 (in Recreate mode: torch's elastic launcher on a
 static rendezvous, no local restarts, the operator recreates the gang) and on every pod in InPlace
-mode (DDP_RESTART_MODE=InPlace, ``ddp_trainer.elastic``: restarts in place on a c10d rendezvous).
+mode (DDP_RESTART_MODE=InPlace, ``ddp_trainer.elastic``: restarts in place on the launchers' rendezvous).
 
 Stock torchrun exits 1 whatever its workers' codes were; the operator's restart policy needs the code
 of the worker whose own failure it was (a worker's 3 is permanent, a lost peer's 170 is retryable), so

@@ -41,12 +41,9 @@ HealthyRestart = Literal["grow", "restart", "budget-spent"]
 
 
 def node_addr(pod_rank: int, order_key: str | None = None) -> str:
-    """The address in this pod's rendezvous node descriptor (torch's word: a pod here).
-
-    torch's c10d rendezvous (``DynamicRendezvousHandler``) ranks a round's nodes (our pods) by sorting
-    their descriptors, ``(addr, pid, local_id)``, where addr defaults to the host's FQDN: pods named
-    ``job-10`` sort before ``job-2``, and equal names are ordered by process id. A fixed-width rank
-    makes the sort follow ``NODE_RANK``. A job whose ranks follow the topology brings the operator's
+    """This pod's sort key in the rendezvous (``ddp_trainer.rendezvous``), which ranks a round's pods by
+    sorting their keys as strings: ``10`` would sort before ``2``, so a fixed-width rank makes the sort
+    follow ``NODE_RANK``. A job whose ranks follow the topology brings the operator's
     ``order_key`` instead (``ddp_trainer.rank_order``), which ends with the same fixed-width rank, so the
     sort follows the topology and the pod rank breaks ties. The launcher gives the workers MASTER_ADDR
     itself, so this address never has to resolve.

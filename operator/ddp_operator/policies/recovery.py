@@ -3,7 +3,7 @@
 Three recovery modes (docs/restarts.md):
 
 - **in place**: a worker process failed and nothing else was lost. Every pod's launcher restarts its
-  workers on a new round of the job's c10d rendezvous; no pod is deleted or created. The launchers do
+  workers on a new round of the job's rendezvous; no pod is deleted or created. The launchers do
   this on their own, within the gang-wide budget the operator gave them (``DDP_RESTART_BUDGET``); the
   operator learns of it from rank 0's metrics (``ddp_group_restarts_total`` and the
   ``ddp_last_restart_*`` gauges) and counts it in ``status.restarts``.

@@ -146,7 +146,7 @@ KEY_SEPARATOR: Final = "/"
 
 def orders_ranks(job: JobSpec) -> bool:
     """Whether the job's rendezvous orders its ranks by topology: a topology is asked for and the
-    launchers re-form on torch's c10d rendezvous (InPlace), whose rounds rank their members by a key
+    launchers re-form on their rendezvous (InPlace), whose rounds rank their members by a key
     each pod brings. Recreate's static rendezvous fixes group rank = pod rank."""
     return job.scheduling.topology is not None and job.run_policy.restart_mode == RESTART_MODE_IN_PLACE
 

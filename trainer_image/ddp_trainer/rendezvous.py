@@ -278,26 +278,27 @@ class _LastCall:
     def __init__(self, handler: RoundsRendezvous, number: int, at: float) -> None:
         self._handler, self._number, self.at = handler, number, at
         self._started = time.monotonic()
-        self._before = self._beats(self._joined())
+        self._before = self._beats(self._members())
 
-    def _joined(self) -> int:
-        return int(self._handler._store.add(self._handler._key(f"r{self._number}/joins"), 0))
+    def _members(self) -> list[Member]:
+        handler = self._handler
+        joined = int(handler._store.add(handler._key(f"r{self._number}/joins"), 0))
+        return handler._descriptors(self._number, joined)
 
-    def _beats(self, tickets: int) -> dict[int, int]:
-        keys = [self._handler._key(f"r{self._number}/beat{t}") for t in range(1, tickets + 1)]
-        present = [(t, k) for t, k in enumerate(keys, 1) if self._handler._store.check([k])]
-        values = self._handler._store.multi_get([k for _, k in present]) if present else []
-        return {t: int(bytes(v)) for (t, _), v in zip(present, values, strict=True)}
+    def _beats(self, members: Sequence[Member]) -> dict[int, int]:
+        """Each member's beat count, in one request: a member's beat key exists before its descriptor."""
+        keys = [self._handler._key(f"r{self._number}/beat{m.ticket}") for m in members]
+        values = self._handler._store.multi_get(keys) if keys else []
+        return {m.ticket: int(bytes(v)) for m, v in zip(members, values, strict=True)}
 
     def members(self, me: Member) -> list[Member]:
         # A beat missed needs BEATS_MISSED beats' time to show: a short last call waits that long.
         missed_after = self._started + BEATS_MISSED * BEAT_SECONDS
         if time.monotonic() < missed_after:
             time.sleep(missed_after - time.monotonic())
-        joined = self._joined()
-        now = self._beats(joined)
+        members = self._members()
+        now = self._beats(members)
         alive = {t for t, beat in now.items() if t not in self._before or beat > self._before[t]}
-        members = self._handler._descriptors(self._number, joined)
         return ranked(m for m in members if m.ticket in alive or m.ticket == me.ticket)
 
 

@@ -1,0 +1,285 @@
+"""The checks a lent GPU makes that the CPU cannot: one script, run once on the device machine.
+
+    python benchmarks/gpu_check.py --out DIR [--backend nccl]
+
+1. The machine: torch, CUDA, NCCL, and whether the in-place launcher accepts this torch's agent.
+2. Whether NCCL forms a group of 2 ranks on this machine's GPUs (NCCL refuses two ranks on one GPU:
+   with one GPU every multi-rank NCCL check below is out of reach, and the script says so).
+3. The trainer on the backend: an uninterrupted 1-rank run, then the same run under the in-place
+   launcher with its worker SIGKILLed at step 35 (``--inject-fault 0:step=35:kill:once``). The restarted
+   worker must resume from the survivors' copy in memory (``from=memory``: the state went from the
+   device to the pod's shared memory after every step, and back to the device) with no step redone and
+   end with the uninterrupted run's parameters, bit for bit. While the reference trains, its /metrics
+   is read: the gradient-sync series must be filled on this backend (CUDA-event timing on NCCL).
+4. ``bench_state_snapshot.py --device cuda``: what the per-step copy costs on a GPU.
+
+Everything is written to DIR (``summary.md`` and one log per run); the exit code is 0 when every check
+that could run passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PATHS = [ROOT / "operator", ROOT / "trainer_image", ROOT / "harness", ROOT]
+TRAIN = [
+    "--workload",
+    "digits",
+    "--max-steps",
+    "120",
+    "--progress-every",
+    "5",
+    "--seed",
+    "7",
+    "--throttle-ms",
+    "20",
+]
+NCCL_PAIR = """
+import os, sys, torch, torch.distributed as dist
+rank = int(sys.argv[1])
+torch.cuda.set_device(rank % torch.cuda.device_count())
+dist.init_process_group("nccl", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=rank, world_size=2)
+x = torch.ones(4, device="cuda")
+dist.all_reduce(x)
+torch.cuda.synchronize()
+print("allreduce", x.tolist())
+dist.destroy_process_group()
+"""
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*map(str, PATHS), env.get("PYTHONPATH", "")])
+    env.update(PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    for key in ("RANK", "WORLD_SIZE", "NODE_RANK", "NNODES", "LOCAL_RANK", "NPROC_PER_NODE"):
+        env.pop(key, None)
+    return env
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Report:
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.lines: list[str] = []
+        self.failed: list[str] = []
+
+    def say(self, text: str = "") -> None:
+        print(text, flush=True)
+        self.lines.append(text)
+        (self.out / "summary.md").write_text("\n".join(self.lines) + "\n")
+
+    def check(self, name: str, ok: bool, detail: str) -> None:
+        self.say(f"- {'PASS' if ok else 'FAIL'} {name}: {detail}")
+        if not ok:
+            self.failed.append(name)
+
+
+def machine(report: Report) -> None:
+    probe = (
+        "import torch, os\n"
+        "from ddp_trainer.elastic import check_torch_agent\n"
+        "print('torch', torch.__version__, 'cuda', torch.version.cuda, 'devices', torch.cuda.device_count())\n"
+        "print('device', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')\n"
+        "print('nccl', '.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else 'none')\n"
+        "st = os.statvfs('/dev/shm'); print('shm_free_gib', round(st.f_bavail * st.f_frsize / 2**30, 1))\n"
+        "try:\n"
+        "    check_torch_agent(); print('agent accepted')\n"
+        "except Exception as error:\n"
+        "    print('agent refused:', error)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=environment(), capture_output=True, text=True, timeout=120
+    )
+    report.say("## The machine\n")
+    report.say("```\n" + (done.stdout + done.stderr).strip() + "\n```")
+
+
+def nccl_pair(report: Report) -> bool:
+    report.say("\n## NCCL, 2 ranks\n")
+    port = str(free_port())
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", NCCL_PAIR, str(rank), port],
+            env=environment(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = []
+    for rank in ranks:
+        try:
+            outputs.append(rank.communicate(timeout=90)[0])
+        except subprocess.TimeoutExpired:
+            rank.kill()
+            outputs.append("(no answer in 90 s)")
+    formed = all(rank.returncode == 0 for rank in ranks)
+    reason = [
+        line for out in outputs for line in out.splitlines() if "Duplicate GPU" in line or "Error" in line
+    ]
+    report.say(f"formed: {formed}; {reason[-1].strip() if reason else outputs[0].strip()[-300:]}")
+    return formed
+
+
+def scrape(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+            return str(answer.read().decode())
+    except OSError as error:
+        return f"(unreadable: {error})"
+
+
+def run(
+    name: str, argv: list[str], env: dict[str, str], out: Path, metrics_port: int | None = None
+) -> tuple[int, str, str]:
+    log = out / f"{name}.log"
+    stdout_path = out / f"{name}.out"
+    metrics = ""
+    with open(stdout_path, "w") as stdout, open(log, "w") as stderr:
+        process = subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
+        deadline = time.monotonic() + 240
+        while process.poll() is None and time.monotonic() < deadline:
+            if (
+                metrics_port is not None
+                and not metrics
+                and re.search(r"^progress step=(4|5|6)\d ", stdout_path.read_text(), re.M)
+            ):
+                metrics = scrape(metrics_port)
+            time.sleep(0.2)
+        if process.poll() is None:
+            process.kill()
+        code = process.wait()
+    return code, stdout_path.read_text() + log.read_text(), metrics
+
+
+def digest(text: str) -> str | None:
+    found = re.findall(r"^params rank=0 sha256=(\w+)", text, re.M)
+    return found[-1] if found else None
+
+
+def trainer(report: Report, backend: str, out: Path) -> None:
+    report.say(f"\n## The trainer on {backend}: a worker killed at step 35, restarted in place\n")
+    python = [sys.executable, "-m", "ddp_trainer", "--metrics-host", "127.0.0.1"]
+    metrics_port = free_port()
+    env = environment()
+    env.update(DDP_BACKEND=backend, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_PORT=str(free_port()))
+    env["DDP_METRICS_PORT"] = str(metrics_port)
+    started = time.monotonic()
+    code, text, metrics = run("reference", [*python, *TRAIN], env, out, metrics_port)
+    reference = digest(text)
+    report.check(
+        "uninterrupted run",
+        code == 0 and reference is not None,
+        f"exit {code}, digest {reference}, {time.monotonic() - started:.1f} s",
+    )
+    (out / "reference.metrics").write_text(metrics)
+    build = re.search(r'^ddp_build_info\{[^}]*backend="(\w+)"', metrics, re.M)
+    syncs = re.findall(
+        r"^ddp_(allreduce\w*|bucket\w*|sync\w*|comm\w*)\s*(\{[^}]*\})?\s+([0-9.e+-]+)$", metrics, re.M
+    )
+    filled = [f"{name}={value}" for name, _, value in syncs if float(value) > 0]
+    report.check(
+        f"gradient-sync metrics on {backend}",
+        build is not None and build.group(1) == backend and bool(filled),
+        f"backend label {build.group(1) if build else None}; non-zero: {', '.join(filled[:6]) or 'none'}",
+    )
+
+    env = environment()
+    env.update(
+        DDP_BACKEND=backend,
+        WORLD_SIZE="1",
+        NNODES="1",
+        NODE_RANK="0",
+        NPROC_PER_NODE="1",
+        MASTER_PORT=str(free_port()),
+        DDP_RESTART_MODE="InPlace",
+        DDP_RESTART_BUDGET="3",
+    )
+    started = time.monotonic()
+    code, text, _ = run("inplace", [*python, *TRAIN, "--inject-fault", "0:step=35:kill:once"], env, out)
+    resumed = re.findall(r"resumed step=(\d+).*?from=(\w+)", text)
+    after = digest(text)
+    report.check(
+        "in-place restart",
+        code == 0 and bool(resumed),
+        f"exit {code}, resumed {resumed}, {time.monotonic() - started:.1f} s",
+    )
+    report.check(
+        "resumed from memory, no step redone",
+        resumed[-1:] == [("35", "memory")] if resumed else False,
+        f"{resumed}",
+    )
+    report.check(
+        "parameters equal the uninterrupted run's",
+        after is not None and after == reference,
+        f"{after} vs {reference}",
+    )
+
+
+def snapshot_cost(report: Report, out: Path) -> None:
+    report.say("\n## The per-step copy on the GPU (bench_state_snapshot.py --device cuda)\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_state_snapshot.py"),
+            "--device",
+            "cuda",
+            "--rounds",
+            "3",
+            "--steps",
+            "10",
+        ],
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    (out / "snapshot.log").write_text(done.stdout + done.stderr)
+    report.say(done.stdout.strip() or done.stderr.strip()[-2000:])
+    report.check("snapshot benchmark", done.returncode == 0, f"exit {done.returncode}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--backend", default="nccl")
+    parser.add_argument("--skip", nargs="*", default=[], help="machine, pair, trainer, snapshot")
+    options = parser.parse_args()
+    options.out.mkdir(parents=True, exist_ok=True)
+    report = Report(options.out)
+    phases: list[tuple[str, Callable[[], object]]] = [
+        ("machine", lambda: machine(report)),
+        ("pair", lambda: nccl_pair(report)),
+        ("trainer", lambda: trainer(report, options.backend, options.out)),
+        ("snapshot", lambda: snapshot_cost(report, options.out)),
+    ]
+    for name, phase in phases:
+        if name in options.skip:
+            continue
+        try:
+            phase()
+        except Exception as error:  # one phase's breakage must not cost the others' figures
+            report.check(name, False, f"{type(error).__name__}: {error}")
+    report.say(f"\nfailed: {report.failed or 'none'}")
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,6 +21,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from ddp_operator.local.ports import free_ports
@@ -62,7 +63,9 @@ def free_port() -> int:
 
 def measure(
     args: list[str], rounds: int, steps: int, directory: Path, device: torch.device
-) -> tuple[float, float, int]:
+) -> tuple[float, list[float], int]:
+    """The median step time without a copy, then with ``save`` after each step (on a GPU: into
+    page-locked slots, as the trainer does, and into pageable ones), and the parameters' bytes."""
     config = parse_args(args, env={})
     workload = build_workload(config)
     cuda = device.type == "cuda"
@@ -70,7 +73,9 @@ def measure(
     optimizer = torch.optim.SGD(ddp.parameters(), lr=config.lr, momentum=config.momentum)
     features, labels = (tensor.to(device) for tensor in workload.train.tensors)
     loss_fn = nn.CrossEntropyLoss()
-    snapshots = StateSnapshots(directory, 0)
+    kinds = [StateSnapshots(directory / "locked", 0)]
+    if cuda:
+        kinds.append(StateSnapshots(directory / "pageable", 0, register=False))
 
     def timed(after: Callable[[int], None]) -> float:
         started = time.perf_counter()
@@ -86,12 +91,18 @@ def measure(
         return (time.perf_counter() - started) / steps
 
     timed(lambda _: None)  # warm-up: the bucket rebuild, the allocator
-    plain, copied = [], []
+
+    def save(snapshots: StateSnapshots, step: int) -> None:
+        snapshots.save(step, {"step": step}, ddp.module, optimizer)
+
+    plain: list[float] = []
+    copied: list[list[float]] = [[] for _ in kinds]
     for _ in range(rounds):
         plain.append(timed(lambda _: None))
-        copied.append(timed(lambda step: snapshots.save(step, {"step": step}, ddp.module, optimizer)))
+        for snapshots, times in zip(kinds, copied, strict=True):
+            times.append(timed(partial(save, snapshots)))
     size = sum(p.numel() * p.element_size() for p in ddp.parameters())
-    return statistics.median(plain), statistics.median(copied), size
+    return statistics.median(plain), [statistics.median(times) for times in copied], size
 
 
 def copy_rates(
@@ -123,7 +134,7 @@ def copy_rates(
     back = rate(lambda: source.copy_(host))
     cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
     registered = cudart.cudaHostRegister(host.data_ptr(), size, 0)
-    pinned = rate(lambda: host.copy_(source, non_blocking=True)) if int(registered) == 0 else float("nan")
+    pinned = rate(lambda: host.copy_(source)) if int(registered) == 0 else float("nan")
     if int(registered) == 0:
         cudart.cudaHostUnregister(host.data_ptr())
     path.unlink()  # the memory goes with the last view of the mapping, on return
@@ -162,18 +173,27 @@ def main() -> None:
     shm = scratch() if cuda else ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
     where = torch.cuda.get_device_name(device) if cuda else "CPU"
     print(f"torch {torch.__version__} on {where}, {options.rounds} rounds of {options.steps} steps, median\n")
-    print("| workload | state (model + momentum) | step | step + copy | copy's share |")
+    if cuda:
+        print(
+            "| workload | state (model + momentum) | step | + copy (page-locked slot) | + copy (pageable) |"
+        )
+    else:
+        print("| workload | state (model + momentum) | step | step + copy | copy's share |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(dir=shm) as directory:
         for index, (name, args) in enumerate((GPU_WORKLOADS if cuda else WORKLOADS).items()):
             plain, copied, size = measure(
                 args, options.rounds, options.steps, Path(directory) / str(index), device
             )
-            share = (copied - plain) / plain * 100
-            print(
-                f"| {name} | {amount(2 * size)} | {plain * 1000:.3f} ms | {copied * 1000:.3f} ms | {share:+.1f}% |",
-                flush=True,
-            )
+            cells = [f"{plain * 1000:.3f} ms"]
+            for time_copied in copied:
+                share = f"{(time_copied - plain) / plain * 100:+.1f}%"
+                cells += (
+                    [f"{time_copied * 1000:.3f} ms ({share})"]
+                    if cuda
+                    else [f"{time_copied * 1000:.3f} ms", share]
+                )
+            print(f"| {name} | {amount(2 * size)} | {' | '.join(cells)} |", flush=True)
         if cuda:
             for path in Path(directory).rglob("state-*"):
                 path.unlink()

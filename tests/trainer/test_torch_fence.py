@@ -31,6 +31,13 @@ class StopTakesMore(LocalElasticAgent):
         pass
 
 
+class NoShutdownTimeout(LocalElasticAgent):
+    """torch 2.11's agent: its constructor takes no shutdown_timeout (seen on a lent GPU machine)."""
+
+    def __init__(self, spec: Any, logs_specs: Any, start_method: str = "spawn") -> None:
+        super().__init__(spec, logs_specs, start_method)
+
+
 class NoExitBarrier(LocalElasticAgent):
     _exit_barrier = None  # type: ignore[assignment]
 
@@ -51,6 +58,9 @@ class ProcessesElsewhere(MultiprocessContext):
             StopTakesMore, None, "_stop_workers('self', 'worker_group', 'is_restart')", id="a-new-parameter"
         ),
         pytest.param(NoExitBarrier, None, "_exit_barrier() is gone", id="a-method-gone"),
+        pytest.param(
+            NoShutdownTimeout, None, "its constructor takes no shutdown_timeout", id="a-constructor-keyword-gone"
+        ),
         pytest.param(
             LocalElasticAgent, NoProcessContext(), "the agent has no _pcontext", id="an-attribute-gone"
         ),

@@ -108,6 +108,9 @@ PRIVATE_METHODS: Final = {
     "_exit_barrier": ("self",),
 }
 PRIVATE_ATTRIBUTES: Final = ("_remaining_restarts", "_pcontext")
+# The keyword parameters InPlaceAgent passes to LocalElasticAgent's constructor (torch 2.11's takes no
+# shutdown_timeout: checked before the agent is built, so that torch is refused, not a TypeError).
+INIT_KEYWORDS: Final = ("logs_specs", "start_method", "shutdown_timeout")
 # And one more read: torch reports one failed worker per poll (the first sentinel it sees), so the
 # launcher reads every worker's exit code itself, from the processes that MultiprocessContext keeps in
 # `_pc`, a torch.multiprocessing ProcessContext (`processes`, in local-rank order).
@@ -130,6 +133,8 @@ def check_torch_agent(
     from torch.multiprocessing.spawn import ProcessContext
 
     problems = []
+    accepted = inspect.signature(agent_class).parameters
+    problems += [f"its constructor takes no {name}" for name in INIT_KEYWORDS if name not in accepted]
     for name, parameters in PRIVATE_METHODS.items():
         method = getattr(agent_class, name, None)
         if not callable(method):
@@ -696,6 +701,10 @@ def run_in_place(
     if joined is None:
         return EXIT_PEER_LOST
     handler, gang_store = joined
+    try:
+        check_torch_agent()  # before the agent is built: its constructor is part of the surface
+    except TorchAgentMismatchError as mismatch:
+        return _refuse(handler, str(mismatch))
     agent = InPlaceAgent(
         _worker_spec(env, handler, argv),
         env=env,
@@ -706,7 +715,7 @@ def run_in_place(
         init_timeout=config.init_timeout,
     )
     try:
-        check_torch_agent(agent=agent)  # before the first round: nothing has started yet
+        check_torch_agent(agent=agent)  # the attributes, before the first round: nothing has started yet
     except TorchAgentMismatchError as mismatch:
         return _refuse(handler, str(mismatch))
     close_rendezvous = True

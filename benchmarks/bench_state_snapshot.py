@@ -21,7 +21,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 from ddp_operator.local.ports import free_ports
@@ -63,9 +62,9 @@ def free_port() -> int:
 
 def measure(
     args: list[str], rounds: int, steps: int, directory: Path, device: torch.device
-) -> tuple[float, list[float], int]:
-    """The median step time without a copy, then with ``save`` after each step (on a GPU: into
-    page-locked slots, as the trainer does, and into pageable ones), and the parameters' bytes."""
+) -> tuple[float, float, int]:
+    """The median step time without a copy, then with ``save`` after each step, and the parameters'
+    bytes."""
     config = parse_args(args, env={})
     workload = build_workload(config)
     cuda = device.type == "cuda"
@@ -73,9 +72,7 @@ def measure(
     optimizer = torch.optim.SGD(ddp.parameters(), lr=config.lr, momentum=config.momentum)
     features, labels = (tensor.to(device) for tensor in workload.train.tensors)
     loss_fn = nn.CrossEntropyLoss()
-    kinds = [StateSnapshots(directory / "locked", 0)]
-    if cuda:
-        kinds.append(StateSnapshots(directory / "pageable", 0, register=False))
+    snapshots = StateSnapshots(directory, 0)
 
     def timed(after: Callable[[int], None]) -> float:
         started = time.perf_counter()
@@ -92,17 +89,13 @@ def measure(
 
     timed(lambda _: None)  # warm-up: the bucket rebuild, the allocator
 
-    def save(snapshots: StateSnapshots, step: int) -> None:
-        snapshots.save(step, {"step": step}, ddp.module, optimizer)
-
     plain: list[float] = []
-    copied: list[list[float]] = [[] for _ in kinds]
+    copied: list[float] = []
     for _ in range(rounds):
         plain.append(timed(lambda _: None))
-        for snapshots, times in zip(kinds, copied, strict=True):
-            times.append(timed(partial(save, snapshots)))
+        copied.append(timed(lambda step: snapshots.save(step, {"step": step}, ddp.module, optimizer)))
     size = sum(p.numel() * p.element_size() for p in ddp.parameters())
-    return statistics.median(plain), [statistics.median(times) for times in copied], size
+    return statistics.median(plain), statistics.median(copied), size
 
 
 def copy_rates(
@@ -185,15 +178,11 @@ def main() -> None:
             plain, copied, size = measure(
                 args, options.rounds, options.steps, Path(directory) / str(index), device
             )
-            cells = [f"{plain * 1000:.3f} ms"]
-            for time_copied in copied:
-                share = f"{(time_copied - plain) / plain * 100:+.1f}%"
-                cells += (
-                    [f"{time_copied * 1000:.3f} ms ({share})"]
-                    if cuda
-                    else [f"{time_copied * 1000:.3f} ms", share]
-                )
-            print(f"| {name} | {amount(2 * size)} | {' | '.join(cells)} |", flush=True)
+            share = (copied - plain) / plain * 100
+            print(
+                f"| {name} | {amount(2 * size)} | {plain * 1000:.3f} ms | {copied * 1000:.3f} ms | {share:+.1f}% |",
+                flush=True,
+            )
         if cuda:
             for path in Path(directory).rglob("state-*"):
                 path.unlink()

@@ -15,7 +15,7 @@
    /metrics is read: the gradient-sync series must be filled on this backend (CUDA-event timing on NCCL).
 4. ``bench_state_snapshot.py --device cuda``: what the per-step copy costs on a GPU.
 
-Everything is written to DIR (``summary.md`` and one log per run); the exit code is 0 when every check
+Everything is written to DIR (``summary.md``, one log per run, the reference's /metrics: 7 files); the exit code is 0 when every check
 that could run passed.
 """
 
@@ -26,6 +26,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
@@ -153,24 +154,25 @@ def scrape(port: int) -> str:
 def run(
     name: str, argv: list[str], env: dict[str, str], out: Path, metrics_port: int | None = None
 ) -> tuple[int, str, str]:
+    """Run one trainer process (stdout and stderr in ``out/name.log``); its exit code, output, and its
+    /metrics once it has trained 40-69 steps (with ``metrics_port``)."""
     log = out / f"{name}.log"
-    stdout_path = out / f"{name}.out"
     metrics = ""
-    with open(stdout_path, "w") as stdout, open(log, "w") as stderr:
-        process = subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
+    with open(log, "w") as output:
+        process = subprocess.Popen(argv, env=env, stdout=output, stderr=output, start_new_session=True)
         deadline = time.monotonic() + 240
         while process.poll() is None and time.monotonic() < deadline:
             if (
                 metrics_port is not None
                 and not metrics
-                and re.search(r"^progress step=(4|5|6)\d ", stdout_path.read_text(), re.M)
+                and re.search(r"^progress step=(4|5|6)\d ", log.read_text(), re.M)
             ):
                 metrics = scrape(metrics_port)
             time.sleep(0.2)
         if process.poll() is None:
             process.kill()
         code = process.wait()
-    return code, stdout_path.read_text() + log.read_text(), metrics
+    return code, log.read_text(), metrics
 
 
 def digest(text: str) -> str | None:
@@ -240,7 +242,7 @@ def trainer(report: Report, backend: str, out: Path) -> None:
 
     # The same recovery without the launcher: the worker SIGKILLed at step 35 leaves its copies in the
     # snapshot directory; a new process on the same GPU resumes from them.
-    state = out / "state"
+    state = Path(tempfile.mkdtemp(prefix="gpu-check-state-"))
     env = environment()
     env.update(
         DDP_BACKEND=backend, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", DDP_TRAINER_SNAPSHOT_DIR=str(state)

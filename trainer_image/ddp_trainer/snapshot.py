@@ -11,9 +11,7 @@ Each rank writes two slots in turn, so a worker killed in the middle of a copy l
 it whole. A slot is ``[header][tensor bytes][skeleton]``: the skeleton is the state with every tensor
 replaced by its place in the bytes (pickled; a few hundred bytes), and the header's sequence number
 is written last, so a slot with a sequence number is complete. The write costs one memory copy of
-the state per step, in one call into torch (docs/restarts.md gives the cost). Where the state lives on
-a GPU each slot is registered with CUDA (page-locked), so the copy from the device is one DMA at the
-link's rate: ~4x the rate of a copy into pageable memory on an H200 (docs/benchmarks.md).
+the state per step, in one call into torch (docs/restarts.md gives the cost).
 """
 
 from __future__ import annotations
@@ -84,8 +82,6 @@ class _Plan:
     # The model's state dict and the optimizer's ``state`` with every tensor as its _TensorRef.
     layout: bytes
     size: int
-    # Whether any tensor lives on a GPU: then the slots are page-locked for the device's DMA.
-    on_cuda: bool
 
 
 def _signature(optimizer: torch.optim.Optimizer) -> tuple[int, ...]:
@@ -117,17 +113,7 @@ def _build_plan(model: nn.Module, optimizer: torch.optim.Optimizer) -> _Plan:
         for param, state in optimizer.state.items()
     }
     layout = pickle.dumps((model_refs, optimizer_refs), protocol=pickle.HIGHEST_PROTOCOL)
-    return _Plan(_signature(optimizer), tensors, offsets, layout, end, any(t.is_cuda for t in tensors))
-
-
-def _cuda_register(view: torch.Tensor) -> bool:
-    """Page-lock a slot's memory for CUDA's DMA; False where CUDA refuses (the copy is then pageable)."""
-    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
-    return int(cudart.cudaHostRegister(view.data_ptr(), view.numel(), 0)) == 0
-
-
-def _cuda_unregister(view: torch.Tensor) -> None:
-    torch.cuda.cudart().cudaHostUnregister(view.data_ptr())  # type: ignore[no-untyped-call]
+    return _Plan(_signature(optimizer), tensors, offsets, layout, end)
 
 
 class _Slot:
@@ -138,18 +124,11 @@ class _Slot:
         self._map: mmap.mmap | None = None
         self._view: torch.Tensor | None = None
         self._targets: tuple[_Plan, list[torch.Tensor]] | None = None
-        # Whether this mapping is page-locked, and whether that was tried (once per mapping).
-        self._registered = False
-        self._register_tried = False
 
-    def ensure(self, size: int, register: bool = False) -> mmap.mmap:
-        """The slot's mapping, at least ``size`` bytes; ``register``: page-locked for CUDA."""
+    def ensure(self, size: int) -> mmap.mmap:
         if self._map is None or len(self._map) < size:
             if self._map is not None:
-                if self._registered and self._view is not None:
-                    _cuda_unregister(self._view)
                 self._view, self._targets = None, None
-                self._registered = self._register_tried = False
                 self._map.close()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
             try:
@@ -159,10 +138,6 @@ class _Slot:
                 os.close(fd)
             self._view = torch.frombuffer(self._map, dtype=torch.uint8)
             self._targets = None
-        if register and not self._register_tried and self._view is not None:
-            # A refusal leaves the slot pageable, which is only slower.
-            self._register_tried = True
-            self._registered = _cuda_register(self._view)
         return self._map
 
     def targets(self, plan: _Plan) -> list[torch.Tensor]:
@@ -181,10 +156,8 @@ class _Slot:
 class StateSnapshots:
     """This rank's two slots; :meth:`save` after every completed step."""
 
-    def __init__(self, directory: Path, rank: int, register: bool = True) -> None:
-        """``register``: page-lock the slots for a state on a GPU (off only to measure the difference)."""
+    def __init__(self, directory: Path, rank: int) -> None:
         directory.mkdir(parents=True, exist_ok=True)
-        self._register = register
         self._slots = [_Slot(slot_path(directory, rank, index)) for index in (0, 1)]
         self._sequence = max((read_header(slot.path) or (0, 0))[0] for slot in self._slots)
         self._plan: _Plan | None = None
@@ -205,7 +178,7 @@ class StateSnapshots:
         # [header][tensor bytes][skeleton]: the tensors' places stay put from step to step.
         skeleton_size = len(plan.layout) + len(plain)
         slot = self._slots[(self._sequence + 1) % 2]
-        memory = slot.ensure(_DATA_START + plan.size + skeleton_size, self._register and plan.on_cuda)
+        memory = slot.ensure(_DATA_START + plan.size + skeleton_size)
         # Incomplete until the sequence number is written, last.
         struct.pack_into("<q", memory, _SEQUENCE_OFFSET, 0)
         _copy_all(slot.targets(plan), plan.tensors)

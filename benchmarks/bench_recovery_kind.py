@@ -18,6 +18,8 @@ Three modes (docs/restarts.md), each on a digits job of 2 ranks with a checkpoin
 - ``hard-kill``, ``standby-hard-kill``: rank 1's trainer container SIGKILLed from the node (its launcher
   and workers die at once, no word: a node crash, an OOM kill of the launcher), without and with a
   standby;
+- ``freeze``: every process of rank 1's container SIGSTOPped from the node, no standby: found by the
+  operator's stall limit, then replaced by a new pod;
 - ``standby-freeze``: every process of rank 1's container SIGSTOPped from the node (a hang), with a
   standby: found by the operator's stall limit (no ``stallTimeoutSeconds``), then taken by the standby.
   Its figure includes the detection (``--cluster`` names the kind cluster, for the node's container).
@@ -70,6 +72,7 @@ MODES = (
     "hard-kill",
     "standby-hard-kill",
     "standby-freeze",
+    "freeze",
 )
 # The modes that fail rank 0's pod (the others fail rank 1).
 RANK_0_MODES = frozenset({"rank-0-replaced", "elastic-rank-0-replaced", "standby-rank-0-replaced"})

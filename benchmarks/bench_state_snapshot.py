@@ -166,12 +166,7 @@ def main() -> None:
     shm = scratch() if cuda else ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
     where = torch.cuda.get_device_name(device) if cuda else "CPU"
     print(f"torch {torch.__version__} on {where}, {options.rounds} rounds of {options.steps} steps, median\n")
-    if cuda:
-        print(
-            "| workload | state (model + momentum) | step | + copy (page-locked slot) | + copy (pageable) |"
-        )
-    else:
-        print("| workload | state (model + momentum) | step | step + copy | copy's share |")
+    print("| workload | state (model + momentum) | step | step + copy | copy's share |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(dir=shm) as directory:
         for index, (name, args) in enumerate((GPU_WORKLOADS if cuda else WORKLOADS).items()):

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from trainer_gang import Gangs, RunsCodeWhenUnpickled, describe, wait_all
 
-from ddp_trainer.snapshot import StateSnapshots, load_slot, newest_slot, slot_path
+from ddp_trainer.snapshot import CopyPacer, StateSnapshots, copy_interval, load_slot, newest_slot, slot_path
 
 pytestmark = pytest.mark.trainer
 
@@ -159,3 +159,39 @@ def test_a_slot_that_holds_anything_but_plain_values_is_refused(tmp_path: Path) 
     )
     assert load_slot(path) is None
     assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize(
+    ("copy_seconds", "step_seconds", "every"),
+    [
+        # Why a CPU state is not paced: its 14 us copy is 2.3% of the 1-rank digits step, so it would
+        # lose zero redo for a cost that a multi-rank step's allreduce dwarfs.
+        pytest.param(0.000014, 0.0006, 2, id="the-cpu-digits-copy-paced-would-be-every-second-step"),
+        pytest.param(0.001, 0.060, 1, id="within-the-budget-every-step"),
+        pytest.param(0.0013, 0.060, 2, id="just-over-the-budget-every-second-step"),
+        pytest.param(0.324, 0.060, 512, id="a-3.5-GiB-state-on-an-h200-every-512th"),
+        pytest.param(9.0, 1.0, 512, id="a-7b-adam-state-every-512th"),
+        pytest.param(0.5, 0.0, 1, id="no-step-time-yet-every-step"),
+    ],
+)
+def test_a_gpu_state_is_copied_as_often_as_two_percent_of_the_training_time_allows(
+    copy_seconds: float, step_seconds: float, every: int
+) -> None:
+    assert copy_interval(copy_seconds, step_seconds) == every
+
+
+def test_the_pacer_measures_each_copy_against_the_steps_before_it_and_a_cpu_state_is_copied_every_step() -> (
+    None
+):
+    gpu, cpu = CopyPacer(paced=True), CopyPacer(paced=False)
+    # Steps of 60 ms; a copy of 0.3 s (the 3.5 GiB state of docs/benchmarks.md) after steps 1 and 2.
+    for pacer in (gpu, cpu):
+        assert pacer.due(1) and pacer.copied(1, started=0.06, ended=0.36) is None  # nothing to compare yet
+        assert pacer.due(2)
+    assert gpu.copied(2, started=0.42, ended=0.72) == 256
+    assert cpu.copied(2, started=0.42, ended=0.72) is None
+    assert [step for step in range(3, 600) if gpu.due(step)] == [256, 512]
+    assert all(cpu.due(step) for step in range(3, 600))
+    # The copies got cheap (the state shrank, or the link is faster): every step again.
+    assert gpu.copied(256, started=0.72 + 254 * 0.06, ended=0.72 + 254 * 0.06 + 0.001) == 1
+    assert gpu.due(257)

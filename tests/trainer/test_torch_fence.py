@@ -59,7 +59,10 @@ class ProcessesElsewhere(MultiprocessContext):
         ),
         pytest.param(NoExitBarrier, None, "_exit_barrier() is gone", id="a-method-gone"),
         pytest.param(
-            NoShutdownTimeout, None, "its constructor takes no shutdown_timeout", id="a-constructor-keyword-gone"
+            NoShutdownTimeout,
+            None,
+            "its constructor takes no shutdown_timeout",
+            id="a-constructor-keyword-gone",
         ),
         pytest.param(
             LocalElasticAgent, NoProcessContext(), "the agent has no _pcontext", id="an-attribute-gone"

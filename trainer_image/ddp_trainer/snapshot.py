@@ -12,11 +12,17 @@ it whole. A slot is ``[header][tensor bytes][skeleton]``: the skeleton is the st
 replaced by its place in the bytes (pickled; a few hundred bytes), and the header's sequence number
 is written last, so a slot with a sequence number is complete. The write costs one memory copy of
 the state per step, in one call into torch (docs/restarts.md gives the cost).
+
+A state on a GPU is copied less often when a copy every step would cost more than
+:data:`GPU_COPY_BUDGET` of the training time (:class:`CopyPacer`): the copy crosses to host memory at
+~12 GB/s while the step runs in the GPU's own memory, so a large model's copy is several of its steps
+(docs/benchmarks.md, "On a GPU"). The steps since the last copy are then redone after a recovery.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import mmap
 import os
 import pickle
@@ -38,6 +44,44 @@ _ALIGN: Final = 64
 _FORMAT: Final = 2
 # Where a slot's tensor bytes start: right after the header, aligned.
 _DATA_START: Final = _ALIGN
+# The share of the training time a GPU state's copies may take. A CPU state is copied after every step:
+# the copy is one more pass over memory that the step itself reads and writes several times.
+GPU_COPY_BUDGET: Final = 0.02
+
+
+def copy_interval(copy_seconds: float, step_seconds: float, budget: float = GPU_COPY_BUDGET) -> int:
+    """The fewest steps between two copies that keep one copy within ``budget`` of the steps' time, as
+    a power of two: ranks that measure a little differently still copy at common steps (a resume loads
+    each rank's own copy only where every rank holds the newest step)."""
+    if step_seconds <= 0 or copy_seconds <= budget * step_seconds:
+        return 1
+    return 1 << math.ceil(math.log2(copy_seconds / (budget * step_seconds)))
+
+
+@dataclass
+class CopyPacer:
+    """Which steps a rank copies its state after: every step, or for a state on a GPU (``paced``) every
+    :func:`copy_interval` steps, measured again at every copy: the copy's own time against the wall
+    time per step between the end of one copy and the start of the next."""
+
+    paced: bool
+    every: int = 1
+    _last: tuple[int, float] | None = None  # (step, perf_counter) at the end of the last copy
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def copied(self, step: int, started: float, ended: float) -> int | None:
+        """Record a copy after ``step`` that ran from ``started`` to ``ended``; the new interval when it
+        changed, else None."""
+        last, self._last = self._last, (step, ended)
+        if not self.paced or last is None or step <= last[0]:
+            return None
+        every = copy_interval(ended - started, (started - last[1]) / (step - last[0]))
+        if every == self.every:
+            return None
+        self.every = every
+        return every
 
 
 @dataclass(frozen=True)

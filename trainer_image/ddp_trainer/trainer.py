@@ -50,7 +50,14 @@ from ddp_trainer.metrics import (
 )
 from ddp_trainer.progress import FinalResult, Progress, format_status_line
 from ddp_trainer.resume import PROGRESS_DIR_ENV, StepBook
-from ddp_trainer.snapshot import SNAPSHOT_DIR_ENV, StateSnapshots, load_slot, newest_slot
+from ddp_trainer.snapshot import (
+    GPU_COPY_BUDGET,
+    SNAPSHOT_DIR_ENV,
+    CopyPacer,
+    StateSnapshots,
+    load_slot,
+    newest_slot,
+)
 from ddp_trainer.teardown import THREADS_OUTLIVED_GROUP, GroupSession, process_group_session
 from ddp_trainer.workloads import Workload, build_workload
 
@@ -204,6 +211,7 @@ class Trainer:
         snapshot_dir = os.environ.get(SNAPSHOT_DIR_ENV)
         self.snapshot_dir = Path(snapshot_dir) if snapshot_dir else None
         self.snapshots = StateSnapshots(self.snapshot_dir, context.rank) if self.snapshot_dir else None
+        self.pacer = CopyPacer(paced=context.device.type == "cuda")
         self.kept_gauge = kept_step_seconds_gauge(0, endpoint.registry) if self.is_rank0 else None
         # Set at the first step after a resume from a checkpoint (the restart's "training again").
         self.resumed_gauge: Gauge | None = None
@@ -433,6 +441,21 @@ class Trainer:
                 place.epoch, place.batch = place.epoch + 1, 0
         return False
 
+    def _copy_state(self, run: _Run, place: _Place) -> None:
+        """The state after this step into the pod's memory (ddp_trainer.snapshot), timed for the pacer."""
+        assert self.snapshots is not None
+        if self.pacer.paced:
+            # The step's kernels first, so the copy's time is the copy's alone.
+            torch.cuda.synchronize(self.ctx.device)
+        started = time.perf_counter()
+        self.snapshots.save(place.step, self._fields(place), run.ddp.module, run.optimizer)
+        every = self.pacer.copied(place.step, started, time.perf_counter())
+        if every is not None and self.is_rank0:
+            log(
+                f"the state is copied to memory every {every} step(s), which keeps its copies within "
+                f"{GPU_COPY_BUDGET:.0%} of the training time (docs/restarts.md)"
+            )
+
     def _step(self, run: _Run, order: list[int], batch_index: int) -> bool:
         """One training step and what follows it; True when the ranks agreed to stop."""
         config, ctx, place = self.config, self.ctx, run.place
@@ -452,9 +475,8 @@ class Trainer:
         place.step += 1
         place.batch = batch_index + 1
         self._book_step(place.step)
-        if self.snapshots is not None:
-            fields = self._fields(place)
-            self.snapshots.save(place.step, fields, run.ddp.module, run.optimizer)
+        if self.snapshots is not None and self.pacer.due(place.step):
+            self._copy_state(run, place)
         run.window_steps += 1
         last = place.step >= run.total_steps
         logged = place.step % config.progress_every == 0 or last

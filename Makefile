@@ -74,8 +74,9 @@ test-integration: venv k8s-binaries kueue-binary
 	$(PYTEST) tests/integration -q $(DURATIONS)
 
 ## `make test` runs the integration tier in two parts, one per lane, to even the lanes out
-## (hack/test-all.sh): lane A the Kueue and gang-scheduling modules after the trainer tier, lane B the rest.
-INTEGRATION_A = tests/integration/test_kueue.py tests/integration/test_gang_api.py
+## (hack/test-all.sh): lane A the Kueue, gang-scheduling and chart modules after the trainer tier, lane B
+## the rest (the kind suite follows it, so lane B sets the total: the chart's ~130 s moved to even them).
+INTEGRATION_A = tests/integration/test_kueue.py tests/integration/test_gang_api.py tests/integration/test_chart.py tests/integration/test_chart_alerts.py
 test-integration-a: venv k8s-binaries kueue-binary
 	$(PYTEST) $(INTEGRATION_A) -q $(DURATIONS)
 

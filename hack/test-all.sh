@@ -3,7 +3,7 @@
 # need running beside them instead of before them (docs/testing.md, "How the run is laid out").
 #
 #   foreground:  venv -> lint, mypy -> unit -> lane A and lane B, side by side:
-#     lane A:    trainer tier -> integration, Kueue + gangs --> e2e: Docker + the real node
+#     lane A:    trainer tier -> integration, Kueue + gangs + chart --> e2e: Docker + the real node
 #     lane B:    (control-plane builds) integration, the rest -> e2e: kind
 #   background:  Kubernetes, Kueue -> node binaries, kube-router -> kind -> the kind cluster
 #                (beside it) Docker and both images -> the kind node's root filesystems
@@ -104,7 +104,7 @@ wait_for_builds() { # lane stage
 lane_a() {
   step A "trainer tier" $MAKE --no-print-directory test-trainer
   wait_for_builds A control-plane
-  step A "integration tier, Kueue and gangs" $MAKE --no-print-directory test-integration-a
+  step A "integration tier, Kueue, gangs and the chart" $MAKE --no-print-directory test-integration-a
   wait_for_builds A node
   wait_for_builds A images
   step A "e2e tier: Docker and the real node" $MAKE --no-print-directory test-e2e-node

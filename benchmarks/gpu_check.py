@@ -13,9 +13,12 @@
    refused by the launcher at start instead; then the same recovery is made by hand: the worker killed
    at step 35, a new process with the same snapshot directory. While the reference trains, its
    /metrics is read: the gradient-sync series must be filled on this backend (CUDA-event timing on NCCL).
-4. ``bench_state_snapshot.py --device cuda``: what the per-step copy costs on a GPU.
+4. A rank blocked on the device behind a kernel that does not finish (``torch.cuda._sleep`` standing in
+   for a hung peer's NCCL allreduce): its /metrics must keep answering, as the operator's hang
+   detection assumes (on the CPU the stand-in is a sleep).
+5. ``bench_state_snapshot.py --device cuda``: what the per-step copy costs on a GPU.
 
-Everything is written to DIR (``summary.md``, one log per run, the reference's /metrics: 7 files); the exit code is 0 when every check
+Everything is written to DIR (``summary.md``, one log per run, the reference's /metrics: 8 files); the exit code is 0 when every check
 that could run passed.
 """
 
@@ -58,6 +61,42 @@ dist.all_reduce(x)
 torch.cuda.synchronize()
 print("allreduce", x.tolist())
 dist.destroy_process_group()
+"""
+
+
+# A rank whose main thread blocks on the device behind a kernel that does not finish (what a survivor
+# of a hung NCCL peer does: its allreduce kernel waits on the GPU, the host waits at its next sync).
+# torch.cuda._sleep spins the GPU for a number of cycles, standing in for that kernel on one GPU.
+BLOCKED_RANK = """
+import os, sys, time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+import ddp_trainer
+port, seconds = sys.argv[1], float(sys.argv[2])
+backend = "nccl" if torch.cuda.is_available() else "gloo"
+device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
+dist.init_process_group(backend, init_method="tcp://127.0.0.1:" + port, rank=0, world_size=1)
+model = DistributedDataParallel(torch.nn.Linear(64, 10).to(device), device_ids=[0] if backend == "nccl" else None)
+metrics = ddp_trainer.instrument(model, host="127.0.0.1")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(20):
+    loss = model(torch.randn(32, 64, device=device)).square().mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    metrics.step(32, loss=float(loss.item()))
+print("trained", flush=True)
+time.sleep(2)
+print("blocking", time.time(), flush=True)
+if backend == "nccl":
+    try:
+        hertz = torch.cuda.clock_rate() * 1e6  # MHz, read through NVML
+    except Exception:
+        hertz = 1.98e9  # the H200's boost clock, as read on the lent machine
+    torch.cuda._sleep(int(seconds * hertz))
+    torch.cuda.synchronize()
+else:
+    time.sleep(seconds)  # gloo's stand-in: a wait that releases the GIL, as a gloo collective's does
+print("unblocked", time.time(), flush=True)
 """
 
 
@@ -264,6 +303,43 @@ def trainer(report: Report, backend: str, out: Path) -> None:
     )
 
 
+def blocked(report: Report, out: Path) -> None:
+    """Does a rank's /metrics answer while its main thread waits on the device behind a kernel that
+    does not finish? The operator's hang detection reads every pod's endpoint: a survivor that stopped
+    answering would be named silent beside the hung rank."""
+    report.say("\n## A rank blocked on the device: does its /metrics answer?\n")
+    metrics_port = free_port()
+    env = environment()
+    env.update(DDP_METRICS_PORT=str(metrics_port), LOCAL_RANK="0")
+    log = out / "blocked.log"
+    with open(log, "w") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-c", BLOCKED_RANK, str(free_port()), "20"],
+            env=env,
+            stdout=output,
+            stderr=output,
+        )
+        answers: list[tuple[bool, float]] = []
+        deadline = time.monotonic() + 120
+        while process.poll() is None and time.monotonic() < deadline:
+            text = log.read_text()
+            if "blocking" in text and "unblocked" not in text:
+                started = time.monotonic()
+                body = scrape(metrics_port)
+                answers.append((not body.startswith("(unreadable"), time.monotonic() - started))
+            time.sleep(1)
+        if process.poll() is None:
+            process.kill()
+        code = process.wait()
+    answered = [seconds for ok, seconds in answers if ok]
+    report.check(
+        "the endpoint answers while the main thread is blocked",
+        code == 0 and len(answers) >= 5 and len(answered) == len(answers),
+        f"exit {code}; {len(answered)} of {len(answers)} reads answered during the block, "
+        f"slowest {max((s for _, s in answers), default=0):.2f} s",
+    )
+
+
 def snapshot_cost(report: Report, out: Path) -> None:
     report.say("\n## The per-step copy on the GPU (bench_state_snapshot.py --device cuda)\n")
     done = subprocess.run(
@@ -291,7 +367,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--backend", default="nccl")
-    parser.add_argument("--skip", nargs="*", default=[], help="machine, pair, trainer, snapshot")
+    parser.add_argument("--skip", nargs="*", default=[], help="machine, pair, trainer, blocked, snapshot")
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
     report = Report(options.out)
@@ -299,6 +375,7 @@ def main() -> int:
         ("machine", lambda: machine(report)),
         ("pair", lambda: nccl_pair(report)),
         ("trainer", lambda: trainer(report, options.backend, options.out)),
+        ("blocked", lambda: blocked(report, options.out)),
         ("snapshot", lambda: snapshot_cost(report, options.out)),
     ]
     for name, phase in phases:

@@ -35,6 +35,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from ddp_operator.local.ports import free_ports
 from ddp_trainer.exitcodes import EXIT_BAD_CONFIG
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,14 +110,6 @@ def environment() -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Report:
     def __init__(self, out: Path) -> None:
         self.out = out
@@ -156,7 +149,7 @@ def machine(report: Report) -> None:
 
 def nccl_pair(report: Report) -> bool:
     report.say("\n## NCCL, 2 ranks\n")
-    port = str(free_port())
+    port = str(free_ports(1)[0])
     ranks = [
         subprocess.Popen(
             [sys.executable, "-c", NCCL_PAIR, str(rank), port],
@@ -222,9 +215,11 @@ def digest(text: str) -> str | None:
 def trainer(report: Report, backend: str, out: Path) -> None:
     report.say(f"\n## The trainer on {backend}: a worker killed at step 35, restarted in place\n")
     python = [sys.executable, "-m", "ddp_trainer", "--metrics-host", "127.0.0.1"]
-    metrics_port = free_port()
+    metrics_port = free_ports(1)[0]
     env = environment()
-    env.update(DDP_BACKEND=backend, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_PORT=str(free_port()))
+    env.update(
+        DDP_BACKEND=backend, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_PORT=str(free_ports(1)[0])
+    )
     env["DDP_METRICS_PORT"] = str(metrics_port)
     started = time.monotonic()
     code, text, metrics = run("reference", [*python, *TRAIN], env, out, metrics_port)
@@ -253,7 +248,7 @@ def trainer(report: Report, backend: str, out: Path) -> None:
         NNODES="1",
         NODE_RANK="0",
         NPROC_PER_NODE="1",
-        MASTER_PORT=str(free_port()),
+        MASTER_PORT=str(free_ports(1)[0]),
         DDP_RESTART_MODE="InPlace",
         DDP_RESTART_BUDGET="3",
     )
@@ -286,9 +281,9 @@ def trainer(report: Report, backend: str, out: Path) -> None:
     env.update(
         DDP_BACKEND=backend, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", DDP_TRAINER_SNAPSHOT_DIR=str(state)
     )
-    env["MASTER_PORT"] = str(free_port())
+    env["MASTER_PORT"] = str(free_ports(1)[0])
     code, _, _ = run("killed", [*python, *TRAIN, "--inject-fault", "0:step=35:kill"], env, out)
-    env["MASTER_PORT"] = str(free_port())
+    env["MASTER_PORT"] = str(free_ports(1)[0])
     started = time.monotonic()
     again, text, _ = run("restarted", [*python, *TRAIN], env, out)
     resumed = re.findall(r"resumed step=(\d+).*?from=(\w+)", text)
@@ -308,13 +303,13 @@ def blocked(report: Report, out: Path) -> None:
     does not finish? The operator's hang detection reads every pod's endpoint: a survivor that stopped
     answering would be named silent beside the hung rank."""
     report.say("\n## A rank blocked on the device: does its /metrics answer?\n")
-    metrics_port = free_port()
+    metrics_port = free_ports(1)[0]
     env = environment()
     env.update(DDP_METRICS_PORT=str(metrics_port), LOCAL_RANK="0")
     log = out / "blocked.log"
     with open(log, "w") as output:
         process = subprocess.Popen(
-            [sys.executable, "-c", BLOCKED_RANK, str(free_port()), "20"],
+            [sys.executable, "-c", BLOCKED_RANK, str(free_ports(1)[0]), "20"],
             env=env,
             stdout=output,
             stderr=output,

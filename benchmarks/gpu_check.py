@@ -2,21 +2,19 @@
 
     python benchmarks/gpu_check.py --out DIR [--backend nccl]
 
-1. The machine: torch, CUDA, NCCL, and whether the in-place launcher accepts this torch's agent.
+1. The machine: torch, CUDA, NCCL.
 2. Whether NCCL forms a group of 2 ranks on this machine's GPUs (NCCL refuses two ranks on one GPU:
    with one GPU every multi-rank NCCL check below is out of reach, and the script says so).
-3. The trainer on the backend: an uninterrupted 1-rank run, then the same run under the in-place
-   launcher with its worker SIGKILLed at step 35 (``--inject-fault 0:step=35:kill:once``). The restarted
-   worker must resume from the survivors' copy in memory (``from=memory``: the state went from the
-   device to the pod's shared memory after every step, and back to the device) with no step redone and
-   end with the uninterrupted run's parameters, bit for bit. A torch other than pyproject's must be
-   refused by the launcher at start instead; then the same recovery is made by hand: the worker killed
-   at step 35, a new process with the same snapshot directory. While the reference trains, its
-   /metrics is read: the gradient-sync series must be filled on this backend (CUDA-event timing on NCCL).
+3. The trainer on the backend, on this machine's own torch: an uninterrupted 1-rank run (its /metrics
+   read while it trains: the gradient-sync series must be filled, CUDA-event timing on NCCL), then the
+   same run under the pod's supervisor with its worker SIGKILLed at step 35: no worker survives, so it
+   resumes from the disk checkpoint and must end with the uninterrupted run's parameters. Then two pods
+   of one rank on this GPU with the state on the device (gloo): rank 1's worker killed at step 35, rank
+   0's keeps its process and device state, the new worker receives the state from it (``from=peer``),
+   and both end with the uninterrupted 2-rank run's parameters, bit for bit.
 4. A rank blocked on the device behind a kernel that does not finish (``torch.cuda._sleep`` standing in
    for a hung peer's NCCL allreduce): its /metrics must keep answering, as the operator's hang
    detection assumes (on the CPU the stand-in is a sleep).
-5. ``bench_state_snapshot.py --device cuda``: what the per-step copy costs on a GPU.
 
 Everything is written to DIR (``summary.md``, one log per run, the reference's /metrics: 8 files); the exit code is 0 when every check
 that could run passed.
@@ -36,7 +34,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ddp_operator.local.ports import free_ports
-from ddp_trainer.exitcodes import EXIT_BAD_CONFIG
 
 ROOT = Path(__file__).resolve().parent.parent
 PATHS = [ROOT / "operator", ROOT / "trainer_image", ROOT / "harness", ROOT]
@@ -241,6 +238,7 @@ def trainer(report: Report, backend: str, out: Path) -> None:
         f"backend label {build.group(1) if build else None}; non-zero: {', '.join(filled[:6]) or 'none'}",
     )
 
+    # No worker survives a 1-rank job: the new worker resumes from the disk checkpoint (step 30).
     env = environment()
     env.update(
         DDP_BACKEND=backend,
@@ -253,49 +251,75 @@ def trainer(report: Report, backend: str, out: Path) -> None:
         DDP_RESTART_BUDGET="3",
     )
     started = time.monotonic()
-    code, text, _ = run("inplace", [*python, *TRAIN, "--inject-fault", "0:step=35:kill:once"], env, out)
+    checkpoints = ["--checkpoint-dir", tempfile.mkdtemp(prefix="gpu-check-ckpt-"), "--checkpoint-every", "10"]
+    kill = ["--inject-fault", "0:step=35:kill:once"]
+    code, text, _ = run("inplace", [*python, *TRAIN, *checkpoints, *kill], env, out)
     resumed = re.findall(r"resumed step=(\d+).*?from=(\w+)", text)
     after = digest(text)
-    if "LocalElasticAgent is not the one in-place restarts were built on" in text:
-        # A torch other than pyproject's: the launcher must refuse it at start, with what differs.
-        report.check(
-            "the in-place launcher refuses this torch at start",
-            code == EXIT_BAD_CONFIG,
-            f"exit {code}: {text.split('LocalElasticAgent')[1].splitlines()[0][:200]}",
-        )
-    else:
-        report.check(
-            "in-place restart",
-            code == 0 and bool(resumed),
-            f"exit {code}, resumed {resumed}, {time.monotonic() - started:.1f} s",
-        )
-        report.check("resumed from memory, no step redone", resumed[-1:] == [("35", "memory")], f"{resumed}")
-        report.check(
-            "parameters equal the uninterrupted run's", after is not None and after == reference, f"{after}"
-        )
+    report.check(
+        "1 rank, its worker killed: the supervisor on this torch restarts it from the disk",
+        code == 0 and resumed[-1:] == [("30", "disk")],
+        f"exit {code}, resumed {resumed}, {time.monotonic() - started:.1f} s",
+    )
+    report.check(
+        "parameters equal the uninterrupted run's", after is not None and after == reference, f"{after}"
+    )
+    survivors(report, out)
 
-    # The same recovery without the launcher: the worker SIGKILLed at step 35 leaves its copies in the
-    # snapshot directory; a new process on the same GPU resumes from them.
-    state = Path(tempfile.mkdtemp(prefix="gpu-check-state-"))
-    env = environment()
-    env.update(
-        DDP_BACKEND=backend, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", DDP_TRAINER_SNAPSHOT_DIR=str(state)
-    )
-    env["MASTER_PORT"] = str(free_ports(1)[0])
-    code, _, _ = run("killed", [*python, *TRAIN, "--inject-fault", "0:step=35:kill"], env, out)
-    env["MASTER_PORT"] = str(free_ports(1)[0])
+
+def survivors(report: Report, out: Path) -> None:
+    """Two pods of one rank on this GPU, the state on the device (gloo carries CUDA tensors; NCCL
+    refuses two ranks on one device): rank 1's worker SIGKILLed at step 35. Rank 0's worker must keep
+    its process and its device state, rank 1's new worker receive the state from it, and both end with
+    the uninterrupted run's parameters."""
+    report.say("\n## Survivors keep their processes and device state (2 pods, gloo, state on the GPU)\n")
+    python = [sys.executable, "-m", "ddp_trainer", "--metrics-host", "127.0.0.1"]
+
+    def pods(tag: str, extra: list[str], in_place: bool) -> list[tuple[int, str]]:
+        port = str(free_ports(1)[0])
+        processes = []
+        for pod in (0, 1):
+            env = environment()
+            env.update(DDP_BACKEND="gloo", DDP_DEVICE="cuda", WORLD_SIZE="2", NNODES="2", NPROC_PER_NODE="1")
+            env.update(NODE_RANK=str(pod), MASTER_PORT=port)
+            if in_place:
+                env.update(DDP_RESTART_MODE="InPlace", DDP_RESTART_BUDGET="3")
+            else:
+                env.update(RANK=str(pod), LOCAL_RANK="0")
+            log = (out / f"{tag}-{pod}.log").open("w")
+            processes.append(subprocess.Popen([*python, *TRAIN, *extra], env=env, stdout=log, stderr=log))
+        results = []
+        for pod, process in enumerate(processes):
+            try:
+                code = process.wait(timeout=240)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                code = process.wait()
+            results.append((code, (out / f"{tag}-{pod}.log").read_text()))
+        return results
+
+    reference = pods("pair-reference", [], in_place=False)
+    expected = digest(reference[0][1])
+    report.check("uninterrupted 2-rank run", [c for c, _ in reference] == [0, 0], f"digest {expected}")
     started = time.monotonic()
-    again, text, _ = run("restarted", [*python, *TRAIN], env, out)
-    resumed = re.findall(r"resumed step=(\d+).*?from=(\w+)", text)
-    after = digest(text)
+    killed = pods("pair-killed", ["--inject-fault", "1:step=35:kill:once"], in_place=True)
+    rounds = [re.findall(r"^launcher event=started .*workers=(\S+)", text, re.M) for _, text in killed]
+    resumed = re.findall(r"resumed step=(\d+).*?from=(\w+)", killed[0][1])
     report.check(
-        "a worker killed at step 35 resumes in a new process from the copy",
-        code == -9 and again == 0 and resumed == [("35", "memory")],
-        f"killed: exit {code}; restarted: exit {again}, resumed {resumed}, {time.monotonic() - started:.1f} s",
+        "rank 0's worker kept its process; rank 1's was started anew",
+        [c for c, _ in killed] == [0, 0]
+        and len(rounds[0]) == 2
+        and rounds[0][0] == rounds[0][1]
+        and rounds[1][0] != rounds[1][-1],
+        f"exits {[c for c, _ in killed]}, workers by round {rounds}, {time.monotonic() - started:.1f} s",
     )
     report.check(
-        "its parameters equal the uninterrupted run's", after is not None and after == reference, f"{after}"
+        "the new worker's state came from the survivor",
+        resumed[-1:][0][1:] == ("peer",) if resumed else False,
+        f"{resumed}",
     )
+    after = {digest(text) for _, text in killed}
+    report.check("parameters equal the uninterrupted run's", after == {expected}, f"{after}")
 
 
 def blocked(report: Report, out: Path) -> None:
@@ -335,34 +359,11 @@ def blocked(report: Report, out: Path) -> None:
     )
 
 
-def snapshot_cost(report: Report, out: Path) -> None:
-    report.say("\n## The per-step copy on the GPU (bench_state_snapshot.py --device cuda)\n")
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "bench_state_snapshot.py"),
-            "--device",
-            "cuda",
-            "--rounds",
-            "3",
-            "--steps",
-            "10",
-        ],
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    (out / "snapshot.log").write_text(done.stdout + done.stderr)
-    report.say(done.stdout.strip() or done.stderr.strip()[-2000:])
-    report.check("snapshot benchmark", done.returncode == 0, f"exit {done.returncode}")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--backend", default="nccl")
-    parser.add_argument("--skip", nargs="*", default=[], help="machine, pair, trainer, blocked, snapshot")
+    parser.add_argument("--skip", nargs="*", default=[], help="machine, pair, trainer, blocked")
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
     report = Report(options.out)
@@ -371,7 +372,6 @@ def main() -> int:
         ("pair", lambda: nccl_pair(report)),
         ("trainer", lambda: trainer(report, options.backend, options.out)),
         ("blocked", lambda: blocked(report, options.out)),
-        ("snapshot", lambda: snapshot_cost(report, options.out)),
     ]
     for name, phase in phases:
         if name in options.skip:

@@ -21,7 +21,6 @@ BENCHMARKS = (
     "bench_gang_admission.py",
     "bench_inplace_restart.py",
     "bench_pod_start.py",
-    "bench_state_snapshot.py",
     "bench_health_check.py",
     "bench_rendezvous_scale.py",
 )

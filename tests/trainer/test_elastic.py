@@ -15,6 +15,7 @@ import pytest
 from trainer_gang import (
     Gangs,
     TrainerProcess,
+    assert_survivors_kept_their_processes,
     describe,
     events,
     finish,
@@ -141,7 +142,11 @@ def test_a_pod_leaves_the_survivors_train_on_and_a_new_pod_grows_the_group_back(
     # Each resize resumed from the checkpoint the agreed stop wrote: no step was done twice.
     stopped, resumed = steps(pods[0], "stopped"), steps(pods[0], "resumed")
     assert stopped == resumed and stopped[-2:] == [int(shrunk.group(1)), int(grown.group(1))], describe(pods)
-    assert [e["decision"] for pod in survivors for e in events(pod, "failed")] == ["restart", "restart"]
+    # No survivor's worker failed or started anew: each left the group twice with its state (pod 2's
+    # agreed stop, then its supervisor's leave for the grow) and kept its process.
+    assert not [e for pod in survivors for e in events(pod, "failed")], describe(pods)
+    assert [[e["why"] for e in events(pod, "left")] for pod in survivors] == [["stopped", "asked"]] * 2
+    assert assert_survivors_kept_their_processes(survivors) == 2
     assert events(pods[0], "grow") or events(pods[1], "grow"), describe(pods)
     # The same model on every rank of the last round.
     digests = [pod.digests() for pod in (*survivors, replacement)]
@@ -207,9 +212,10 @@ def test_below_min_members_the_survivor_does_not_train_alone(gangs: Gangs, tmp_p
     for pod in pods[1:]:
         pod.signal(signal.SIGTERM)
     assert wait_all(pods) == [EXIT_PEER_LOST, EXIT_STOPPED, EXIT_STOPPED], describe(pods)
-    [failed] = events(pods[0], "failed")
-    assert (failed["code"], failed["decision"]) == (str(EXIT_STOPPED), "restart")
-    # It stopped its workers and waited for a round it never had: no workers started again.
+    # Its worker left the group with the others' agreed stop, kept its state, and waited with it for a
+    # round it never had: no worker failed or started again.
+    assert not events(pods[0], "failed"), describe(pods)
+    assert [e["why"] for e in events(pods[0], "left")] == ["stopped"], describe(pods)
     assert len(events(pods[0], "started")) == started, describe(pods)
     assert events(pods[0], "stopped"), describe(pods)
     assert re.search(r"pod 0 left the rendezvous .*exiting 170", pods[0].stderr, re.DOTALL), describe(pods)

@@ -306,6 +306,31 @@ def events(pod: TrainerProcess, event: str) -> list[dict[str, str]]:
     return [fields for fields in pod.status_lines("launcher") if fields["event"] == event]
 
 
+def rounds_of_workers(pod: TrainerProcess) -> list[dict[int, int]]:
+    """Every round's workers of a supervised pod (global rank -> pid), from its ``started`` lines."""
+    return [
+        {int(rank): int(pid) for rank, pid in (item.split(":") for item in fields["workers"].split(","))}
+        for fields in pod.status_lines("launcher")
+        if fields["event"] == "started"
+    ]
+
+
+def assert_survivors_kept_their_processes(
+    pods: Sequence[TrainerProcess], lost: set[int] = frozenset()
+) -> int:
+    """Every worker a pod ran in its first round, but the ``lost`` pids (killed), runs in its last round
+    as the same process (its rank may have changed: an elastic resize), and every worker that was kept
+    said so (``kept=``). Returns how many survivors there were."""
+    survivors = 0
+    for pod in pods:
+        rounds = rounds_of_workers(pod)
+        assert len(rounds) >= 2, describe([pod])
+        first, last = set(rounds[0].values()) - lost, set(rounds[-1].values())
+        assert first <= last, (rounds, describe([pod]))
+        survivors += len(first)
+    return survivors
+
+
 def finish(pods: Sequence[TrainerProcess]) -> list[str]:
     """Wait until every pod lingers after training, scrape each, then end them; returns the scrapes."""
     for pod in pods:

@@ -1,7 +1,7 @@
 """Trainer processes forked from a Python that has already imported torch (a "zygote").
 
 Every rank and launcher of the trainer tier is a ``python -m ddp_trainer`` (or a script) of its own.
-Started fresh, each spends 2.5-4 CPU-seconds importing torch, torch._dynamo and the elastic agent
+Started fresh, each spends 2.5-4 CPU-seconds importing torch, torch._dynamo and the rendezvous handler
 before its first line of our code: on 2 cores that was most of the tier's CPU and the larger part of a
 CI run's. A zygote imports those once; each process is then a fork of it that sets its own session,
 environment, argv, working directory and standard streams and runs the program's ``__main__`` as
@@ -43,7 +43,7 @@ PRELOAD = (
     "torch.distributed",
     "torch.nn.parallel",
     "torch._dynamo",
-    "torch.distributed.elastic.agent.server.local_elastic_agent",
+    "torch.distributed.elastic.rendezvous",
     "sklearn.datasets",
 )
 # Variables a preloaded library may read while it is imported: a process that needs another value

@@ -2,7 +2,8 @@
 
 It runs when NPROC_PER_NODE > 1 (in Recreate mode: torch's elastic launcher on a
 static rendezvous, no local restarts, the operator recreates the gang) and on every pod in InPlace
-mode (DDP_RESTART_MODE=InPlace, ``ddp_trainer.elastic``: restarts in place on the launchers' rendezvous).
+mode (DDP_RESTART_MODE=InPlace, ``ddp_trainer.supervisor``: our own supervisor, whose surviving
+workers keep their processes and state through a restart).
 
 Stock torchrun exits 1 whatever its workers' codes were; the operator's restart policy needs the code
 of the worker whose own failure it was (a worker's 3 is permanent, a lost peer's 170 is retryable), so
@@ -36,7 +37,6 @@ from ddp_trainer.exitcodes import (
 from ddp_trainer.metrics import MULTIPROC_ENV
 from ddp_trainer.restarts import RestartLedger, RestartRecord
 from ddp_trainer.resume import PROGRESS_DIR_ENV, read_resume_note, resume_note_path
-from ddp_trainer.snapshot import SNAPSHOT_DIR_ENV
 
 __all__ = ["LAUNCHER_COLLATERAL_CODES", "first_failure_code", "launch_local_workers", "signal_exit_code"]
 
@@ -54,10 +54,7 @@ def launch_local_workers(env: DistEnv, config: TrainConfig, argv: Sequence[str])
     ledger = RestartLedger()
     if in_place:
         os.environ[PROGRESS_DIR_ENV] = str(progress_dir)
-        # The workers' in-memory copies of the training state outlive them here (ddp_trainer.snapshot).
-        os.environ[SNAPSHOT_DIR_ENV] = str(workspace / "state")
-    if in_place:
-        from ddp_trainer.elastic import prepare_workers
+        from ddp_trainer.supervisor import prepare_workers
 
         prepare_workers(env, config)
     if in_place and env.standby_file is not None:
@@ -86,13 +83,13 @@ def launch_local_workers(env: DistEnv, config: TrainConfig, argv: Sequence[str])
         except OSError as error:
             raise metrics_port_error(config.metrics_host, env.metrics_port, error) from None
     if in_place:
-        from ddp_trainer.elastic import run_in_place
+        from ddp_trainer.supervisor import run_in_place
 
         code = run_in_place(env, config, list(argv), exit_dir, progress_dir, ledger)
     else:
         code = _launch_static(env, config, argv, exit_dir)
-    # The outcome is decided. torch's agent left its own SIGTERM/SIGINT handlers installed, which raise:
-    # a stop signal from here on (a pod deleted after its work, a repeated SIGTERM) must not turn this
+    # The outcome is decided. The supervisor (or torch's static launcher) left its own SIGTERM/SIGINT
+    # handlers installed: a stop signal from here on (a pod deleted after its work, a repeated SIGTERM) must not turn this
     # outcome into a traceback and exit 1. Only the linger below still listens, to end early.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)

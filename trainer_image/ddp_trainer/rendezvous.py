@@ -42,8 +42,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Final
 
-from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
-from torch.distributed import DistError, DistStoreError
+from torch.distributed import DistError, DistStoreError, PrefixStore, Store, TCPStore  # type: ignore[attr-defined]  # public, re-exported implicitly
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 from torch.distributed.elastic.rendezvous.api import (
     RendezvousClosedError,

@@ -38,7 +38,7 @@ from typing import Any, Final, NamedTuple
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import BuiltinCommHookType, GradBucket
+from torch.distributed import BuiltinCommHookType, GradBucket  # type: ignore[attr-defined]  # public, re-exported implicitly
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer.metrics import RankMetrics, payload_bytes

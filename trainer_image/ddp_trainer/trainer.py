@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import hashlib
 import math
 import os
@@ -13,13 +15,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import torch
 import torch.distributed as dist
 from prometheus_client import Gauge
 from torch import nn
-from torch._C._distributed_c10d import TCPStore
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, re-exported implicitly
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
@@ -41,6 +43,8 @@ from ddp_trainer.faults import InjectedExitError, inject, misshape, send_delay
 from ddp_trainer.health import mark_joined, pod_is_new
 from ddp_trainer.health_check import check_links
 from ddp_trainer.library import Instrumentation, instrument
+from ddp_trainer.membership import LeftReason, Membership
+from ddp_trainer.membership import current as current_membership
 from ddp_trainer.metrics import (
     MetricsEndpoint,
     create_health_metrics,
@@ -49,15 +53,8 @@ from ddp_trainer.metrics import (
     resumed_timestamp_gauge,
 )
 from ddp_trainer.progress import FinalResult, Progress, format_status_line
+from ddp_trainer.resume import KEPT_SECONDS_FIELD as KEPT
 from ddp_trainer.resume import PROGRESS_DIR_ENV, StepBook
-from ddp_trainer.snapshot import (
-    GPU_COPY_BUDGET,
-    SNAPSHOT_DIR_ENV,
-    CopyPacer,
-    StateSnapshots,
-    load_slot,
-    newest_slot,
-)
 from ddp_trainer.teardown import THREADS_OUTLIVED_GROUP, GroupSession, process_group_session
 from ddp_trainer.workloads import Workload, build_workload
 
@@ -78,11 +75,9 @@ def log(message: str) -> None:
 def setup(env: DistEnv, config: TrainConfig) -> DistContext:
     """Join the process group from the env contract; raises PeerLostError after ``--init-timeout``."""
     backend = resolve_backend(env.backend, torch.cuda.is_available())
-    if backend == "nccl":
-        device = torch.device("cuda", env.local_rank)
+    device = _device(env)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     endpoint = f"{env.master_addr}:{env.master_port}"
     try:
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
@@ -187,8 +182,48 @@ class _Run:
     window_steps: int = 0
 
 
+# The stop flags the ranks combine (their maximum wins): a rank told to stop (SIGTERM), a rank whose
+# supervisor asks it to leave the group with the others (a pod waits to join).
+STOP_FLAG: Final = 2.0
+LEAVE_FLAG: Final = 1.0
+
+
+class LeaveGroupError(Exception):
+    """The ranks agreed to stop at a step boundary and this rank was not told to stop itself: under the
+    pod's supervisor it leaves the group with its state and waits for the next round."""
+
+    def __init__(self, why: LeftReason, message: str) -> None:
+        super().__init__(message)
+        self.why: LeftReason = why
+
+
+@dataclass
+class Held:
+    """What a worker keeps through the rounds of its gang (docs/restarts.md): the workload, the model and
+    optimizer where they live (the device), and where training is (None before any state is held)."""
+
+    workload: Workload
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    place: _Place | None = None
+    kept_seconds: float = 0.0
+
+    @property
+    def step(self) -> int:
+        """The step the held state is at; -1 when none is held."""
+        return self.place.step if self.place is not None else -1
+
+
+def hold(config: TrainConfig, device: torch.device) -> Held:
+    """The workload, its model on ``device`` and the optimizer: built once per worker process."""
+    workload: Workload = build_workload(config)
+    model = workload.model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    return Held(workload, model, optimizer)
+
+
 class Trainer:
-    """Trains one workload on one rank of an initialized process group."""
+    """Trains one workload on one rank of an initialized process group: one round of the gang."""
 
     def __init__(
         self,
@@ -197,21 +232,25 @@ class Trainer:
         context: DistContext,
         stop: StopFlag,
         endpoint: MetricsEndpoint,
+        held: Held | None = None,
+        membership: Membership | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.config = config
         self.env = env
         self.ctx = context
         self.stop = stop
         self.is_rank0 = context.rank == 0
-        self.watchdog = Watchdog(config.watchdog_timeout, context.rank)
+        self.watchdog = watchdog or Watchdog(config.watchdog_timeout, context.rank)
+        self.watchdog.rank = context.rank
         self.checkpoint_dir = Path(config.checkpoint_dir) if config.checkpoint_dir else None
         self.endpoint = endpoint
         self.book = StepBook(context.rank)
-        # Under the in-place launcher: the state after each step, kept where the next round finds it.
-        snapshot_dir = os.environ.get(SNAPSHOT_DIR_ENV)
-        self.snapshot_dir = Path(snapshot_dir) if snapshot_dir else None
-        self.snapshots = StateSnapshots(self.snapshot_dir, context.rank) if self.snapshot_dir else None
-        self.pacer = CopyPacer(paced=context.device.type == "cuda")
+        self.held = held if held is not None else hold(config, context.device)
+        # Under the pod's supervisor: the channel that asks this worker to leave at a stop check.
+        self.membership = membership
+        # Why the ranks agreed to stop at the last stop check (see _agree_to_stop).
+        self.agreed: LeftReason = "stopped"
         self.kept_gauge = kept_step_seconds_gauge(0, endpoint.registry) if self.is_rank0 else None
         # Set at the first step after a resume from a checkpoint (the restart's "training again").
         self.resumed_gauge: Gauge | None = None
@@ -238,60 +277,59 @@ class Trainer:
             stall_timeout=self.env.stall_timeout or 0,
         )
 
-    def _resume_state(self) -> tuple[dict[str, Any], str] | None:
-        """The newest state any member holds, and where it came from (docs/restarts.md).
+    def _resume_state(self) -> tuple[dict[str, Any] | None, str, int] | None:
+        """Agree on the newest state any member holds and give it to those that lack it (docs/restarts.md).
 
-        Every rank says the newest step it can provide: its pod's in-memory copy (a survivor of an
-        in-place restart) and, on rank 0, the newest complete checkpoint. When every rank holds the
-        newest step in memory each loads its own; otherwise the lowest rank that holds it sends it to
-        the others over the group's collective ("peer"), or rank 0 reads the disk ("disk").
+        Every rank offers the step its live state is at (a survivor of an earlier round holds its model
+        and optimizer in this process) and, on rank 0, the newest complete checkpoint's. The group
+        resumes at the newest step offered: a rank that holds it keeps its own state, untouched; the
+        others receive it from the lowest rank that holds it live ("peer"), or from rank 0's disk when no
+        member does ("disk"). Returns the state this rank received (None: it kept its own), where the
+        group's newest state came from ("memory": every rank held it), and the step; None to start
+        from scratch.
         """
-        ctx = self.ctx
-        local = newest_slot(self.snapshot_dir) if self.snapshot_dir is not None else None
-        local_step = local[0] if local is not None else -1
+        ctx, held = self.ctx, self.held
         disk_step = -1
         if self.is_rank0 and self.checkpoint_dir is not None:
             found = complete_checkpoints(self.checkpoint_dir)
             disk_step = found[-1][0] if found else -1
         offers: list[Any] = [None] * ctx.world_size
         with self._collective("the resume agreement"):
-            dist.all_gather_object(offers, (max(local_step, disk_step), local_step))
-        best = max(offer[0] for offer in offers)
+            dist.all_gather_object(offers, (held.step, disk_step))
+        best = max(max(offer) for offer in offers)
         if best < 0:
             inject(self.config.inject_fault, ctx.rank, "resume")
             return None
-        if all(offer[1] == best for offer in offers) and local is not None:
-            state = load_slot(local[1])
+        keepers = [rank for rank, offer in enumerate(offers) if offer[0] == best]
+        if len(keepers) == ctx.world_size:
             inject(self.config.inject_fault, ctx.rank, "resume")
-            if state is not None:
-                return state, "memory"
-        source = min(rank for rank, offer in enumerate(offers) if offer[0] == best)
-        holder: list[Any] = [None]
-        origin = "peer"
+            return None, "memory", best
+        source = min(keepers) if keepers else min(r for r, offer in enumerate(offers) if offer[1] == best)
+        holder: list[Any] = [None, "peer"]
         if ctx.rank == source:
-            if local is not None and local_step == best:
-                holder[0] = load_slot(local[1])
-            if holder[0] is None and self.checkpoint_dir is not None:
+            if keepers:
+                assert held.place is not None
+                holder[0] = self._state(held.model, held.optimizer, held.place)
+            elif self.checkpoint_dir is not None:
                 loaded = load_newest_checkpoint(self.checkpoint_dir)
                 if loaded is not None:
                     holder[0] = loaded[0]
                     log(f"rank {ctx.rank} resumes from {loaded[1]}")
-                    origin = "disk"
+                    holder[1] = "disk"
         inject(self.config.inject_fault, ctx.rank, "resume")
         with self._collective("the state broadcast"):
-            holder.append(origin)
             dist.broadcast_object_list(
                 holder, src=source, device=ctx.device if ctx.backend == "nccl" else None
             )
-        state, origin = holder[0], holder[1]
-        return (state, str(origin)) if isinstance(state, dict) else None
+        state, origin = holder[0], str(holder[1])
+        if ctx.rank in keepers:
+            return None, origin, best
+        return (state if isinstance(state, dict) else None), origin, best
 
     # --- the loop ------------------------------------------------------------------------------------
     def train(self) -> int:
         config, ctx = self.config, self.ctx
-        workload: Workload = build_workload(config)
-        model = workload.model.to(ctx.device)
-        optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+        workload, model, optimizer = self.held.workload, self.held.model, self.held.optimizer
         place = self._restore(model, optimizer)
         inject(config.inject_fault, ctx.rank, "ddp")
         # DDP's constructor checks the parameter shapes across ranks and broadcasts rank 0's parameters.
@@ -328,6 +366,12 @@ class Trainer:
                     print(
                         format_status_line("stopped", {"step": place.step, "checkpoint": path or "none"}),
                         flush=True,
+                    )
+                if self.membership is not None and not self.stop.requested:
+                    # Another rank's stop (its pod is going), or the supervisor's leave (a pod joins):
+                    # this rank keeps its state for the next round.
+                    raise LeaveGroupError(
+                        self.agreed, f"the ranks agreed to leave the group at step {place.step}"
                     )
                 return EXIT_STOPPED
             self._checkpoint(ddp, optimizer, place, final=True)
@@ -369,20 +413,29 @@ class Trainer:
             print(format_status_line("health", result.status_fields(seconds)), flush=True)
 
     def _restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> _Place:
-        """The newest checkpoint's model, optimizer and place in the data, or the start."""
-        ctx = self.ctx
+        """Where this round starts: the held state, the newest state a peer or the disk gives this rank,
+        or the start."""
+        ctx, held = self.ctx, self.held
         resumed = self._resume_state()
         if resumed is None:
+            held.place, held.kept_seconds = _Place(), 0.0
             self._book_resume(0, None)
-            return _Place()
-        state, origin = resumed
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, epoch, position = int(state["step"]), int(state["epoch"]), int(state["batch_in_epoch"])
+            return held.place
+        state, origin, _ = resumed
+        if state is not None:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            step, epoch, position = int(state["step"]), int(state["epoch"]), int(state["batch_in_epoch"])
+            held.place = _Place(step, epoch, position, int(state.get("world_size", ctx.world_size)))
+            self._book_resume(step, state)
+        else:
+            assert held.place is not None
+            self._book_resume(held.place.step, {KEPT: held.kept_seconds})
+        place = held.place
         if self.is_rank0:
-            print(format_status_line("resumed", {"step": step, "epoch": epoch, "from": origin}), flush=True)
-        self._book_resume(step, state)
-        return _Place(step, epoch, position, int(state.get("world_size", ctx.world_size)))
+            fields = {"step": place.step, "epoch": place.epoch, "from": origin}
+            print(format_status_line("resumed", fields), flush=True)
+        return place
 
     def _plan(self, place: _Place, samples: int, batches_per_epoch: int) -> int:
         """Map a checkpoint's place in the epoch to this group's world size (an elastic job's resize,
@@ -420,6 +473,7 @@ class Trainer:
 
     def _book_step(self, step: int) -> None:
         self.book.step_done(step)
+        self.held.kept_seconds = self.book.kept_seconds
         if self.kept_gauge is not None:
             self.kept_gauge.set(self.book.kept_seconds)
         if self.resumed_gauge is not None:
@@ -441,21 +495,6 @@ class Trainer:
                 place.epoch, place.batch = place.epoch + 1, 0
         return False
 
-    def _copy_state(self, run: _Run, place: _Place) -> None:
-        """The state after this step into the pod's memory (ddp_trainer.snapshot), timed for the pacer."""
-        assert self.snapshots is not None
-        if self.pacer.paced:
-            # The step's kernels first, so the copy's time is the copy's alone.
-            torch.cuda.synchronize(self.ctx.device)
-        started = time.perf_counter()
-        self.snapshots.save(place.step, self._fields(place), run.ddp.module, run.optimizer)
-        every = self.pacer.copied(place.step, started, time.perf_counter())
-        if every is not None and self.is_rank0:
-            log(
-                f"the state is copied to memory every {every} step(s), which keeps its copies within "
-                f"{GPU_COPY_BUDGET:.0%} of the training time (docs/restarts.md)"
-            )
-
     def _step(self, run: _Run, order: list[int], batch_index: int) -> bool:
         """One training step and what follows it; True when the ranks agreed to stop."""
         config, ctx, place = self.config, self.ctx, run.place
@@ -475,8 +514,6 @@ class Trainer:
         place.step += 1
         place.batch = batch_index + 1
         self._book_step(place.step)
-        if self.snapshots is not None and self.pacer.due(place.step):
-            self._copy_state(run, place)
         run.window_steps += 1
         last = place.step >= run.total_steps
         logged = place.step % config.progress_every == 0 or last
@@ -517,15 +554,17 @@ class Trainer:
 
     def _agree_to_stop(self, metrics: Instrumentation) -> bool:
         """Combine the SIGTERM flags; the ranks' compute times ride in the same allreduce."""
+        leave = self.membership is not None and self.membership.leave_requested()
+        mine = STOP_FLAG if self.stop.requested else LEAVE_FLAG if leave else 0.0
         with self._collective("the stop-flag allreduce"):
-            (flag,) = metrics.exchange([1.0 if self.stop.requested else 0.0])
+            (flag,) = metrics.exchange([mine])
+        # The largest flag wins: a rank's own stop (its pod is going) over a supervisor's leave.
+        self.agreed = "stopped" if flag >= STOP_FLAG else "asked"
         return flag > 0
 
-    def _state(
-        self, ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, place: _Place
-    ) -> dict[str, Any]:
+    def _state(self, model: nn.Module, optimizer: torch.optim.Optimizer, place: _Place) -> dict[str, Any]:
         """The training state at ``place``, as a checkpoint holds it."""
-        return {**self._fields(place), "model": ddp.module.state_dict(), "optimizer": optimizer.state_dict()}
+        return {**self._fields(place), "model": model.state_dict(), "optimizer": optimizer.state_dict()}
 
     def _fields(self, place: _Place) -> dict[str, Any]:
         """The plain values of the training state: where training is, and what it was started with
@@ -534,10 +573,11 @@ class Trainer:
             "step": place.step,
             "epoch": place.epoch,
             "batch_in_epoch": place.batch,
-            "world_size": self.ctx.world_size,
+            # The world size the place counts its batches in (a held state's round's, until _plan).
+            "world_size": place.world_size if place.world_size is not None else self.ctx.world_size,
             "seed": self.config.seed,
             "workload": self.config.workload,
-            **self.book.checkpoint_fields(),
+            KEPT: self.held.kept_seconds,
         }
 
     def _checkpoint(
@@ -556,7 +596,7 @@ class Trainer:
             return None
         path: str | None = None
         if self.is_rank0 and self.checkpoint_dir is not None:
-            state = self._state(ddp, optimizer, place)
+            state = self._state(ddp.module, optimizer, place)
             path = str(save_checkpoint(self.checkpoint_dir, place.step, state, self.config.keep_checkpoints))
         if final:
             inject(self.config.inject_fault, self.ctx.rank, "final-barrier")
@@ -633,33 +673,99 @@ def run_worker(config: TrainConfig, env: DistEnv) -> int:
     return code
 
 
+# Puts the state on the worker's local GPU whatever the backend ("cuda"; gloo carries CUDA tensors):
+# how one GPU holds two ranks' device state (NCCL refuses two ranks on one device), for
+# benchmarks/gpu_check.py. Unset: the backend decides.
+DEVICE_ENV: Final = "DDP_DEVICE"
+
+
+def _device(env: DistEnv) -> torch.device:
+    """This worker's device: its local GPU under NCCL (or DDP_DEVICE=cuda), else the CPU; the same in
+    every round."""
+    if (
+        resolve_backend(env.backend, torch.cuda.is_available()) == "nccl"
+        or os.environ.get(DEVICE_ENV) == "cuda"
+    ):
+        return torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1))
+    return torch.device("cpu")
+
+
 def _train_in_group(
     config: TrainConfig, env: DistEnv, stop: StopFlag, endpoint: MetricsEndpoint, session: GroupSession
 ) -> int:
-    try:
-        context = setup(env, config)
-        stop.install()
-        return Trainer(config, env, context, stop, endpoint).train()
-    except InjectedExitError as injected:
-        # The testing aid stands for this rank's own failure with that code: it exits first, as below.
-        session.abandon()
-        return injected.code
-    except ConfigError as error:
-        # Bad input found once in the group (a dataset the user mounted): one line, no traceback, and
-        # the usage code, which the ExitCode policy reads as permanent.
-        log(f"bad configuration: {error}")
-        session.abandon()
-        return EXIT_BAD_CONFIG
-    except Exception as error:
-        code = exit_code_for(error)
-        if code == EXIT_PEER_LOST:
+    """Train in the gang's rounds: one without the pod's supervisor; under it, after each lost peer or
+    agreed leave, the next one, in this process, with the model and optimizer held where they are."""
+    membership = current_membership()
+    held: Held | None = None
+    watchdog: Watchdog | None = None
+    while True:
+        why: LeftReason = "peer-lost"
+        try:
+            context = setup(env, config)
+            stop.install()
+            if held is None:
+                held = hold(config, context.device)
+            watchdog = watchdog or Watchdog(config.watchdog_timeout, context.rank)
+            return Trainer(config, env, context, stop, endpoint, held, membership, watchdog).train()
+        except LeaveGroupError as leave:
+            log(f"rank {env.rank}: {leave}")
+            why = leave.why
+        except InjectedExitError as injected:
+            # The testing aid stands for this rank's own failure with that code: it exits first, as below.
+            session.abandon()
+            return injected.code
+        except ConfigError as error:
+            # Bad input found once in the group (a dataset the user mounted): one line, no traceback, and
+            # the usage code, which the ExitCode policy reads as permanent.
+            log(f"bad configuration: {error}")
+            session.abandon()
+            return EXIT_BAD_CONFIG
+        except Exception as error:
+            code = exit_code_for(error)
+            if code != EXIT_PEER_LOST:
+                log(
+                    f"rank {env.rank}: an error of this rank's own code (exit {code}, permanent):\n"
+                    + "".join(traceback.format_exception(error)).rstrip()
+                )
+                # Exit before the peers can notice: ending the group would close its connections, and
+                # they could record their collateral 170 before this rank has recorded its own code.
+                session.abandon()
+                return code
             log(_peer_lost_message(env.rank, error))
-            return code
-        log(
-            f"rank {env.rank}: an error of this rank's own code (exit {code}, permanent):\n"
-            + "".join(traceback.format_exception(error)).rstrip()
-        )
-        # Exit before the peers can notice: ending the group would close its connections, and they
-        # could record their collateral 170 before this rank has recorded its own code.
-        session.abandon()
-        return code
+            if membership is None:
+                return code
+        # Here only under the supervisor, outside the handler (its traceback holds the round's DDP model).
+        assert membership is not None
+        next_env = _next_round(env, membership, session, held, stop, why)
+        if next_env is None:
+            return EXIT_STOPPED if stop.requested else EXIT_PEER_LOST
+        env = next_env
+
+
+def _next_round(
+    env: DistEnv,
+    membership: Membership,
+    session: GroupSession,
+    held: Held | None,
+    stop: StopFlag,
+    why: LeftReason,
+) -> DistEnv | None:
+    """Leave the broken or agreed-left group, keep ``held``, and wait for the supervisor's next round:
+    the environment of this worker in it, or None when there is none."""
+    gc.collect()  # the round's DDP model and its reducer, before the group they hold ends
+    session.leave()  # closes the round's instrumentation, ends the group, joins its threads
+    session.left = None
+    step = held.step if held is not None else -1
+    membership.left(step, why)
+    round_ = membership.next_round(lambda: stop.requested)
+    if round_ is None:
+        return None
+    return dataclasses.replace(
+        env,
+        rank=round_.rank,
+        world_size=round_.world_size,
+        nnodes=round_.members,
+        node_rank=round_.group_rank,
+        master_addr=round_.master_addr,
+        master_port=round_.master_port,
+    )

@@ -1,16 +1,16 @@
-"""One worker's life, whoever starts it: ``python -m ddp_trainer`` itself, or the in-place launcher.
+"""One worker's life, whoever starts it: ``python -m ddp_trainer`` itself, or the pod's supervisor.
 
-The in-place launcher (``ddp_trainer.elastic``) does not start a new interpreter per worker: its
-workers are forked from a forkserver that imported torch and the trainer once, when the launcher
-started, so a restart does not pay the interpreter start and the torch import again (seconds, see
-docs/benchmarks.md). :func:`forked_worker` is that entry point; torch's ``MultiprocessContext``
-waits for the return value of a worker that succeeds.
+The supervisor (``ddp_trainer.supervisor``) does not start a new interpreter per worker: its workers
+are forked from a forkserver that imported torch and the trainer once, when the supervisor started, so
+a new worker does not pay the interpreter start and the torch import again (seconds, see
+docs/benchmarks.md). :func:`supervised_worker` is that entry point.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from multiprocessing.connection import Connection
 
 from ddp_trainer.config import ConfigError, DistEnv, TrainConfig, parse_args, parse_env
 from ddp_trainer.exitcodes import EXIT_BAD_CONFIG, EXIT_OK
@@ -37,7 +37,7 @@ def train_and_record(config: TrainConfig, env: DistEnv) -> int:
 
 
 def forked_worker(argv: list[str]) -> int:
-    """A worker of the in-place launcher. Any code but 0 ends the process at once, without
+    """A worker forked by the pod's supervisor. Any code but 0 ends the process at once, without
     interpreter teardown, as ``python -m ddp_trainer`` does (see ddp_trainer.teardown); 0 is
     returned, and multiprocessing then ends the process without teardown too."""
     from ddp_trainer.teardown import exit_without_finalizing
@@ -53,3 +53,13 @@ def forked_worker(argv: list[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     return code
+
+
+def supervised_worker(argv: list[str], environ: dict[str, str], connection: Connection) -> int:
+    """A worker of the pod's supervisor: its round's variables over the forkserver's environment, its
+    pipe to the supervisor (ddp_trainer.membership), then :func:`forked_worker`."""
+    from ddp_trainer import membership
+
+    os.environ.update(environ)
+    membership.attach(connection)
+    return forked_worker(argv)

@@ -17,8 +17,9 @@ whose cost per member does not grow with the members:
   there is one pod per rank), sorts them by sort key (``ddp_trainer.restarts.node_addr``: pod rank, or
   the topology's order) and writes the tickets in rank order to the round's one result key, by
   compare-and-set, so one completion wins.
-- **Waiting** is the store's own ``wait`` on that result key: no polling. Closing the rendezvous writes
-  the result key too, so waiters wake at once.
+- **Waiting** is the store's own ``wait``, on a ``done`` key set right after the result (torch's legacy
+  store server wakes no waiter on a compare-and-set): no polling. Closing the rendezvous writes the
+  result key too, so waiters wake at once.
 - **Between rounds**, ``num_nodes_waiting`` is one ``add(…, 0)`` on the next round's join counter.
 
 A member whose ticket is not in the result joined too late (the round completed first): it joins the
@@ -29,7 +30,7 @@ waited). A fixed-size round needs every pod rank, so a lost member is superseded
 
 Keys, under ``ddp/rendezvous/<run id>/``: ``closed``; ``open`` (the newest round a new member tries
 first); per round ``r<R>/joins``, ``r<R>/m<ticket>``, ``r<R>/beat<ticket>`` and ``r<R>/result``
-(tickets in rank order, comma-separated, or ``closed``).
+(tickets in rank order, comma-separated, or ``closed``) and ``r<R>/done``.
 """
 
 from __future__ import annotations
@@ -165,6 +166,7 @@ class RoundsRendezvous(RendezvousHandler):
         rounds = {self._open()} | ({self._round + 1} if self._round is not None else set())
         for number in rounds:
             self._store.compare_set(self._key(f"r{number}/result"), "", CLOSED)
+            self._store.set(self._key(f"r{number}/done"), "1")
 
     def shutdown(self) -> bool:
         self.set_closed()
@@ -220,7 +222,7 @@ class RoundsRendezvous(RendezvousHandler):
 
     def _await(self, number: int, me: Member, deadline: float) -> str:
         """The round's result, completing it when this member's ticket can."""
-        result_key = self._key(f"r{number}/result")
+        result_key, done_key = self._key(f"r{number}/result"), self._key(f"r{number}/done")
         last_call: _LastCall | None = None
         if me.ticket >= self._fewest:
             members = ranked(self._descriptors(number, me.ticket))
@@ -246,7 +248,7 @@ class RoundsRendezvous(RendezvousHandler):
                 last_call = None
             until = min(deadline, last_call.at) if last_call is not None else deadline
             with contextlib.suppress(DistStoreError):  # the deadline or the last call came: above
-                self._store.wait([result_key], timedelta(seconds=max(until - now, 0.001)))
+                self._store.wait([done_key], timedelta(seconds=max(until - now, 0.001)))
         return bytes(self._store.get(result_key)).decode()
 
     def _complete(self, number: int, members: Sequence[Member]) -> None:
@@ -254,6 +256,9 @@ class RoundsRendezvous(RendezvousHandler):
         slow completer may set it one round back: a new member then finds that round complete and
         moves on)."""
         self._store.compare_set(self._key(f"r{number}/result"), "", encode_result(members))
+        # Waiters wait for this key, not the result: torch's legacy store server (what ddp_trainer.stores
+        # falls back to on torch 2.6) wakes no waiter on a compare-and-set, only on a set.
+        self._store.set(self._key(f"r{number}/done"), "1")
         self._store.set(self._key("open"), str(number + 1))
 
     def _descriptors(self, number: int, tickets: int | Sequence[int]) -> list[Member]:

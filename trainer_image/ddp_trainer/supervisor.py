@@ -77,6 +77,7 @@ from ddp_trainer.restarts import (
     restarts_spent,
 )
 from ddp_trainer.resume import read_step_marker, step_marker_path, write_restarts
+from ddp_trainer.stores import tcp_store
 from ddp_trainer.worker import supervised_worker
 from ddp_trainer.workloads import LAZY_IMPORTS
 
@@ -644,14 +645,7 @@ def serve_workers_store(host: str, timeout: timedelta) -> TCPStore:
     """The workers' store of a round, served by its rank 0 supervisor at ``host`` on a port the kernel
     picks as it binds: no other process can take it between the pick and the bind. On loopback only
     when ``host`` is a loopback address (docs/trainer.md, "Where rank 0 listens")."""
-    return TCPStore(
-        host,
-        0,
-        is_master=True,
-        timeout=timeout,
-        wait_for_workers=False,
-        master_listen_fd=loopback_listener(host, 0),
-    )
+    return tcp_store(host, 0, is_master=True, timeout=timeout, listen_fd=loopback_listener(host, 0))
 
 
 def rendezvous_handler(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHandler, Store]:
@@ -662,14 +656,13 @@ def rendezvous_handler(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHan
     timeout = timedelta(seconds=config.init_timeout)
     host, port = env.rendezvous_store
     is_host = env.rendezvous_endpoint is None and env.node_rank == 0
-    store = TCPStore(
+    store = tcp_store(
         host,
         port,
         is_master=is_host,
         timeout=timeout,
-        wait_for_workers=False,
         # A job on one machine stays on loopback (docs/trainer.md, "Where rank 0 listens").
-        master_listen_fd=loopback_listener(host, port) if is_host else None,
+        listen_fd=loopback_listener(host, port) if is_host else None,
     )
     handler = RoundsRendezvous(
         store,

@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 from prometheus_client import Gauge
 from torch import nn
-from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, re-exported implicitly
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
@@ -55,6 +54,7 @@ from ddp_trainer.metrics import (
 from ddp_trainer.progress import FinalResult, Progress, format_status_line
 from ddp_trainer.resume import KEPT_SECONDS_FIELD as KEPT
 from ddp_trainer.resume import PROGRESS_DIR_ENV, StepBook
+from ddp_trainer.stores import tcp_store
 from ddp_trainer.teardown import THREADS_OUTLIVED_GROUP, GroupSession, process_group_session
 from ddp_trainer.workloads import Workload, build_workload
 
@@ -90,17 +90,16 @@ def setup(env: DistEnv, config: TrainConfig) -> DistContext:
                 timeout=timedelta(seconds=config.init_timeout),
             )
         else:
-            # Under our launcher, the round's rank 0 agent already serves the store (ddp_trainer.elastic).
+            # Under the pod's supervisor, the round's rank 0 supervisor serves the store already.
             serves = env.rank == 0 and os.environ.get(AGENT_SERVES_STORE_ENV) != "1"
             listen_fd = loopback_listener(env.master_addr, env.master_port) if serves else None
-            store = TCPStore(
+            store = tcp_store(
                 env.master_addr,
                 env.master_port,
-                env.world_size,
+                world_size=env.world_size,
                 is_master=serves,
                 timeout=timedelta(seconds=config.init_timeout),
-                wait_for_workers=False,
-                master_listen_fd=listen_fd,
+                listen_fd=listen_fd,
             )
             dist.init_process_group(
                 backend,

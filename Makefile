@@ -11,7 +11,7 @@ STAMP     := $(VENV)/.installed-$(shell (cat pyproject.toml harness/pyproject.to
 PYTEST    := $(PY) -m pytest
 export PATH := $(VENV)/bin:$(PATH)
 
-.PHONY: all system-deps venv demo test lint typecheck test-unit test-trainer test-integration test-integration-a test-integration-b test-e2e test-e2e-node test-e2e-kind k8s-binaries kueue-binary node-binaries kube-router images kind kind-up kind-demo kind-down chart-crds bench clean-venv
+.PHONY: all system-deps venv venv-lowest demo test lint typecheck test-unit test-trainer test-trainer-lowest test-integration test-integration-a test-integration-b test-e2e test-e2e-node test-e2e-kind k8s-binaries kueue-binary node-binaries kube-router images kind kind-up kind-demo kind-down chart-crds bench clean-venv
 
 all: test
 
@@ -62,6 +62,30 @@ test-unit: venv
 
 test-trainer: venv
 	$(PYTEST) tests/trainer -q $(DURATIONS)
+
+## The user's torch: the trainer runs on every torch from TORCH_LOWEST on (pyproject.toml). A second,
+## cached virtualenv holds the lowest, and the trainer tier's recovery tests run on it against this
+## checkout (PYTHONPATH: nothing of the project is installed there). docs/testing.md has its cost.
+TORCH_LOWEST   ?= 2.6.0
+VENV_LOWEST    := $(CACHE)/venv-torch$(TORCH_LOWEST)
+LOWEST_STAMP   := $(VENV_LOWEST)/.deps-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
+RECOVERY_TESTS  = tests/trainer/test_inplace_restarts.py tests/trainer/test_elastic.py tests/trainer/test_short_round.py tests/trainer/test_rendezvous.py
+
+$(LOWEST_STAMP): $(DEPS_STAMP)
+	@echo ">>> the virtualenv with the lowest supported torch ($(TORCH_LOWEST)) in $(VENV_LOWEST)"
+	@test -x $(VENV_LOWEST)/bin/python || python3 -m venv $(VENV_LOWEST)
+	$(VENV_LOWEST)/bin/python -m pip install -q --upgrade pip
+	$(PY) -c 'import tomllib; e = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]; print("\n".join(r for k in ("trainer", "operator", "dev") for r in e[k] if not r.startswith("torch")))' > $(CACHE)/lowest-requirements.txt
+	echo "torch==$(TORCH_LOWEST)" >> $(CACHE)/lowest-requirements.txt
+	$(VENV_LOWEST)/bin/python -m pip download -q -d $(CACHE)/wheels "torch==$(TORCH_LOWEST)"
+	$(VENV_LOWEST)/bin/python -m pip install -q --find-links $(CACHE)/wheels -r $(CACHE)/lowest-requirements.txt
+	@rm -f $(VENV_LOWEST)/.deps-*; touch $@
+
+venv-lowest: $(LOWEST_STAMP)
+
+test-trainer-lowest: venv $(LOWEST_STAMP)
+	PYTHONPATH=$(CURDIR)/trainer_image:$(CURDIR)/operator:$(CURDIR)/harness \
+	  $(VENV_LOWEST)/bin/python -m pytest $(RECOVERY_TESTS) -q $(DURATIONS)
 
 k8s-binaries:
 	hack/build-k8s.sh

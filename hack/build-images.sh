@@ -169,13 +169,19 @@ start_asset_server() {
 
 declare -A BUILD_SECONDS=()
 
+host_torch() { # the host virtualenv's torch version, without its local tag (2.15.0+cu132 -> 2.15.0)
+  "${DDP_VENV:-$CACHE/venv}/bin/python" -c 'import importlib.metadata as m; print(m.version("torch").split("+")[0])'
+}
+
 build_image() {
   local image=$1 dockerfile=$2 base=$3 assets_url=$4 context=$5 started
   started=$SECONDS
   local extra=()
   # The trainer image the tests load into kind runs on CPUs: without triton it is ~1 GB smaller
   # (trainer_image/Dockerfile says why that is safe).
-  [[ $dockerfile == trainer_image/* ]] && extra=(--build-arg DROP_TRITON=1)
+  # It carries the torch the host's tests ran on (its wheels are served to the build): the newest in
+  # pyproject's range when the host's virtualenv was made.
+  [[ $dockerfile == trainer_image/* ]] && extra=(--build-arg DROP_TRITON=1 --build-arg TORCH_VERSION="$(host_torch)")
   log "building $image on $base"
   local replaced
   replaced=$($DOCKER image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)

@@ -3,10 +3,12 @@
 # need running beside them instead of before them (docs/testing.md, "How the run is laid out").
 #
 #   foreground:  venv -> lint, mypy -> unit -> lane A and lane B, side by side:
-#     lane A:    trainer tier -> integration, Kueue + gangs + chart --> e2e: Docker + the real node
+#     lane A:    trainer tier -> its recovery tests on the lowest torch -> integration, Kueue + gangs +
+#                chart --> e2e: Docker + the real node
 #     lane B:    (control-plane builds) integration, the rest -> e2e: kind
 #   background:  Kubernetes, Kueue -> node binaries, kube-router -> kind -> the kind cluster
-#                (beside it) Docker and both images -> the kind node's root filesystems
+#                (beside it) the lowest torch's venv -> Docker and both images -> the kind node's root
+#                filesystems
 #
 # The builds are mostly compiles and downloads; the tiers are mostly processes waiting on each other
 # (rendezvous rounds, kubelets' reports, decision windows): a tier alone keeps 2 cores about half busy,
@@ -59,16 +61,18 @@ compiles() {
     stage kind-cluster hack/kind-cluster.sh up "$KIND_CLUSTER" "$kind_kubeconfig"
 }
 
-# The downloads and assembly: Docker and both images, then the kind node's root filesystems.
+# The downloads and assembly: the lowest torch's virtualenv, Docker and both images, then the kind
+# node's root filesystems.
 assembly() {
-  stage images $MAKE --no-print-directory images &&
+  stage venv-lowest $MAKE --no-print-directory venv-lowest &&
+    stage images $MAKE --no-print-directory images &&
     stage kind-rootfs hack/build-kind.sh rootfs &&
     touch "$logs/assembly.done"
 }
 
 await_stage() { # name: inside a chain, until the other chain's stage is done (1 when it failed)
   until [[ -e $logs/$1.done ]]; do
-    [[ -e $logs/images.failed || -e $logs/kind-rootfs.failed ]] && return 1
+    [[ -e $logs/venv-lowest.failed || -e $logs/images.failed || -e $logs/kind-rootfs.failed ]] && return 1
     sleep 2
   done
 }
@@ -103,6 +107,8 @@ wait_for_builds() { # lane stage
 # lane B the longer, and lane A's real node waits for its builds anyway.
 lane_a() {
   step A "trainer tier" $MAKE --no-print-directory test-trainer
+  wait_for_builds A venv-lowest
+  step A "trainer tier's recovery tests, lowest torch" $MAKE --no-print-directory test-trainer-lowest
   wait_for_builds A control-plane
   step A "integration tier, Kueue, gangs and the chart" $MAKE --no-print-directory test-integration-a
   wait_for_builds A node
@@ -187,7 +193,7 @@ record - "lanes A and B side by side" $((SECONDS - lanes_started))
 echo
 echo "=== make test: seconds per step (lane: A, B, or - for the shared steps; build logs: $logs)"
 cat "$logs/timings"
-for stage in control-plane node images kind-rootfs kind kind-cluster; do
+for stage in control-plane node venv-lowest images kind-rootfs kind kind-cluster; do
   record - "($stage builds, in the background)" "$(cat "$logs/$stage.done")"
   tail -n 1 "$logs/timings"
 done

@@ -175,7 +175,10 @@ class TrainerProcess:
                     f"{self.stdout[-2000:]}\n{self.stderr[-3000:]}"
                 )
             time.sleep(0.05)
-        raise AssertionError(f"{self.name} did not print {pattern!r} within {timeout} s")
+        raise AssertionError(
+            f"{self.name} did not print {pattern!r} within {timeout} s:\n"
+            f"{self.stdout[-2000:]}\n{self.stderr[-3000:]}"
+        )
 
     def scrape(self) -> str:
         assert self.metrics_port is not None, "started without a metrics port"

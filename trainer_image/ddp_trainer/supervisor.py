@@ -114,6 +114,10 @@ SHUTDOWN_TIMEOUT = 60
 # A worker asked to leave has until its watchdog would end it, and this much more, to say it left;
 # then it is ended and starts anew (its state comes from a survivor).
 LEAVE_GRACE = 10.0
+# A worker asked to leave that completes no step for this long is blocked (in a collective with a peer
+# that hangs with its sockets open, say): it is ended at once, not after its watchdog's timeout. A
+# healthy worker leaves at its next stop check, steps still moving until then.
+LEAVE_STALL_SECONDS = 15.0
 
 T = TypeVar("T")
 
@@ -161,6 +165,9 @@ class _Worker:
     # (step, time, why) once it said it left its group, until it is given the next round.
     left: tuple[int, float, str] | None = None
     asked_to_leave: bool = False
+    # Since when its step (ddp_trainer.resume's marker) has been the one seen last, once asked to leave.
+    seen_step: int | None = None
+    seen_at: float = 0.0
 
     @property
     def code(self) -> int | None:
@@ -365,6 +372,7 @@ class Supervisor:
             worker = self._workers.get(local)
             if worker is not None and local not in fresh:
                 worker.rank, worker.left, worker.asked_to_leave = round_.rank, None, False
+                worker.seen_step = None
                 worker.send(("round", round_))
             else:
                 self._workers[local] = self._start_worker(round_)
@@ -440,7 +448,11 @@ class Supervisor:
             failures = [Failure.decode(line) for line in _read_all(left, FAILURES_KEY)]
             stops = [line.split() for line in _read_all(left, STOPPED_KEY)]
             stopped = [float(fields[1]) for fields in stops]
-            steps = [int(fields[2]) for fields in stops if len(fields) > 2 and fields[2] != "-"]
+            # The newest step a survivor held (a step only a lost worker completed is no step redone:
+            # the group never had it); where nothing survived, the newest any pod completed.
+            known = [fields for fields in stops if len(fields) > 2 and fields[2] != "-"]
+            survived = [int(fields[2]) for fields in known if fields[3:] == ["1"]]
+            steps = survived or [int(fields[2]) for fields in known]
             members_before = int(left.get(MEMBERS_KEY)) if left.check([MEMBERS_KEY]) else None
             record = build_record(
                 restarts, failures, stopped, reformed, max(steps, default=None), members_before, members
@@ -478,6 +490,7 @@ class Supervisor:
                         failure = Failure(pod_rank=self._pod_rank, global_rank=rank, exit_code=code, time=at)
                         _push(_books(self._gang_store, self._restarts), FAILURES_KEY, failure.encode())
                 return _Outcome()
+            self._end_blocked()
             if self._pod_waiting() and not any(w.asked_to_leave for w in self._workers.values()):
                 self._pod_waits()
             time.sleep(MONITOR_INTERVAL)
@@ -536,7 +549,30 @@ class Supervisor:
         for worker in self._workers.values():
             if worker.code is None and worker.left is None and not worker.asked_to_leave:
                 worker.asked_to_leave = True
+                worker.seen_step, worker.seen_at = self._step(worker), time.monotonic()
                 worker.send(("leave",))
+
+    def _step(self, worker: _Worker) -> int:
+        found = read_step_marker(step_marker_path(self._progress_dir, worker.rank))
+        return -1 if found is None else found
+
+    def _end_blocked(self) -> None:
+        """End every worker asked to leave that has made no step for LEAVE_STALL_SECONDS: it is blocked
+        and would never reach the stop check (its exit is then a failure of the round, replaced)."""
+        now = time.monotonic()
+        for worker in self._workers.values():
+            if not worker.asked_to_leave or worker.left is not None or worker.code is not None:
+                continue
+            step = self._step(worker)
+            if step != worker.seen_step:
+                worker.seen_step, worker.seen_at = step, now
+            elif now - worker.seen_at > LEAVE_STALL_SECONDS:
+                log(
+                    f"the worker of rank {worker.rank} made no step for {LEAVE_STALL_SECONDS:g} s after it was "
+                    "asked to leave its group: it is blocked, ending it"
+                )
+                _kill(worker.process)
+                worker.process.join(5)
 
     def _await_left(self) -> int | None:
         """Until every live worker of this pod has left its group (holding its state) or ended; one that
@@ -554,6 +590,7 @@ class Supervisor:
                     pending.append(worker)
             if not pending:
                 break
+            self._end_blocked()
             if time.monotonic() > deadline:
                 for worker in pending:
                     log(
@@ -565,11 +602,16 @@ class Supervisor:
         if all(w.code == 0 for w in self._workers.values()):
             return EXIT_OK
         stopped = time.time()
+        # The step this pod's surviving workers hold; a pod none of whose workers survived says the
+        # last step its first worker completed, which counts only when no pod kept any (_publish).
+        kept = [w.left[0] for w in self._workers.values() if w.left is not None and w.left[0] >= 0]
         ranks = [w.rank for w in self._workers.values()]
-        steps = read_step_marker(step_marker_path(self._progress_dir, min(ranks))) if ranks else None
+        steps = max(kept) if kept else None
+        if steps is None and ranks:
+            steps = read_step_marker(step_marker_path(self._progress_dir, min(ranks)))
         _status("stopped", pod=self._pod_rank, time=f"{stopped:.6f}")
         if self._round_store is not None:
-            line = f"{self._pod_rank} {stopped:.6f} {'-' if steps is None else steps}"
+            line = f"{self._pod_rank} {stopped:.6f} {'-' if steps is None else steps} {int(bool(kept))}"
             _push(_books(self._gang_store, self._restarts), STOPPED_KEY, line)
         return None
 

@@ -66,7 +66,7 @@ test-trainer: venv
 ## The user's torch: the trainer runs on every torch from TORCH_LOWEST on (pyproject.toml). A second,
 ## cached virtualenv holds the lowest, and the trainer tier's recovery tests run on it against this
 ## checkout (PYTHONPATH: nothing of the project is installed there). docs/testing.md has its cost.
-TORCH_LOWEST   ?= 2.6.0
+TORCH_LOWEST   ?= 2.8.0
 VENV_LOWEST    := $(CACHE)/venv-torch$(TORCH_LOWEST)
 LOWEST_STAMP   := $(VENV_LOWEST)/.deps-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 RECOVERY_TESTS  = tests/trainer/test_inplace_restarts.py tests/trainer/test_elastic.py tests/trainer/test_short_round.py tests/trainer/test_rendezvous.py

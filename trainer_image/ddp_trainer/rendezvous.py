@@ -257,7 +257,8 @@ class RoundsRendezvous(RendezvousHandler):
         moves on)."""
         self._store.compare_set(self._key(f"r{number}/result"), "", encode_result(members))
         # Waiters wait for this key, not the result: torch's legacy store server (what ddp_trainer.stores
-        # falls back to on torch 2.6) wakes no waiter on a compare-and-set, only on a set.
+        # falls back to where the default server takes no listening socket) wakes no waiter on a
+        # compare-and-set, only on a set.
         self._store.set(self._key(f"r{number}/done"), "1")
         self._store.set(self._key("open"), str(number + 1))
 

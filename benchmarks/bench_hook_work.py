@@ -97,8 +97,12 @@ def main() -> None:
     torch.set_num_threads(1)
     store = dist.FileStore(os.path.join(tempfile.mkdtemp(prefix="bench-hook-"), "store"), 1)
     with process_group_session():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=0, world_size=1)
-        print(f"torch {torch.__version__}, {device}, {options.rounds} rounds x {options.steps} steps, medians")
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo", store=store, rank=0, world_size=1
+        )
+        print(
+            f"torch {torch.__version__}, {device}, {options.rounds} rounds x {options.steps} steps, medians"
+        )
         print("| buckets | torch's allreduce_hook | ours, detailed | ours' own work per step | per bucket |")
         print("|---|---|---|---|---|")
         for buckets in options.buckets:

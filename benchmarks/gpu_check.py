@@ -15,8 +15,10 @@
 4. A rank blocked on the device behind a kernel that does not finish (``torch.cuda._sleep`` standing in
    for a hung peer's NCCL allreduce): its /metrics must keep answering, as the operator's hang
    detection assumes (on the CPU the stand-in is a sleep).
+5. ``bench_hook_work.py --device cuda``: our comm hook's own work per step on NCCL, against torch's
+   own Python ``allreduce_hook``.
 
-Everything is written to DIR (``summary.md``, one log per run, the reference's /metrics: 8 files); the exit code is 0 when every check
+Everything is written to DIR (``summary.md``, one log per run, the reference's /metrics); the exit code is 0 when every check
 that could run passed.
 """
 
@@ -354,11 +356,35 @@ def blocked(report: Report, out: Path) -> None:
     )
 
 
+def hook_work(report: Report, out: Path) -> None:
+    """Our comm hook's own work per step on NCCL against torch's allreduce_hook (bench_hook_work.py)."""
+    report.say("\n## Our hook's own work per step on NCCL (bench_hook_work.py --device cuda)\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_hook_work.py"),
+            "--device",
+            "cuda",
+            "--rounds",
+            "5",
+            "--steps",
+            "30",
+        ],
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    (out / "hook_work.log").write_text(done.stdout + done.stderr)
+    report.say("```\n" + done.stdout.strip() + "\n```")
+    report.check("hook work benchmark", done.returncode == 0, f"exit {done.returncode}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--backend", default="nccl")
-    parser.add_argument("--skip", nargs="*", default=[], help="machine, pair, trainer, blocked")
+    parser.add_argument("--skip", nargs="*", default=[], help="machine, pair, trainer, blocked, hook")
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
     report = Report(options.out)
@@ -367,6 +393,7 @@ def main() -> int:
         ("pair", lambda: nccl_pair(report)),
         ("trainer", lambda: trainer(report, options.backend, options.out)),
         ("blocked", lambda: blocked(report, options.out)),
+        ("hook", lambda: hook_work(report, options.out)),
     ]
     for name, phase in phases:
         if name in options.skip:

@@ -481,7 +481,7 @@ class RestartCollector(Collector):
     worker's note of the last resume: its time and the step it resumed from.
 
     A scrape renders one :class:`~ddp_trainer.restarts.LedgerState`, taken from the ledger once: the
-    agent's thread may replace it meanwhile, and the counts and the record of two rounds must not mix.
+    supervisor's thread may replace it meanwhile, and the counts and the record of two rounds must not mix.
     """
 
     def __init__(
@@ -539,7 +539,7 @@ class RestartCollector(Collector):
             (
                 "failure_timestamp_seconds",
                 record.failure,
-                "when the failed worker ended, as its agent saw it",
+                "when the failed worker ended, as its supervisor saw it",
             ),
             ("stopped_timestamp_seconds", record.stopped, "when every surviving pod's workers were stopped"),
             ("reformed_timestamp_seconds", record.reformed, "when the new rendezvous round was complete"),

@@ -5,7 +5,7 @@ every member rewrites by compare-and-set: members join one successful write at a
 write lost re-reads and tries again after a back-off of about a second, and a waiting member re-reads
 the state once a second. A round of 8 pods re-formed in 3.2 s on a 2-core machine, 64 in 5.3 s, and 256
 never formed (docs/benchmarks.md, "The rendezvous at scale"). This handler keeps torch's contract (the
-agent calls ``next_rendezvous``, ``num_nodes_waiting``, ``is_closed``, ``shutdown``) with a store layout
+supervisor calls ``next_rendezvous``, ``num_nodes_waiting``, ``is_closed``, ``shutdown``) with a store layout
 whose cost per member does not grow with the members:
 
 - **Joining round R** is one ``add`` on the round's join counter (the member's ticket) and one ``set``
@@ -114,7 +114,7 @@ def place(result: str, me: Member, members: Sequence[Member] | None = None) -> i
 
 
 class RoundsRendezvous(RendezvousHandler):
-    """torch's RendezvousHandler on the layout above, for one pod's agent."""
+    """torch's RendezvousHandler on the layout above, for one pod's supervisor."""
 
     def __init__(
         self,
@@ -151,7 +151,7 @@ class RoundsRendezvous(RendezvousHandler):
 
     @property
     def use_agent_store(self) -> bool:
-        # Each round's rank 0 agent serves its workers' store (ddp_trainer.elastic.serve_workers_store).
+        # Each round's rank 0 supervisor serves its workers' store (ddp_trainer.supervisor.serve_workers_store).
         return False
 
     def get_run_id(self) -> str:

@@ -1,14 +1,14 @@
 """In-place restarts, the pure part: who failed, whether to restart, and what the last restart cost.
 
-The launcher (``ddp_trainer.elastic``) runs torch's elastic agent on every pod; when a worker fails,
-every pod's agent restarts its workers on a new round of the c10d rendezvous. What has to be decided
-the same way on every pod is decided here, from plain values, without torch:
+Every pod runs our supervisor (``ddp_trainer.supervisor``); when a worker or a pod is lost, every
+pod's supervisor joins a new round of the launchers' rendezvous and the survivors re-form in place.
+What has to be decided the same way on every pod is decided here, from plain values, without torch:
 
 - the node descriptor address that makes the rendezvous rank of a pod its ``NODE_RANK``, and which
   rank a round may give a pod (an elastic job's smaller rounds shift the pods after a missing one);
 - whether a failed worker's code is restarted (retried, within the gang's budget) or ends the pod,
   and whether a healthy group restarts for a pod that waits (an elastic job's grow is free);
-- which of the failures the agents report is *the* failure of a restart, and its cause;
+- which of the failures the supervisors report is *the* failure of a restart, and its cause;
 - the record of the last restart that rank 0's pod exports (docs/metrics.md, "In-place restarts").
 
 See docs/restarts.md for the modes and docs/trainer.md for the env contract.
@@ -33,10 +33,9 @@ NODE_ADDR_PREFIX: Final = "ddp-node-"
 # The causes of a restart (the ``cause`` label of ddp_last_restart_info).
 Cause = Literal["ExitCode", "PeerLost", "MemberJoined"]
 
-# What a pod's agent does about a failed worker group ("stuck": a worker no signal can end, see
-# ddp_trainer.elastic).
+# What a pod's supervisor does about a failed worker ("stuck": a worker no signal can end).
 Decision = Literal["restart", "permanent", "budget-spent", "stuck"]
-# What a pod's agent does when its workers are healthy and a pod waits to join the next round.
+# What a pod's supervisor does when its workers are healthy and a pod waits to join the next round.
 HealthyRestart = Literal["grow", "restart", "budget-spent"]
 
 
@@ -100,7 +99,7 @@ def is_grow(members_before: int, members_after: int, failures: Sequence[Failure]
 
 
 def healthy_restart(elastic: bool, members: int, pods: int, spent: int, budget: int) -> HealthyRestart:
-    """What a pod's agent does when torch restarts its healthy group because a pod waits to join.
+    """What a pod's supervisor does when a pod waits to join its healthy group.
 
     In an elastic job whose round has fewer members than the job has ``pods`` (NNODES), the waiting
     pod makes the next round larger: a grow, allowed whatever the budget. Otherwise (a fixed-size job, whose pods wait only to
@@ -112,7 +111,7 @@ def healthy_restart(elastic: bool, members: int, pods: int, spent: int, budget: 
 
 
 def decide(exit_code: int, restarts_done: int, budget: int) -> Decision:
-    """What a pod's agent does when its worker group failed with ``exit_code``.
+    """What a pod's supervisor does when its worker failed with ``exit_code``.
 
     ``restarts_done`` is the gang's count of in-place restarts so far that count against the budget
     (:func:`restarts_spent`: the same on every pod, read from the rendezvous), ``budget`` what
@@ -128,12 +127,12 @@ def decide(exit_code: int, restarts_done: int, budget: int) -> Decision:
 
 @dataclass(frozen=True)
 class Failure:
-    """One pod's report of a failed worker group: the worker whose code decides, as its agent saw it."""
+    """One pod's report of a failed worker group: the worker whose code decides, as its supervisor saw it."""
 
     pod_rank: int  # the reporting pod's NODE_RANK
     global_rank: int
     exit_code: int
-    time: float  # unix seconds when the agent saw the worker's end
+    time: float  # unix seconds when the supervisor saw the worker's end
 
     def encode(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -266,7 +265,7 @@ class LedgerState:
 
 
 class RestartLedger:
-    """The launcher's :class:`LedgerState`, written by the agent's thread, read by the endpoint's.
+    """The launcher's :class:`LedgerState`, written by the supervisor's thread, read by the endpoint's.
 
     ``state`` is replaced whole, in one assignment, and a reader takes it once: it sees one round's
     state or the next, never a mix, and needs no lock.

@@ -81,7 +81,7 @@ def setup(env: DistEnv, config: TrainConfig) -> DistContext:
     endpoint = f"{env.master_addr}:{env.master_port}"
     try:
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            # Started by our launcher: torch's elastic agent hosts the store, env:// finds it.
+            # Started by torch's static launcher (Recreate, nprocPerNode > 1): its agent hosts the store.
             dist.init_process_group(
                 backend,
                 init_method="env://",

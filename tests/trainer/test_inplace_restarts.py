@@ -314,6 +314,31 @@ def test_a_lost_pod_started_again_joins_the_survivors_without_restarting_them(
     assert info is not None and info["cause"] == "PeerLost" and info["exit_code"] == str(EXIT_PEER_LOST)
 
 
+def test_a_killed_worker_of_an_elastic_job_is_replaced_and_the_survivors_keep_their_processes(
+    gangs: Gangs, tmp_path: Path
+) -> None:
+    """An elastic job (2..3 pods, its store the rendezvous pod's) loses a worker, not a pod: the failed
+    pod's supervisor joins the next round at once, so the group re-forms with all 3 pods, the same ranks
+    and world; the new worker receives the survivors' step and the job ends with the uninterrupted
+    run's parameters."""
+    # A round completes at once when all 3 pods are in: the long wait only keeps a loaded machine from
+    # forming a round of 2 before the failed pod's supervisor joins.
+    elastic = {**ELASTIC_2_OF_3, "DDP_REPLACEMENT_WAIT_SECONDS": "60"}
+    env = {**IN_PLACE, **rendezvous_pod(gangs), **elastic}
+    pods = gangs.pods(3, 1, in_place_args(tmp_path / "ckpt", "--metrics-linger", "120"), env=env)
+    pods[0].wait_for_stdout(r"^progress step=35 ")
+    killed = kill_worker(pods[2], rank=2)
+    scrapes = finish(pods)
+    assert_one_restart_in_order(pods, killed)
+    assert assert_survivors_kept_their_processes(pods, {killed_pid(pods[2], 2)}) == 2
+    assert [e["members"] for pod in pods for e in events(pod, "reformed")] == ["3", "3", "3"]
+    match = pods[0].wait_for_stdout(r"^resumed step=(\d+) epoch=\d+ from=(\w+)")
+    assert int(match.group(1)) >= 35 and match.group(2) == "peer", describe(pods)
+    digests = {rank: digest for pod in pods for rank, digest in pod.digests().items()}
+    assert digests == dict.fromkeys(range(3), uninterrupted_digest(gangs))
+    assert samples(scrapes[0], "ddp_last_restart_steps_redone") == {"0": 0.0}, scrapes[0]
+
+
 def rejoined_exactly(gangs: Gangs, ended: list[TrainerProcess]) -> list[str]:
     """The 3 pods of a group a new pod joined (``ended``, by rank) finish: the new one received the
     survivors' step (35 or later) over the group, every rank ends with the uninterrupted run's

@@ -27,6 +27,7 @@ reads the wait from DDP's logger (the last sampled step: communication not overl
 import math
 import re
 import statistics
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -81,8 +82,29 @@ def _cuda() -> Any:
     return torch.cuda
 
 
+# DDP's logger is private: what this module reads of it is probed on the installed torch at run time,
+# and a torch without it degrades the series that come from it (said once in the log), never the job.
+_warned: set[str] = set()
+
+
+def _private_call(ddp: DistributedDataParallel, name: str, *args: Any) -> Any:
+    """``ddp.<name>(*args)``, or None where the installed torch's DDP has no such method."""
+    method = getattr(_private(ddp), name, None)
+    if method is None:
+        if name not in _warned:
+            _warned.add(name)
+            print(
+                f"ddp_trainer: torch {torch.__version__}'s DistributedDataParallel has no {name}() (a private "
+                "API): the series taken from DDP's logger stay empty (docs/metrics.md)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return None
+    return method(*args)
+
+
 def _logging_data(ddp: DistributedDataParallel) -> dict[str, Any]:
-    return dict(_private(ddp)._get_ddp_logging_data())
+    return dict(_private_call(ddp, "_get_ddp_logging_data") or {})
 
 
 def _bucket_sizes(text: object) -> list[int]:
@@ -133,7 +155,7 @@ class SyncRecorder(ABC):
     def install(self, ddp: DistributedDataParallel) -> None:
         """Set up the gauges and register what this strategy needs on ``ddp`` (before its first forward)."""
         self._ddp = ddp
-        _private(ddp)._set_ddp_runtime_logging_sample_rate(self.settings.logger_sample_every)
+        _private_call(ddp, "_set_ddp_runtime_logging_sample_rate", self.settings.logger_sample_every)
         self.metrics.world_size.set(self.settings.world_size)
         data = _logging_data(ddp)
         self.metrics.bucket_cap_bytes.set(int(data.get("bucket_cap_bytes", 0)))

@@ -87,6 +87,9 @@ class Run:
     reformed_s: float | None = None
     operator_resumed_s: float | None = None
     steps_redone: int | None = None
+    # Whether the survivor's workers kept their processes (the same PIDs in its next round's
+    # `launcher event=started` line); None where the survivor's pod is not the same after the failure.
+    survivors_kept: bool | None = None
 
 
 @dataclass
@@ -208,6 +211,24 @@ def fail(kube: Kube, job: str, mode: str, cluster: str) -> float:
     return time.time()
 
 
+def started_workers(kube: Kube, job: str, rank: int) -> tuple[str, list[set[int]]] | None:
+    """The live pod of ``rank`` and its workers' PIDs in each round it started (its supervisor's
+    `launcher event=started workers=RANK:PID,...` lines)."""
+    pods = kube.json("get", "pods", "-n", NAMESPACE, "-l", f"ddp.dev/job-name={job},ddp.dev/rank={rank}")
+    for pod in pods["items"]:
+        if pod["status"].get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+            continue
+        name = pod["metadata"]["name"]
+        logs = kube.run("logs", "-n", NAMESPACE, name, "-c", "trainer", check=False)
+        rounds = []
+        for line in logs.splitlines():
+            if line.startswith("launcher ") and "event=started" in line:
+                workers = line.split("workers=")[1].split()[0]
+                rounds.append({int(item.split(":")[1]) for item in workers.split(",")})
+        return name, rounds
+    return None
+
+
 def standby_ready(kube: Kube, job: str) -> bool | None:
     """A standby pod of ``job`` whose launcher logged that it waits (torch imported, forkserver up)."""
     pods = kube.json("get", "pods", "-n", NAMESPACE, "-l", f"ddp.dev/job-name={job},ddp.dev/role=standby")
@@ -229,6 +250,8 @@ def one_failure(kube: Kube, job: str, mode: str, restarts_before: int, cluster: 
     time.sleep(4.0)
     if mode.startswith("standby"):
         wait_for("a standby waiting, ready", lambda: standby_ready(kube, job))
+    survivor_rank = 1 if mode in RANK_0_MODES else 0
+    before = started_workers(kube, job, survivor_rank)
     failed_at = fail(kube, job, mode, cluster)
 
     def resumed() -> float | None:
@@ -236,6 +259,10 @@ def one_failure(kube: Kube, job: str, mode: str, restarts_before: int, cluster: 
         return at if at is not None and at > failed_at else None
 
     resumed_at = wait_for("rank 0's first step after the resume", resumed, timeout=600)
+    after = started_workers(kube, job, survivor_rank)
+    kept = None
+    if before is not None and after is not None and before[0] == after[0] and len(after[1]) > len(before[1]):
+        kept = before[1][-1] <= after[1][-1]
 
     def recorded() -> dict[str, Any] | None:
         """The operator's record of this failure (not the previous one's), once its cost is in."""
@@ -261,6 +288,7 @@ def one_failure(kube: Kube, job: str, mode: str, restarts_before: int, cluster: 
         reformed_s=number("reformedSeconds"),
         operator_resumed_s=number("resumedSeconds"),
         steps_redone=int(record["stepsRedone"]) if "stepsRedone" in record else None,
+        survivors_kept=kept,
     )
 
 
@@ -294,8 +322,8 @@ def _median(values: Sequence[float | None]) -> float | None:
 def table(results: dict[str, list[Run]]) -> str:
     whole = _median([r.resumed_s for r in results.get("whole-gang", [])])
     lines = [
-        "| mode | runs | failure to training again (median s) | vs whole gang | survivors stopped | group re-formed | operator's resumedSeconds | steps redone |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | runs | failure to training again (median s) | vs whole gang | survivors stopped | group re-formed | operator's resumedSeconds | steps redone | survivor's workers kept their PIDs |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, runs in results.items():
         resumed = _median([r.resumed_s for r in runs])
@@ -307,7 +335,8 @@ def table(results: dict[str, list[Run]]) -> str:
         lines.append(
             f"| {mode} | {len(runs)} | {fmt(resumed)} | {ratio} | {fmt(_median([r.stopped_s for r in runs]))} | "
             f"{fmt(_median([r.reformed_s for r in runs]))} | {fmt(_median([r.operator_resumed_s for r in runs]))} | "
-            f"{fmt(_median([float(r.steps_redone) if r.steps_redone is not None else None for r in runs]))} |"
+            f"{fmt(_median([float(r.steps_redone) if r.steps_redone is not None else None for r in runs]))} | "
+            f"{sum(1 for r in runs if r.survivors_kept)}/{sum(1 for r in runs if r.survivors_kept is not None)} |"
         )
     return "\n".join(lines)
 

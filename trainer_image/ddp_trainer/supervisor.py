@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -65,7 +65,6 @@ from ddp_trainer.progress import launcher_status_line
 from ddp_trainer.rank_order import RankOrderMissingError, wait_for_key
 from ddp_trainer.rendezvous import RoundsRendezvous
 from ddp_trainer.restarts import (
-    Decision,
     Failure,
     RestartLedger,
     RestartRecord,
@@ -191,7 +190,6 @@ class _Outcome:
     """How a round ended for this pod: ``code`` set ends the pod; else the gang re-forms."""
 
     code: int | None = None
-    failures: list[Failure] = field(default_factory=list)
 
 
 class Supervisor:
@@ -237,8 +235,6 @@ class Supervisor:
         self._grows = 0
         self._members = 0
         self._signal: int | None = None
-        # Why the pod ends, when a failure ends it.
-        self.ending: Decision | None = None
 
     @property
     def stopped(self) -> bool:
@@ -521,7 +517,6 @@ class Supervisor:
             time=f"{seen:.6f}",
         )
         if decision != "restart":
-            self.ending = decision
             self.kill_workers()
             if decision == "budget-spent":
                 log(f"the gang spent its restart budget ({self._budget}); exiting {code}")
@@ -627,8 +622,9 @@ class Supervisor:
         and rank 0's checkpoint, up to SHUTDOWN_TIMEOUT; the pod exits with their code."""
         live = [w for w in self._workers.values() if w.code is None]
         for worker in live:
-            with contextlib.suppress(ProcessLookupError, TypeError):
-                os.kill(worker.process.pid or -1, signal.SIGTERM)
+            if worker.process.pid is not None:  # never -1: that would signal every process we may
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + SHUTDOWN_TIMEOUT
         for worker in live:
             worker.process.join(max(deadline - time.monotonic(), 0.0))

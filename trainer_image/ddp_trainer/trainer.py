@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import hashlib
 import math
 import os
@@ -685,7 +684,7 @@ def _device(env: DistEnv) -> torch.device:
         resolve_backend(env.backend, torch.cuda.is_available()) == "nccl"
         or os.environ.get(DEVICE_ENV) == "cuda"
     ):
-        return torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1))
+        return torch.device("cuda", env.local_rank)
     return torch.device("cpu")
 
 
@@ -751,8 +750,7 @@ def _next_round(
 ) -> DistEnv | None:
     """Leave the broken or agreed-left group, keep ``held``, and wait for the supervisor's next round:
     the environment of this worker in it, or None when there is none."""
-    gc.collect()  # the round's DDP model and its reducer, before the group they hold ends
-    session.leave()  # closes the round's instrumentation, ends the group, joins its threads
+    session.leave()  # closes the round's instrumentation, frees the round's DDP model, ends the group
     session.left = None
     step = held.step if held is not None else -1
     membership.left(step, why)

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from ddp_operator import names
 from ddp_operator.observe import format_time
-from ddp_operator.policies import recovery, straggler, topology
+from ddp_operator.policies import recovery, standby, straggler, topology
 from ddp_operator.spec import RESTART_MODE_IN_PLACE, STRAGGLER_SHRINK, JobSpec, trainer_container
 
 # Long enough for rank 0 to finish a step and write a checkpoint after SIGTERM.
@@ -487,16 +487,9 @@ def build_rank_pod(
         volumes.append({"name": names.SHM_VOLUME, "emptyDir": {"medium": "Memory"}})
         trainer.setdefault("volumeMounts", []).append({"name": names.SHM_VOLUME, "mountPath": names.SHM_PATH})
     if job.checkpoint is not None and rank == 0:
-        # Only rank 0 writes checkpoints and broadcasts them on start, so only it mounts the volume.
-        volumes.append(
-            {
-                "name": names.CHECKPOINT_VOLUME,
-                "persistentVolumeClaim": {"claimName": names.pvc_name(job.name)},
-            }
-        )
-        trainer.setdefault("volumeMounts", []).append(
-            {"name": names.CHECKPOINT_VOLUME, "mountPath": job.checkpoint.mount_path}
-        )
+        # Only rank 0 writes checkpoints and broadcasts them on start, so of the ranks only it mounts the
+        # volume (and the standbys, which may become rank 0: build_standby_pod).
+        _mount_checkpoint(job, attempt, metadata, pod_spec, trainer)
 
     if topology.orders_ranks(job) and names.PLACEMENT_VOLUME not in volume_names:
         # The order key is written once the pod is bound, after the container may have started.
@@ -514,20 +507,61 @@ def build_rank_pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
+def _mount_checkpoint(
+    job: JobSpec,
+    attempt: int,
+    metadata: dict[str, Any],
+    pod_spec: dict[str, Any],
+    trainer: dict[str, Any],
+) -> None:
+    """The checkpoint claim on the trainer at its mount path, and the label that says so. Where the
+    claim is one node's (ReadWriteOnce) and standbys share it, a required pod affinity keeps the pod
+    on the node of the attempt's other pods that mount it (the first one goes anywhere: a pod that
+    matches its own term is placed like one without it)."""
+    assert job.checkpoint is not None
+    pod_spec.setdefault("volumes", []).append(
+        {"name": names.CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": names.pvc_name(job.name)}}
+    )
+    trainer.setdefault("volumeMounts", []).append(
+        {"name": names.CHECKPOINT_VOLUME, "mountPath": job.checkpoint.mount_path}
+    )
+    metadata["labels"][names.LABEL_CHECKPOINT_MOUNT] = names.CHECKPOINT_MOUNT_VALUE
+    if not standby.pins_to_checkpoint_node(job):
+        return
+    selector = {
+        **names.attempt_selector(job.name, job.uid, attempt),
+        names.LABEL_CHECKPOINT_MOUNT: names.CHECKPOINT_MOUNT_VALUE,
+    }
+    term = {"labelSelector": {"matchLabels": selector}, "topologyKey": names.HOSTNAME_TOPOLOGY_KEY}
+    affinity = pod_spec.setdefault("affinity", {}).setdefault("podAffinity", {})
+    affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
+
+
 # A standby's env has no rank of its own: these come from its assignment (ddp_trainer.standby).
 STANDBY_FILE_ENV: Final = "DDP_STANDBY_FILE"
 _RANK_ENV: Final = frozenset({"NODE_RANK", "PET_NODE_RANK", "RANK", "LOCAL_RANK"})
-# Any rank but 0 builds a standby's spec: rank 0's pod alone mounts the checkpoint volume, and rank 0
-# is never given to a standby of a job that has one (policies.standby).
+# A rank but 0 builds a standby's spec (rank 0's own fields, its checkpoint mount, are added only
+# where the standby may take rank 0: policies.standby.checkpoint_mount).
 _STANDBY_TEMPLATE_RANK: Final = 1
+# Fields the apiserver's Priority admission derives from priorityClassName: set beside another class
+# they would be refused as a mismatch.
+_PRIORITY_FIELDS: Final = ("priority", "preemptionPolicy")
 
 
 def build_standby_pod(
-    job: JobSpec, attempt: int, number: int, *, avoid_nodes: Sequence[str] = ()
+    job: JobSpec,
+    attempt: int,
+    number: int,
+    *,
+    avoid_nodes: Sequence[str] = (),
+    priority_class: str | None = names.DEFAULT_STANDBY_PRIORITY_CLASS,
 ) -> dict[str, Any]:
     """The attempt's ``number``-th standby pod (runPolicy.standbyPods): a rank pod of no rank. Its own
     name and labels (names.ROLE_STANDBY), no hostname (a rank's DNS name stays its rank's), no rank in
-    its env, and its assignment file; not in the in-tree gang (it must not hold the gang's minimum)."""
+    its env, and its assignment file; not in the in-tree gang (it must not hold the gang's minimum).
+    It runs at ``priority_class`` (the operator's standby class, below the ranks: the scheduler
+    preempts a standby for a rank pod; None or empty: the template's), and mounts the checkpoint claim
+    where the access mode allows it (policies.standby.checkpoint_mount), so it may take rank 0."""
     pod = build_rank_pod(job, _STANDBY_TEMPLATE_RANK, attempt, avoid_nodes=avoid_nodes)
     metadata, pod_spec = pod["metadata"], pod["spec"]
     metadata["name"] = names.standby_pod_name(job.name, attempt, number)
@@ -536,7 +570,13 @@ def build_standby_pod(
     labels[names.LABEL_ROLE] = names.ROLE_STANDBY
     labels[names.LABEL_STANDBY] = str(number)
     del pod_spec["hostname"], pod_spec["subdomain"]
+    if priority_class:
+        pod_spec["priorityClassName"] = priority_class
+        for key in _PRIORITY_FIELDS:
+            pod_spec.pop(key, None)
     trainer = next(c for c in pod_spec["containers"] if c.get("name") == names.TRAINER_CONTAINER)
+    if standby.checkpoint_mount(job) in (standby.MOUNT_ANYWHERE, standby.MOUNT_ON_NODE):
+        _mount_checkpoint(job, attempt, metadata, pod_spec, trainer)
     env = [entry for entry in trainer["env"] if entry.get("name") not in _RANK_ENV]
     env.append({"name": STANDBY_FILE_ENV, "value": f"{names.PLACEMENT_PATH}/{names.ASSIGNMENT_FILE}"})
     trainer["env"] = env

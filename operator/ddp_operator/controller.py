@@ -22,10 +22,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from ddp_operator import builders, gang, kueue, names, ownership
+from ddp_operator import builders, gang, kueue, names, ownership, standbys
 from ddp_operator.decision import DEFAULT_TIMING, REASON_INVALID_SPEC, CreateRefusal, Decision, TimingRules
 from ddp_operator.kube_api import (
     ApiError,
@@ -39,7 +39,7 @@ from ddp_operator.kube_api import (
 from ddp_operator.metrics import OperatorMetrics
 from ddp_operator.observe import PodObservation, newest_per_rank, parse_time
 from ddp_operator.podcache import JobKey, PodCache
-from ddp_operator.policies import straggler, topology
+from ddp_operator.policies import standby, straggler, topology
 from ddp_operator.progress.pull import ProgressScraper, Target
 from ddp_operator.reconcile import decide, decide_invalid_spec
 from ddp_operator.spec import JobSpec, SpecError, parse_job
@@ -100,6 +100,10 @@ class JobState:
     counters: HeldCounters = field(default_factory=HeldCounters)
     # Which copy of the job is the newest: kopf's events or our own status write's answer (versions.py).
     versions: Freshness = field(default_factory=Freshness)
+    # The apiserver refused a standby pod (policies.standby): none is created before this time, and
+    # the refusal's message, whose Event was posted (once per message).
+    standby_held_until: datetime | None = None
+    standby_refusal: str | None = None
 
     @property
     def uid(self) -> str:
@@ -127,11 +131,14 @@ class Controller:
         leadership: threading.Event | None = None,
         metrics: MetricsFactory | None = None,
         scraper: ScraperFactory | None = None,
+        standby_priority_class: str | None = names.DEFAULT_STANDBY_PRIORITY_CLASS,
     ) -> None:
         """``leadership``: set by leader election while this process leads (None: act at once);
         ``metrics``: builds the operator's own series (None: none); ``scraper``: builds the reader of
-        rank 0's metrics (None: no progress in status, no stall checks)."""
+        rank 0's metrics (None: no progress in status, no stall checks); ``standby_priority_class``:
+        the PriorityClass of standby pods (None or empty: the template's)."""
         self.api = api
+        self.standby_priority_class = standby_priority_class or None
         # NetworkPolicyPeers that may reach the rank pods' metrics port (where Prometheus runs).
         self.metrics_allow_from = tuple(metrics_allow_from)
         self.jobs: dict[JobKey, JobState] = {}
@@ -325,7 +332,17 @@ class Controller:
         pods = self.pods.pods_of(key)
         observed = self.scraper.observation(key) if self.scraper is not None else None
         queue = await self._queue_view(state, job, pods)
-        decision = decide(job, status, pods, self.clock(), state.refusal, self.rules, observed, queue)
+        decision = decide(
+            job,
+            status,
+            pods,
+            self.clock(),
+            state.refusal,
+            self.rules,
+            observed,
+            queue,
+            standby_held_until=state.standby_held_until,
+        )
         _log_decision(key, decision)
         await self.execute(key, state, job, decision)
         await self._record_placement(key, job, decision, pods)
@@ -467,6 +484,8 @@ class Controller:
                 if remains is not None:
                     self.pods.remember(remains)
         await self._release_from_kueue(key, job, decision)
+        for event in decision.events:
+            await self._post_event(state.body, event.type, event.reason, event.message)
         if decision.create.promotions:
             decision = await self._promote(key, job, decision)
 
@@ -716,7 +735,52 @@ class Controller:
             return None
         if report.error is not None:
             raise report.error
+        await self._create_standbys(key, state, job, decision, accept, on_result)
         return None
+
+    async def _create_standbys(
+        self,
+        key: JobKey,
+        state: JobState,
+        job: JobSpec,
+        decision: Decision,
+        accept: Callable[[Mapping[str, Any], Mapping[str, Any]], bool],
+        on_result: Callable[[JsonDict, bool], None],
+    ) -> None:
+        """The decision's new standby pods, after its rank pods (a rank never waits for a standby).
+        One the apiserver refuses (its PriorityClass missing, a quota full, Pod Security) never fails
+        the job: one Event per refusal message, and no standby for REFUSAL_RETRY_SECONDS."""
+        if not decision.create.standbys:
+            return
+        avoid = straggler.avoided_nodes(decision.report.status)
+        pods = [
+            builders.build_standby_pod(
+                job,
+                decision.create.attempt,
+                number,
+                avoid_nodes=avoid,
+                priority_class=self.standby_priority_class,
+            )
+            for number in decision.create.standbys
+        ]
+        report = await self.api.create_children(pods, accept, on_result=on_result)
+        if isinstance(report.error, ForeignObjectExists):
+            self._foreign(key, state, job, report.error)
+            return
+        if not isinstance(report.error, PodCreateForbidden | ChildInvalid):
+            if report.error is not None:
+                raise report.error
+            state.standby_refusal = None
+            return
+        name = str(((report.failed or {}).get("metadata") or {}).get("name", "?"))
+        message = report.error.message or report.error.reason
+        state.standby_held_until = self.clock() + timedelta(seconds=standby.REFUSAL_RETRY_SECONDS)
+        logger.warning("job=%s/%s standby %s refused: %s", *key, name, message)
+        self.kick_later(key, standby.REFUSAL_RETRY_SECONDS)
+        if message != state.standby_refusal:
+            state.standby_refusal = message
+            event = standbys.refused(name, message)
+            await self._post_event(state.body, event.type, event.reason, event.message)
 
     async def _gang_topology(self, job: JobSpec) -> bool:
         """Whether the in-tree PodGroup's topology constraint is served; asked once, with a dry-run
@@ -814,8 +878,7 @@ def _pod_child(labels: Mapping[str, Any]) -> str:
 
 
 def _rank_pods(job: JobSpec, decision: Decision, patch: Mapping[str, Any] | None) -> list[JsonDict]:
-    """The attempt's missing ranks, the replacements of lost pods, each with the gang's restart budget, and
-    its new standby pods (outside the in-tree gang: they must not count towards its minimum),
+    """The attempt's missing ranks and the replacements of lost pods, each with the gang's restart budget,
     kept off the nodes the job moved away from (the status the decision writes records them); first the
     attempt's rendezvous pod, where the job has one, with the attempt's own ranks (a replacement joins a
     store that exists: creating it again would only cost an API call)."""
@@ -841,7 +904,4 @@ def _rank_pods(job: JobSpec, decision: Decision, patch: Mapping[str, Any] | None
         )
         for rank, replacement in decision.create.replacements
     ]
-    return pods + [
-        builders.build_standby_pod(job, attempt, number, avoid_nodes=avoid)
-        for number in decision.create.standbys
-    ]
+    return pods

@@ -11,7 +11,9 @@ object) on create as success:
   checkpoint PVC if ``create.pvc``, then give ``create.promotions`` their ranks (a standby pod that is
   gone by then is replaced by a new pod of that rank), then create the pods of ``create.ranks``, the
   replacements and the standby pods ``create.standbys`` (attempt ``create.attempt``) concurrently; a child the apiserver refuses for good (403 on a pod, 400/422 on any child) is not
-  retried: the executor hands it to the next ``decide`` as a ``CreateRefusal``, which fails the job;
+  retried: the executor hands it to the next ``decide`` as a ``CreateRefusal``, which fails the job
+  (but a standby pod: the job trains on without it, and ``decide`` holds the standbys back a while);
+- post ``events`` (what the executor does without a status change: standbys deleted for a rank);
 - delete the DDPJob when ``delete.job`` (TTL);
 - call ``decide`` again after ``requeue_after`` seconds when it is set (deadlines, TTL, restarts).
 
@@ -50,6 +52,10 @@ REASON_RESTARTED_IN_PLACE: Final = "RestartedInPlace"
 REASON_RESIZED: Final = "Resized"
 REASON_POD_REPLACED: Final = "PodReplaced"
 REASON_RECOVERED: Final = "Recovered"
+# Standby pods (policies.standby): deleted because a rank's pod found no node; or refused by the
+# apiserver (the job trains on without them).
+REASON_STANDBY_YIELDED: Final = "StandbyYielded"
+REASON_STANDBY_NOT_CREATED: Final = "StandbyNotCreated"
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,9 @@ class Decision:
     # When the progress scraper must read every pod of the attempt: a stall falling due is judged on
     # a read that late (policies.stall.read_due); None: no stall watched.
     read_every_pod_at: datetime | None = None
+    # Events of what the executor does this time without a status change (standbys that yield to a
+    # rank), posted after the deletes whether or not a status write is due.
+    events: tuple[PhaseEvent, ...] = ()
 
     @property
     def phase(self) -> str:

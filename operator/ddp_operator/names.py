@@ -52,6 +52,15 @@ ANNOTATION_ASSIGNMENT: Final = "ddp.dev/assignment"
 # so a standby that took a hung pod's rank is not taken for hung by the same stall (policies.stall).
 ANNOTATION_ASSIGNED_AT: Final = "ddp.dev/assigned-at"
 ASSIGNMENT_FILE: Final = "assignment"
+# The PriorityClass of standby pods unless the operator is told otherwise (--standby-priority-class; the
+# chart installs it under this name for a release named ddp-operator, and passes its own name): below
+# the ranks' priority, so the scheduler preempts a standby for any rank pod (docs/restarts.md).
+DEFAULT_STANDBY_PRIORITY_CLASS: Final = "ddp-operator-standby"
+# On every pod that mounts the job's checkpoint claim (rank 0's pods, and the standbys that may become
+# rank 0): with a ReadWriteOnce claim the standbys are kept on the node of the pods labelled so.
+LABEL_CHECKPOINT_MOUNT: Final = "ddp.dev/checkpoint-mount"
+CHECKPOINT_MOUNT_VALUE: Final = "true"
+HOSTNAME_TOPOLOGY_KEY: Final = "kubernetes.io/hostname"
 RENDEZVOUS_CONTAINER: Final = "rendezvous"
 
 TRAINER_CONTAINER: Final = "trainer"

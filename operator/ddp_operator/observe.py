@@ -98,6 +98,9 @@ class PodObservation:
     deletion_deadline: datetime | None = None
     scheduled: bool = False
     unschedulable_message: str | None = None
+    # spec.priority, which the apiserver's Priority admission resolves from priorityClassName (a
+    # standby's is below its ranks' unless the classes say otherwise: policies.standby).
+    priority: int | None = None
     ready: bool = False
     started_at: datetime | None = None
     # The trainer container's termination (or, when it never ran, the first failed init container's).
@@ -365,6 +368,7 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         deletion_deadline=deletion,
         scheduled=scheduled is not None and scheduled.get("status") == "True",
         unschedulable_message=unschedulable,
+        priority=_priority(pod.get("spec") or {}),
         ready=ready is not None and ready.get("status") == "True",
         started_at=parse_time(status.get("startTime")),
         terminated=terminated is not None,
@@ -390,3 +394,8 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         standby_waiting=labels.get(names.LABEL_ROLE) == names.ROLE_STANDBY,
         assigned_at=parse_time(annotations.get(names.ANNOTATION_ASSIGNED_AT)),
     )
+
+
+def _priority(spec: Mapping[str, Any]) -> int | None:
+    value = spec.get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1036,18 +1036,20 @@ def decide(
     rules: TimingRules = DEFAULT_TIMING,
     observed: ProgressObservation | None = None,
     queue: QueueObservation | None = None,
+    standby_held_until: datetime | None = None,
 ) -> Decision:
     """The next step for one job.
 
     ``pods``: observations of the job's own pods; ``now``: timezone-aware; ``refusal``: a child the
     apiserver refused for good since the last decision; ``rules``: how long to wait for late reports;
     ``observed``: what the operator read of the training from rank 0's metrics; ``queue``: what
-    Kueue says of the job's group while it is queued.
+    Kueue says of the job's group while it is queued; ``standby_held_until``: the apiserver refused a
+    standby pod, and no other is created before then.
     """
     old: Mapping[str, Any] = status or {}
     decision = _decide(job, old, _ours(job, pods), now, refusal, rules, observed, queue)
     # The standby pods (no rank's until one takes a lost pod's, so not in _ours): policies.standby.
-    decision = standbys.with_standbys(job, decision, _owned(job, pods))
+    decision = standbys.with_standbys(job, decision, _owned(job, pods), now, standby_held_until)
     # The rendezvous pods (no rank's, so not in _ours) go with the attempt they served.
     doomed = recovery.stores_to_delete(
         _owned(job, pods), decision.phase, decision.report.status.get("attempt")

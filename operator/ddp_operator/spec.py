@@ -191,10 +191,23 @@ class RunPolicy:
     standby_pods: int = 0
 
 
+# A PVC's access modes (docs/restarts.md, "Standby pods": which of them let a standby take rank 0).
+ACCESS_MODE_RWO: Final = "ReadWriteOnce"
+ACCESS_MODE_ROX: Final = "ReadOnlyMany"
+ACCESS_MODE_RWX: Final = "ReadWriteMany"
+ACCESS_MODE_RWOP: Final = "ReadWriteOncePod"
+
+
 @dataclass(frozen=True)
 class CheckpointSpec:
     volume_claim_template: Mapping[str, Any]
     mount_path: str = DEFAULT_CHECKPOINT_MOUNT_PATH
+
+    @property
+    def access_modes(self) -> tuple[str, ...]:
+        """The claim's access modes as the operator creates it (ReadWriteOnce when none are given)."""
+        modes = self.volume_claim_template.get("accessModes") or [ACCESS_MODE_RWO]
+        return tuple(str(mode) for mode in modes)
 
 
 @dataclass(frozen=True)
@@ -544,12 +557,18 @@ def _parse_elastic(spec: Mapping[str, Any], run_policy: RunPolicy) -> ElasticSpe
 
 
 def _check_standby_pods(
-    run_policy: RunPolicy, replicas: int, queued: bool, elastic: bool, scheduling: SchedulingSpec
+    run_policy: RunPolicy,
+    replicas: int,
+    queued: bool,
+    elastic: bool,
+    scheduling: SchedulingSpec,
+    checkpoint: CheckpointSpec | None,
 ) -> None:
     """A standby takes a lost pod's rank in the survivors' rendezvous: it needs pods that restart in
     place at a rendezvous pod (InPlace, more than one pod), and ranks that are pod numbers (no elastic
-    renumbering, no topology order). The CRD refuses all of these but the Kueue one: a standby outside
-    the job's Kueue pod group would run outside the queue's quota."""
+    renumbering, no topology order); it may take rank 0, so it mounts the checkpoint claim, which a
+    ReadWriteOncePod claim allows one pod only. The CRD refuses all of these but the Kueue one: a
+    standby outside the job's Kueue pod group would run outside the queue's quota."""
     if run_policy.standby_pods == 0:
         return
     field = "spec.runPolicy.standbyPods"
@@ -560,6 +579,10 @@ def _check_standby_pods(
         (scheduling.topology is not None, "needs ranks that follow the pod numbers: not with spec.scheduling.topology"),
         (queued, "is not available to a job queued by Kueue (a standby would run outside the queue's quota): drop "
          "the kueue.x-k8s.io/queue-name label, or set it to 0"),
+        (checkpoint is not None and ACCESS_MODE_RWOP in checkpoint.access_modes,
+         "needs a checkpoint claim that a standby can mount too (it may take rank 0): "
+         "spec.checkpoint.volumeClaimTemplate.accessModes ReadWriteOncePod allows one pod only; use "
+         "ReadWriteMany (or ReadWriteOnce: standbys then run on rank 0's node), or set standbyPods to 0"),
     ]  # fmt: skip
     for present, why in problems:
         if present:
@@ -649,7 +672,7 @@ def parse_job(obj: Mapping[str, Any]) -> JobSpec:
     scheduling = _parse_scheduling(spec.get("scheduling"))
     kueue = _parse_kueue(metadata, template)
     _check_straggler_policy(run_policy, kueue is not None, elastic is not None)
-    _check_standby_pods(run_policy, replicas, kueue is not None, elastic is not None, scheduling)
+    _check_standby_pods(run_policy, replicas, kueue is not None, elastic is not None, scheduling, checkpoint)
 
     generation = metadata.get("generation", 1)
     return JobSpec(

@@ -5,20 +5,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import datetime
 
-from ddp_operator.decision import Decision
+from ddp_operator.decision import REASON_STANDBY_NOT_CREATED, REASON_STANDBY_YIELDED, Decision, PhaseEvent
 from ddp_operator.observe import PodObservation
 from ddp_operator.policies import standby
 from ddp_operator.spec import JobSpec
 
 
-def with_standbys(job: JobSpec, decision: Decision, pods: Sequence[PodObservation]) -> Decision:
+def with_standbys(
+    job: JobSpec,
+    decision: Decision,
+    pods: Sequence[PodObservation],
+    now: datetime | None = None,
+    held_until: datetime | None = None,
+) -> Decision:
     """``decision`` with the standbys' part (policies.standby): the lost ranks a standby takes
     instead of a new pod (the restart's Event and record name it), the standbys to start and those
-    to delete."""
+    to delete. ``held_until``: no standby is created before then (the apiserver refused one)."""
     attempt = decision.report.status.get("attempt")
     create = decision.create
-    plan = standby.plan(job, decision.phase, attempt, create.replacements, create.restart_budget, pods)
+    held = held_until is not None and now is not None and now < held_until
+    plan = standby.plan(
+        job, decision.phase, attempt, create.replacements, create.restart_budget, pods, held=held
+    )
+    if held and held_until is not None and now is not None:
+        # Look again when the hold ends: nothing else may happen to the job until then.
+        wait = (held_until - now).total_seconds()
+        current = decision.requeue_after
+        decision = replace(decision, requeue_after=wait if current is None else min(current, wait))
     if not plan.changes:
         return decision
     report = decision.report
@@ -31,6 +46,10 @@ def with_standbys(job: JobSpec, decision: Decision, pods: Sequence[PodObservatio
             for n in report.notices
         )
         report = replace(report, status=status, notices=notices)
+    events = decision.events
+    if plan.yielded is not None:
+        message = standby.yield_message(job.name, plan.yielded)
+        events += (PhaseEvent(type="Warning", reason=REASON_STANDBY_YIELDED, message=message),)
     return replace(
         decision,
         report=report,
@@ -42,4 +61,14 @@ def with_standbys(job: JobSpec, decision: Decision, pods: Sequence[PodObservatio
             standbys=plan.create,
         ),
         delete=replace(decision.delete, pods=decision.delete.pods + plan.delete),
+        events=events,
+    )
+
+
+def refused(pod: str, message: str) -> PhaseEvent:
+    """The Event of a standby pod the apiserver refused (the executor posts it, once per message)."""
+    return PhaseEvent(
+        type="Warning",
+        reason=REASON_STANDBY_NOT_CREATED,
+        message=standby.refusal_message(pod, message, standby.REFUSAL_RETRY_SECONDS),
     )

@@ -27,6 +27,8 @@ EVENT_ONLY = (
     "RESIZED",
     "POD_REPLACED",
     "RECOVERED",
+    "STANDBY_YIELDED",
+    "STANDBY_NOT_CREATED",
 )
 
 

@@ -3,6 +3,7 @@ decide() with it, the standby pod the builders make and the spec's refusals."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,6 +20,12 @@ from ddp_operator.spec import SpecError, parse_job
 pytestmark = pytest.mark.unit
 
 CHECKPOINT = {"checkpoint": {"volumeClaimTemplate": {"resources": {"requests": {"storage": "1Gi"}}}}}
+
+
+def checkpoint(*modes: str) -> dict[str, Any]:
+    """spec.checkpoint with a claim of these access modes."""
+    claim = {"accessModes": list(modes), "resources": {"requests": {"storage": "1Gi"}}}
+    return {"checkpoint": {"volumeClaimTemplate": claim}}
 
 
 def promoted(number: int, rank: int, replacement: int, assigned: float = 20) -> dict[str, Any]:
@@ -46,8 +53,8 @@ ONE = with_run_policy(standbyPods=1)
         ),
         pytest.param(
             ONE, "Running", [(1, 1)], [],
-            standby.StandbyPlan(replacements=((1, 1),), create=(1,)),
-            id="no-standby-a-new-pod-as-before",
+            standby.StandbyPlan(replacements=((1, 1),)),
+            id="no-standby-a-new-pod-and-no-standby-until-it-is-bound",
         ),
         pytest.param(
             ONE, "Running", [(1, 1)], [standby_pod(1, phase="Pending", scheduled=False)],
@@ -56,9 +63,15 @@ ONE = with_run_policy(standbyPods=1)
         ),
         pytest.param(
             {**ONE, **CHECKPOINT}, "Running", [(0, 1)], [standby_pod(1)],
-            standby.StandbyPlan(replacements=((0, 1),)),
-            id="rank-0-of-a-job-with-a-checkpoint-volume-gets-a-new-pod",
+            standby.StandbyPlan(promotions=(standby.Promotion("mnist-standby1-0", 0, 1, 2),), create=(2,)),
+            id="rank-0-with-a-read-write-once-checkpoint-to-a-standby-on-its-node",
         ),
+        pytest.param(
+            {**ONE, **checkpoint("ReadWriteMany")}, "Running", [(0, 1)], [standby_pod(1)],
+            standby.StandbyPlan(promotions=(standby.Promotion("mnist-standby1-0", 0, 1, 2),), create=(2,)),
+            id="rank-0-with-a-read-write-many-checkpoint-to-a-standby",
+        ),
+
         pytest.param(
             ONE, "Running", [(0, 1)], [standby_pod(1)],
             standby.StandbyPlan(promotions=(standby.Promotion("mnist-standby1-0", 0, 1, 2),), create=(2,)),
@@ -66,10 +79,8 @@ ONE = with_run_policy(standbyPods=1)
         ),
         pytest.param(
             ONE, "Running", [(1, 3), (2, 4)], [standby_pod(1)],
-            standby.StandbyPlan(
-                promotions=(standby.Promotion("mnist-standby1-0", 1, 3, 2),), replacements=((2, 4),), create=(2,)
-            ),
-            id="two-lost-one-standby",
+            standby.StandbyPlan(promotions=(standby.Promotion("mnist-standby1-0", 1, 3, 2),), replacements=((2, 4),)),
+            id="two-lost-one-standby-the-next-waits-for-the-new-pod",
         ),
         pytest.param(
             ONE, "Running", [], [standby_pod(1, exit_code=1)],
@@ -100,6 +111,24 @@ ONE = with_run_policy(standbyPods=1)
             ONE, "Running", [], [standby_pod(1), standby_pod(2)],
             standby.StandbyPlan(delete=("mnist-standby2-0",)),
             id="one-too-many-the-newest-goes",
+        ),
+        pytest.param(
+            ONE, "Running", [], [pod(0), pod(1, scheduled=False)],
+            standby.StandbyPlan(),
+            id="none-started-while-a-ranks-pod-waits-for-a-node",
+        ),
+        pytest.param(
+            ONE, "Running", [], [pod(0), pod(1, replacement=1, unschedulable="0/1 nodes are available"), standby_pod(1)],
+            standby.StandbyPlan(
+                delete=("mnist-standby1-0",),
+                yielded=standby.Yield("mnist-1-0r1", 1, "0/1 nodes are available", ("mnist-standby1-0",)),
+            ),
+            id="a-rank-pod-finds-no-node-every-waiting-standby-yields",
+        ),
+        pytest.param(
+            ONE, "Running", [], [pod(0), pod(1), standby_pod(1, phase="Pending", scheduled=False)],
+            standby.StandbyPlan(),
+            id="a-pending-standby-is-kept-while-every-rank-is-bound",
         ),
     ],
 )  # fmt: skip
@@ -171,9 +200,14 @@ def test_the_standby_pod_has_no_rank_its_assignment_file_and_no_hostname() -> No
     }
 
 
-def test_the_standby_pod_of_a_job_with_a_checkpoint_volume_does_not_mount_it() -> None:
-    made = builders.build_standby_pod(job_spec(**ONE, **CHECKPOINT), 0, 1)
+def test_a_job_with_a_one_pod_checkpoint_claim_gives_rank_0_to_a_new_pod_and_no_standby_mounts_it() -> None:
+    """Only reachable for a job stored before the CRD refused the combination (spec.py refuses it)."""
+    job = replace(job_spec(**ONE), checkpoint=job_spec(**checkpoint("ReadWriteOncePod")).checkpoint)
+    planned = standby.plan(job, "Running", 0, [(0, 1)], 2, observe(standby_pod(1)))
+    assert planned == standby.StandbyPlan(replacements=((0, 1),))
+    made = builders.build_standby_pod(job, 0, 1)
     assert names.CHECKPOINT_VOLUME not in {v["name"] for v in made["spec"]["volumes"]}
+    assert names.LABEL_CHECKPOINT_MOUNT not in made["metadata"]["labels"]
 
 
 @pytest.mark.parametrize(
@@ -189,6 +223,7 @@ def test_the_standby_pod_of_a_job_with_a_checkpoint_volume_does_not_mount_it() -
             id="topology",
         ),
         pytest.param(ONE, {names.KUEUE_QUEUE_LABEL: "team-a"}, "Kueue", id="kueue"),
+        pytest.param({**ONE, **checkpoint("ReadWriteOncePod")}, {}, "ReadWriteOncePod", id="one-pod-checkpoint"),
     ],
 )  # fmt: skip
 def test_a_standby_needs_what_it_uses(spec: dict[str, Any], labels: dict[str, str], problem: str) -> None:

@@ -22,6 +22,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
+from ddp_operator import names
 from ddp_operator.builders import DEFAULT_METRICS_ALLOW_FROM
 from ddp_operator.decision import DEFAULT_TIMING, TimingRules
 from ddp_operator.progress.pull import DEFAULT_CONCURRENCY as DEFAULT_SCRAPE_CONCURRENCY
@@ -166,6 +167,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "job's own pods (default: the namespace 'monitoring', "
         f"{json.dumps(list(DEFAULT_METRICS_ALLOW_FROM), separators=(',', ':'))})",
     )
+    parser.add_argument(
+        "--standby-priority-class",
+        metavar="NAME",
+        default=names.DEFAULT_STANDBY_PRIORITY_CLASS,
+        help="the PriorityClass of standby pods (runPolicy.standbyPods), below the ranks' priority so the "
+        "scheduler preempts a standby for a rank pod; the chart installs it. '' keeps the template's class "
+        f"(default {names.DEFAULT_STANDBY_PRIORITY_CLASS}; docs/restarts.md)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -246,6 +255,7 @@ def build_controller(
         leadership=leadership,
         metrics=OperatorMetrics,
         scraper=scraper,
+        standby_priority_class=args.standby_priority_class,
     )
 
 

@@ -7,11 +7,18 @@ lost pod alone (policies.recovery.replace_pods), a running standby takes that ra
 being created: the operator labels it as the rank's newest pod and writes its assignment
 (``builders.standby_promotion``). A new standby is started in its place.
 
-- Standbys run only while the job is Running: started after every rank's pod, so a standby never takes
-  a node a rank needs (on a cluster sized to the gang, a standby started first could hold one and leave
-  a rank unschedulable); deleted when the attempt ends, the job is suspended or finished, or they ended.
-- A job with a checkpoint volume gives rank 0 to a new pod, never to a standby: only rank 0's pod
-  mounts the volume, and a pod's volumes are fixed when it is created.
+- **A standby never blocks a rank.** It runs at the standby PriorityClass, below the ranks, so the
+  scheduler preempts it for a rank pod (of this job or another) and it never preempts anything. And
+  whatever the priorities say (a template whose class is below the standby class, a cluster without
+  the class): no standby is started while a rank pod of the attempt waits for a node, and every
+  waiting standby is deleted as soon as the scheduler finds no node for one (``yielded``).
+- Standbys run only while the job is Running: started after every rank's pod is bound, so a standby
+  never takes a node a rank needs; deleted when the attempt ends, the job is suspended or finished, or
+  they ended.
+- **Any rank, rank 0 included.** A standby mounts the checkpoint claim where its access mode lets a
+  second pod do so (``checkpoint_mount``), so it can take rank 0, the rank that writes checkpoints.
+  A ReadWriteOncePod claim lets none do so: the CRD refuses standbys with it; should such a job exist
+  anyway, rank 0 goes to a new pod.
 - At most ``standbyPods`` wait at once; their numbers (names.LABEL_STANDBY) are never reused in an attempt.
 """
 
@@ -19,10 +26,49 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from ddp_operator import names
-from ddp_operator.observe import PodObservation
-from ddp_operator.spec import JobSpec
+from ddp_operator.observe import PodObservation, newest_per_rank
+from ddp_operator.spec import ACCESS_MODE_ROX, ACCESS_MODE_RWO, ACCESS_MODE_RWOP, ACCESS_MODE_RWX, JobSpec
+
+# How a job's standbys hold its checkpoint claim (``checkpoint_mount``).
+MOUNT_NONE: Final = "None"  # the job has no checkpoint volume: nothing to mount
+MOUNT_ANYWHERE: Final = "Anywhere"  # ReadWriteMany (or ReadOnlyMany): any number of nodes attach it
+MOUNT_ON_NODE: Final = "OnNode"  # ReadWriteOnce: one node attaches it; its pods share that attachment
+MOUNT_NEVER: Final = "Never"  # ReadWriteOncePod: one pod only; rank 0 never goes to a standby
+
+
+# After the apiserver refused a standby pod (its PriorityClass missing, a quota full), the next one is
+# tried this much later: soon enough to follow a fix, seldom enough not to load the apiserver.
+REFUSAL_RETRY_SECONDS: Final = 60.0
+
+
+def checkpoint_mount(job: JobSpec) -> str:
+    """How the job's standbys mount its checkpoint claim, by the claim's access modes: a standby that
+    mounts it can take rank 0. A ReadWriteOnce claim is attached to one node at a time, so the pods
+    that mount it (rank 0's and the standbys) are kept on one node (``builders``: a required pod
+    affinity on the hostname to the pods labelled names.LABEL_CHECKPOINT_MOUNT)."""
+    if job.checkpoint is None:
+        return MOUNT_NONE
+    modes = set(job.checkpoint.access_modes)
+    if modes & {ACCESS_MODE_RWX, ACCESS_MODE_ROX}:
+        return MOUNT_ANYWHERE
+    if ACCESS_MODE_RWOP in modes:
+        return MOUNT_NEVER
+    if ACCESS_MODE_RWO in modes:
+        return MOUNT_ON_NODE
+    return MOUNT_NEVER  # a mode Kubernetes does not know: the apiserver refuses the claim anyway
+
+
+def takes_rank0(job: JobSpec) -> bool:
+    """Whether a standby may take rank 0: it holds the checkpoint volume, or there is none."""
+    return checkpoint_mount(job) != MOUNT_NEVER
+
+
+def pins_to_checkpoint_node(job: JobSpec) -> bool:
+    """Whether the pods that mount the claim must share one node (ReadWriteOnce, with standbys)."""
+    return job.run_policy.standby_pods > 0 and checkpoint_mount(job) == MOUNT_ON_NODE
 
 
 @dataclass(frozen=True)
@@ -36,12 +82,27 @@ class Promotion:
 
 
 @dataclass(frozen=True)
+class Yield:
+    """The waiting standbys deleted because rank ``rank``'s pod ``pod`` found no node: the scheduler's
+    ``message``, and the two priorities where they are known (a standby at or above its ranks' is one
+    the scheduler cannot preempt for them)."""
+
+    pod: str
+    rank: int
+    message: str
+    standbys: tuple[str, ...]
+    standby_priority: int | None = None
+    rank_priority: int | None = None
+
+
+@dataclass(frozen=True)
 class StandbyPlan:
     promotions: tuple[Promotion, ...] = ()
     # The replacements no standby takes: still created as new pods, (rank, n) as replace_pods gave them.
     replacements: tuple[tuple[int, int], ...] = ()
     create: tuple[int, ...] = ()  # the numbers of new standby pods
     delete: tuple[str, ...] = ()
+    yielded: Yield | None = None
 
     @property
     def changes(self) -> bool:
@@ -55,10 +116,13 @@ def plan(
     replacements: Sequence[tuple[int, int]],
     budget: int,
     pods: Sequence[PodObservation],
+    *,
+    held: bool = False,
 ) -> StandbyPlan:
     """What to do with the job's standbys, given the decision's new ``phase`` and ``attempt`` and the
     lost pods it replaces (``replacements``, with the new pods' restart ``budget``). ``pods``: the job
-    object's pods (rank pods are ignored but for the numbers of the standbys they were)."""
+    object's pods (rank pods count for the standbys they were, and for whether a rank waits for a
+    node). ``held``: the apiserver refused a standby pod a moment ago; none is created for now."""
     waiting = sorted((p for p in pods if p.standby_waiting), key=lambda p: p.standby or 0)
     live = phase == names.PHASE_RUNNING and isinstance(attempt, int)
     kept = [p for p in waiting if live and p.attempt == attempt and not p.deleting and not p.terminal]
@@ -66,17 +130,38 @@ def plan(
     promotions: list[Promotion] = []
     left: list[tuple[int, int]] = []
     for rank, replacement in replacements:
-        if usable and not (rank == 0 and job.checkpoint is not None):
+        if usable and (rank != 0 or takes_rank0(job)):
             promotions.append(Promotion(usable.pop(0).name, rank, replacement, budget))
         else:
             left.append((rank, replacement))
     promoted = {promotion.pod for promotion in promotions}
-    # The ones that stay waiting: the oldest, up to standbyPods; every other waiting pod goes.
-    keep = [p for p in kept if p.name not in promoted][: job.run_policy.standby_pods]
+    ranks = [
+        p
+        for p in (newest_per_rank(pods, attempt if isinstance(attempt, int) else None).values())
+        if not p.deleting and not p.terminal
+    ]
+    blocked = next((p for p in sorted(ranks, key=lambda p: p.rank or 0) if p.unschedulable_message), None)
+    # The ones that stay waiting: the oldest, up to standbyPods; every other waiting pod goes. None
+    # stays while a rank's pod finds no node: the room a standby holds may be the room it needs.
+    keep = [] if blocked else [p for p in kept if p.name not in promoted][: job.run_policy.standby_pods]
     delete = [p.name for p in waiting if p not in keep and p.name not in promoted and not p.deleting]
+    yielded = None
+    if blocked is not None:
+        gone = tuple(sorted(p.name for p in kept if p.name not in promoted))
+        if gone:
+            yielded = Yield(
+                pod=blocked.name,
+                rank=blocked.rank or 0,
+                message=blocked.unschedulable_message or "",
+                standbys=gone,
+                standby_priority=next((p.priority for p in kept if p.priority is not None), None),
+                rank_priority=blocked.priority,
+            )
     create: tuple[int, ...] = ()
     missing = job.run_policy.standby_pods - len(keep)
-    if live and missing > 0:
+    # A new standby waits until every rank's pod is bound (new replacement pods are not yet).
+    waits = blocked is not None or bool(left) or any(not p.node for p in ranks)
+    if live and missing > 0 and not waits and not held:
         used = max(
             (p.standby or 0 for p in pods if p.standby is not None and p.attempt == attempt), default=0
         )
@@ -86,6 +171,31 @@ def plan(
         replacements=tuple(left),
         create=create,
         delete=tuple(sorted(delete)),
+        yielded=yielded,
+    )
+
+
+def yield_message(job: str, yielded: Yield) -> str:
+    """The Event of standbys deleted for a rank that found no node."""
+    text = (
+        f"standby pod(s) {', '.join(yielded.standbys)} deleted: rank {yielded.rank}'s pod {yielded.pod} "
+        f"found no node ({yielded.message}); standbys come back once every rank's pod of {job} is bound"
+    )
+    low, high = yielded.standby_priority, yielded.rank_priority
+    if low is not None and high is not None and low >= high:
+        text += (
+            f". The standbys' priority ({low}) is not below the rank's ({high}), so the scheduler could "
+            "not preempt them: give the ranks a PriorityClass above the standby class (docs/restarts.md)"
+        )
+    return text
+
+
+def refusal_message(pod: str, message: str, retry_seconds: float) -> str:
+    """The Event of a standby pod the apiserver refused (a missing PriorityClass, a quota): the job
+    trains on without it."""
+    return (
+        f"standby pod {pod} was not created: {message}; the job trains on without it, and a standby is "
+        f'tried again in {retry_seconds:g} s (docs/restarts.md, "Standby pods")'
     )
 
 

@@ -165,6 +165,8 @@ def test_defaults_run_one_hardened_cluster_wide_operator(helm: Path) -> None:
             "ClusterRoleBinding",
             "ClusterRoleBinding",
             "Deployment",
+            # The standby pods' class (templates/priorityclass.yaml; tests/integration/test_chart_standby.py).
+            "PriorityClass",
             "Role",
             "RoleBinding",
             "Service",

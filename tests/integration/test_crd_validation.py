@@ -194,6 +194,21 @@ INVALID = [
         "spec.runPolicy.standbyPods",
         id="standby-not-with-topology",
     ),
+    pytest.param(
+        standby_with(
+            setting(
+                "spec.checkpoint",
+                {
+                    "volumeClaimTemplate": {
+                        "accessModes": ["ReadWriteOncePod"],
+                        "resources": {"requests": {"storage": "1Gi"}},
+                    }
+                },
+            )
+        ),
+        "spec.checkpoint.volumeClaimTemplate.accessModes ReadWriteOncePod",
+        id="standby-not-with-a-one-pod-checkpoint-claim",
+    ),
 ]
 
 
@@ -374,3 +389,18 @@ def test_the_checkpoint_of_a_running_job_is_immutable(kubectl: Callable[..., Any
     refused = apply(kubectl, resized)
     assert refused.returncode != 0
     assert "spec.checkpoint" in refused.stderr
+
+
+@pytest.mark.parametrize("modes", [["ReadWriteOnce"], ["ReadWriteMany"], None], ids=["rwo", "rwx", "default"])
+def test_standbys_are_accepted_with_a_checkpoint_claim_they_can_mount(
+    kubectl: Callable[..., Any], modes: list[str] | None
+) -> None:
+    """A standby may take rank 0, so it mounts the checkpoint claim: any access mode but ReadWriteOncePod."""
+    job = valid_job("standby-claim")
+    claim: dict[str, Any] = {"resources": {"requests": {"storage": "1Gi"}}}
+    if modes is not None:
+        claim["accessModes"] = modes
+    job["spec"]["checkpoint"] = {"volumeClaimTemplate": claim}
+    job["spec"]["runPolicy"] = {"standbyPods": 1}
+    result = apply(kubectl, job, "--dry-run=server")
+    assert result.returncode == 0, result.stderr

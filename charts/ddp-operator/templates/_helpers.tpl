@@ -109,3 +109,12 @@ watches); the same rules go into the ClusterRole (cluster-wide) or each namespac
   resources: ["events"]
   verbs: ["create"]
 {{- end }}
+
+{{/* The PriorityClass of standby pods (`--standby-priority-class`): the value's name, else `<fullname>-standby` when the chart creates it, else none (standbys keep their template's class). */}}
+{{- define "ddp-operator.standbyPriorityClass" -}}
+{{- if .Values.standbyPriorityClass.name }}
+{{- .Values.standbyPriorityClass.name }}
+{{- else if .Values.standbyPriorityClass.create }}
+{{- printf "%s-standby" (include "ddp-operator.fullname" .) }}
+{{- end }}
+{{- end }}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,13 +10,28 @@ from typing import Any
 import pytest
 from tests.integration.operator_harness import REPO, Kube, OperatorProcess, wait_for
 
+from ddp_operator import names
+
+# The standby pods' PriorityClass as the chart installs it for a release named ddp-operator
+# (templates/priorityclass.yaml): the class the operator gives standbys unless told otherwise.
+STANDBY_PRIORITY_CLASS: dict[str, Any] = {
+    "apiVersion": "scheduling.k8s.io/v1",
+    "kind": "PriorityClass",
+    "metadata": {"name": names.DEFAULT_STANDBY_PRIORITY_CLASS},
+    "value": -1,
+    "globalDefault": False,
+    "preemptionPolicy": "Never",
+}
+
 
 @pytest.fixture(scope="session")
 def kube(local_cluster: Any) -> Kube:
-    """kubectl on the local cluster with the DDPJob CRD installed and established."""
+    """kubectl on the local cluster with the DDPJob CRD installed and established, and the standby
+    PriorityClass the chart installs beside the operator."""
     kube = Kube(local_cluster)
     crd_dir = REPO / "crds"
     kube.run("apply", "-f", str(crd_dir))
+    kube.run("apply", "-f", "-", stdin=json.dumps(STANDBY_PRIORITY_CLASS))
     kube.cluster.wait_established("ddpjobs.ddp.dev")
     return kube
 

@@ -2,12 +2,15 @@
 
 One gloo rank (a group of one: its allreduce is cheap, and the same in every set-up), a chain of
 elementwise layers whose every parameter (1,024 floats) is one bucket (`bucket_cap_mb` set to one
-parameter's size), at 8 and at 40 buckets: the step is almost nothing but the hooks. Step
-time under torch's own Python `allreduce_hook` and under our `detailed` hook (no exchange), run in
-interleaved rounds (every round runs both, in a rotating order), medians. Their difference is the
-time our code spends per step beyond what any Python comm hook costs: the hook's bookkeeping per
-bucket, its callbacks and the per-step resolve (docs/metrics.md). The target (docs/benchmarks.md) is
-under 0.1 ms at 8 and at 40 buckets. ``--device cuda`` runs the same on NCCL (one rank), for a lent GPU.
+parameter's size), at 8 and at 40 buckets: the step is almost nothing but the hooks. Mean step time
+over a run (so the timed steps weigh as often as they come) under torch's own Python
+`allreduce_hook`, under our `detailed` hook as configured by default (no exchange: one step in 10
+timed) and with every step timed (``time_every=1``), in interleaved rounds (every round runs all
+three, in a rotating order), medians over the rounds. The difference to torch's hook is the time our
+code spends per step beyond what any Python comm hook costs: counting every bucket, timing the
+sampled ones, their callbacks and the per-step accounting (docs/metrics.md). The target
+(docs/benchmarks.md) is under 0.1 ms at 8 and at 40 buckets for the default. ``--device cuda`` runs
+the same on NCCL (one rank), for a lent GPU.
 
     python benchmarks/bench_hook_work.py [--rounds 9 --steps 30 --buckets 8 40]
 """
@@ -29,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer import instrument, process_group_session
 
-MODES = ("torch-hook", "detailed")
+MODES = ("torch-hook", "detailed", "every-step")
 WIDTH = 1024
 
 
@@ -56,12 +59,13 @@ def build(mode: str, buckets: int, device: torch.device) -> tuple[DistributedDat
     if mode == "torch-hook":
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     else:
-        metrics = instrument(ddp, mode="detailed", port=0, exchange_every=0)
+        every = 1 if mode == "every-step" else None
+        metrics = instrument(ddp, mode="detailed", port=0, exchange_every=0, time_every=every)
     return ddp, metrics
 
 
 def run(mode: str, buckets: int, steps: int, device: torch.device) -> float:
-    """The median step time of ``steps`` steps (after two that settle DDP's buckets)."""
+    """The mean step time of ``steps`` steps (after two that settle DDP's buckets)."""
     ddp, metrics = build(mode, buckets, device)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-4)
     inputs = torch.randn(8, WIDTH, device=device)
@@ -83,7 +87,7 @@ def run(mode: str, buckets: int, steps: int, device: torch.device) -> float:
     assert found == buckets, f"DDP made {found} buckets, not {buckets}"
     if metrics is not None:
         metrics.close()
-    return statistics.median(times)
+    return statistics.fmean(times)
 
 
 def main() -> None:
@@ -103,19 +107,23 @@ def main() -> None:
         print(
             f"torch {torch.__version__}, {device}, {options.rounds} rounds x {options.steps} steps, medians"
         )
-        print("| buckets | torch's allreduce_hook | ours, detailed | ours' own work per step | per bucket |")
-        print("|---|---|---|---|---|")
+        print(
+            "| buckets | torch's allreduce_hook | ours, detailed (default) | our own work per step | "
+            "per bucket | every step timed | its own work per step |"
+        )
+        print("|---|---|---|---|---|---|---|")
         for buckets in options.buckets:
             timed: dict[str, list[float]] = {mode: [] for mode in MODES}
             for round_index in range(options.rounds):
-                order = MODES[round_index % 2 :] + MODES[: round_index % 2]
-                for mode in order:
+                shift = round_index % len(MODES)
+                for mode in MODES[shift:] + MODES[:shift]:
                     timed[mode].append(run(mode, buckets, options.steps, device))
-            torch_hook, ours = (statistics.median(timed[mode]) for mode in MODES)
+            torch_hook, ours, every = (statistics.median(timed[mode]) for mode in MODES)
             extra = ours - torch_hook
             print(
                 f"| {buckets} | {torch_hook * 1e3:.3f} ms | {ours * 1e3:.3f} ms | "
-                f"{extra * 1e3:+.3f} ms | {extra / buckets * 1e6:+.1f} us |"
+                f"{extra * 1e3:+.3f} ms | {extra / buckets * 1e6:+.2f} us | {every * 1e3:.3f} ms | "
+                f"{(every - torch_hook) * 1e3:+.3f} ms |"
             )
 
 

@@ -57,8 +57,12 @@ def test_digits_default_config_trains_identically_and_exports_metrics(gangs: Gan
     # Flatten + Linear(64, 10): 650 fp32 parameters in one bucket.
     for rank, text in texts.items():
         assert_sync_invariants(text, rank, world_size=2, gradient_bytes_per_step=650 * 4, ratio=1.0)
-        calls = samples(text, "ddp_allreduce_calls_total")[rank]
-        assert samples(text, "ddp_allreduce_duration_seconds_count")[rank] == calls
+        # Every step counted, the buckets of one step in --stop-check-every (5) timed: the 1st, 6th, ...
+        steps = samples(text, "ddp_sync_steps_total")[rank]
+        timed = samples(text, "ddp_sync_timed_steps_total")[rank]
+        assert timed == -(-steps // 5), (steps, timed)
+        buckets = samples(text, "ddp_buckets")[rank]
+        assert samples(text, "ddp_allreduce_duration_seconds_count")[rank] == buckets * timed
         assert (
             samples(text, "ddp_step_duration_seconds_count")[rank]
             == samples(text, "ddp_sync_steps_total")[rank]
@@ -198,6 +202,7 @@ def test_light_mode_derives_bytes_without_a_hook(gangs: Gangs) -> None:
     assert samples(text, "ddp_sync_steps_total")["1"] == 15
     assert "ddp_allreduce_duration_seconds" not in text
     assert "ddp_allreduce_service_seconds_total" not in text
+    assert "ddp_sync_timed_steps_total" not in text
 
 
 def test_powersgd_sends_less_than_the_gradients(gangs: Gangs) -> None:

@@ -528,6 +528,7 @@ class TrainConfig:
     metrics_host: str
     metrics_linger: float
     logger_sample_every: int
+    sync_time_every: int
     data_dir: str
     mnist_url: str
     synthetic_width: int
@@ -705,6 +706,13 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         type=_positive_int,
         default=10,
         help="DDP's C++ logger times backward compute/comm/overlap every N steps",
+    )
+    add(
+        "--sync-time-every",
+        type=_non_negative_int,
+        default=0,
+        help="detailed mode times the buckets of one step in N and counts every step (0: --stop-check-every, "
+        "so each straggler exchange has one timed step; 1: every step); see docs/metrics.md",
     )
     add(
         "--data-dir",

@@ -41,6 +41,8 @@ from ddp_trainer.teardown import active_session, release_group_defaults
 
 # Steps between two exchanges of the ranks' step parts (one allreduce of 7 floats per rank).
 DEFAULT_EXCHANGE_EVERY = 10
+# Without exchanges, detailed mode times one synchronized step in this many (instrument's time_every).
+DEFAULT_TIME_EVERY = 10
 # Environment variables that say which pod this process runs in: torchrun's group rank, then the
 # operator's env contract (docs/trainer.md). Without either every rank counts as its own pod.
 POD_ENVS = ("GROUP_RANK", "NODE_RANK")
@@ -206,6 +208,17 @@ def _default_port() -> int | None:
     return int(text) + int(os.environ.get("LOCAL_RANK", "0") or 0)
 
 
+def _time_every(exchange_every: int, time_every: int | None) -> int:
+    """instrument()'s sampling period, checked with the exchange period it defaults to."""
+    if exchange_every < 0:
+        raise ValueError(f"exchange_every must be >= 0, got {exchange_every}")
+    if time_every is None:
+        return exchange_every or DEFAULT_TIME_EVERY
+    if time_every < 1:
+        raise ValueError(f"time_every must be >= 1, got {time_every}")
+    return time_every
+
+
 def instrument(
     ddp_model: DistributedDataParallel,
     *,
@@ -219,6 +232,7 @@ def instrument(
     process_group: dist.ProcessGroup | None = None,
     total_steps: int | None = None,
     exchange_every: int = DEFAULT_EXCHANGE_EVERY,
+    time_every: int | None = None,
     stall_timeout: float | None = None,
 ) -> Instrumentation:
     """Install gradient-sync metrics on ``ddp_model`` and serve them on ``port``.
@@ -232,11 +246,12 @@ def instrument(
 
     ``total_steps``: the run's total steps when known (``ddp_target_steps``: percent done and ETA in
     the DDPJob's status). ``exchange_every``: steps between exchanges of the ranks' step parts (0:
-    never from ``step()``; call :meth:`Instrumentation.exchange` yourself). ``stall_timeout``: seconds;
+    never from ``step()``; call :meth:`Instrumentation.exchange` yourself). ``time_every``: detailed mode
+    times one step in this many, counts all (docs/metrics.md; None: ``exchange_every``, or 10; 1: all).
+    ``stall_timeout``: seconds;
     None reads ``DDP_STALL_TIMEOUT_SECONDS``, 0 turns the stack dumps off.
     """
-    if exchange_every < 0:
-        raise ValueError(f"exchange_every must be >= 0, got {exchange_every}")
+    time_every = _time_every(exchange_every, time_every)
     if stall_timeout is None:
         try:
             stall_timeout = parse_stall_timeout(os.environ.get(STALL_ENV))
@@ -258,6 +273,7 @@ def instrument(
         comm_hook=comm_hook,
         logger_sample_every=logger_sample_every,
         powersgd_rank=powersgd_rank,
+        time_every=time_every,
         process_group=process_group,
     )
     try:

@@ -122,6 +122,7 @@ class RankMetrics:
     gradient_bytes: Counter
     allreduce_calls: Counter
     allreduce_service_seconds: Counter | Absent
+    timed_steps: Counter | Absent
     samples: Counter
     step_duration: Histogram
     allreduce_duration: Histogram | Absent
@@ -199,7 +200,14 @@ def create_rank_metrics(
         allreduce_calls=counter("ddp_allreduce_calls", "Bucket allreduces issued by DDP."),
         allreduce_service_seconds=counter(
             "ddp_allreduce_service_seconds",
-            "Seconds spent in bucket allreduces, not counting time queued behind an earlier bucket.",
+            "Seconds spent in bucket allreduces, not counting time queued behind an earlier bucket "
+            "(estimated: each timed step's counts for the steps it samples).",
+        )
+        if per_allreduce
+        else Absent(),
+        timed_steps=counter(
+            "ddp_sync_timed_steps",
+            "Synchronized steps whose bucket allreduces were timed (one in --sync-time-every; detailed mode only).",
         )
         if per_allreduce
         else Absent(),
@@ -213,7 +221,7 @@ def create_rank_metrics(
         ).labels(**label),
         allreduce_duration=Histogram(
             "ddp_allreduce_duration_seconds",
-            "Seconds from issuing one bucket allreduce to its completion (detailed mode only).",
+            "Seconds from issuing one bucket allreduce to its completion, in the timed steps (detailed mode only).",
             ["rank"],
             registry=registry,
             buckets=ALLREDUCE_BUCKETS,

@@ -9,6 +9,10 @@
 - :class:`LoggerRecorder` (light mode): no Python hook at all; bytes and calls come from the bucket
   sizes DDP's C++ logger reports.
 
+The two hook strategies count every bucket and time the buckets of one synchronized step in
+``SyncSettings.time_every`` (docs/metrics.md, "What is sampled"): a timed bucket costs ten times a
+counted one, and on a GPU's short steps that difference is the hook's whole cost.
+
 All three copy DDP's logger averages (backward compute, comm, overlap) into the gauges. Service time =
 end - max(start, end of the previous bucket): buckets run one after the other, so the time a bucket
 waited behind an earlier one is not its own.
@@ -60,6 +64,8 @@ class SyncSettings:
     comm_hook: str = "allreduce"
     logger_sample_every: int = 10
     powersgd_rank: int = 2
+    # Detailed mode times the buckets of one sync in this many (docs/metrics.md); 1: every sync.
+    time_every: int = 1
     # None: the default group.
     process_group: dist.ProcessGroup | None = None
 
@@ -221,6 +227,17 @@ class SyncRecorder(ABC):
             stall=parts.stall + stall,
         )
 
+    def _without_between(self, parts: Window) -> Window:
+        """A sampled step without the collectives run since the previous one: they ran in its data part
+        and are taken out of it, counted nowhere (one exchange in a sample of steps would weigh as
+        many steps as the sample stands for)."""
+        outside = self._between_comm + self._between_wait
+        self._drop_between()
+        return replace(parts, data=max(parts.data - outside, 0.0))
+
+    def _drop_between(self) -> None:
+        self._between_comm = self._between_wait = self._between_stall = 0.0
+
     def _end_step(self) -> tuple[float | None, float | None, float]:
         """(when the step began, its forward, now) on the wall clock, and the next step begins."""
         now = time.perf_counter()
@@ -371,29 +388,50 @@ class LoggerRecorder(SyncRecorder):
         return Window(steps, data=data, compute=total - outside - wait, comm=comm, wait=between + wait)
 
 
+def _first_tensor(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+    return fut.value()[0]
+
+
 class _CommHookRecorder(SyncRecorder):
-    """Detailed mode: our comm hook counts every bucket (wrapping the chosen built-in hook) and times it."""
+    """Detailed mode: our comm hook counts every bucket (wrapping the chosen built-in hook) and times
+    the buckets of one synchronization in ``time_every``.
+
+    Counting is a few integer additions per bucket, with no lock: DDP calls the hook from one thread
+    during a backward, and a sync's totals reach the counters only at a step boundary (the next sync's
+    first bucket, ``step_done()`` or ``flush()``), when DDP has waited for every bucket of it, so a
+    scrape sees whole syncs. Timing a bucket (clock reads or CUDA events, a callback, a histogram
+    observation) costs ten times more, so only the timed syncs pay for it; the others issue their
+    collective as torch's own ``allreduce_hook`` does. Every rank times the same syncs (the n-th of
+    its DDP model), so the ranks' step parts compare like with like.
+    """
 
     def __init__(self, metrics: RankMetrics, settings: SyncSettings) -> None:
         super().__init__(metrics, settings)
         self._inner_state: Any = None
         self._inner_hook: HookFn | None = None
-        # One step's payload, counted into the counters only when its last bucket is reduced, so that a
-        # scrape at any moment sees bytes, calls and sync steps of whole steps (bytes per step exact).
-        self._step_gradient_bytes = 0
-        self._step_payload_bytes = 0
-        self._step_calls = 0
-        self._step_inflight = 0
-        self._step_saw_last = False
+        self._group: Any = None
+        self._every = max(settings.time_every, 1)
+        self._syncs = 0  # syncs begun
+        self._open = False  # a sync has begun and is not counted yet
+        self._last_seen = False  # its last bucket reached the hook
+        self._timing = False  # its buckets are timed
+        self._gradient_bytes = 0
+        self._payload_bytes = 0
+        self._calls = 0
+        self._bytes_are_payload = settings.comm_hook == "allreduce"
+        self._world_size = settings.world_size
 
     def _register(self, ddp: DistributedDataParallel) -> None:
         self._inner_state, self._inner_hook = self._builtin_python_hook()
-        ddp.register_comm_hook(self._inner_state, self._timed_hook)
+        group = self.settings.process_group
+        self._group = dist.group.WORLD if group is None else group
+        ddp.register_comm_hook(self._inner_state, self._hook)
 
     def detach(self) -> None:
         super().detach()
         self._inner_state = None
         self._inner_hook = None
+        self._group = None
 
     def _builtin_python_hook(self) -> tuple[Any, HookFn | None]:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -413,48 +451,83 @@ class _CommHookRecorder(SyncRecorder):
                 warm_start=True,
             )
             return state, powerSGD_hook.powerSGD_hook
-        return group, None  # plain allreduce: issued by the strategy itself, one callback fewer
+        return group, None  # plain allreduce: issued by the hook itself, as torch's allreduce_hook does
 
-    def _timed_hook(self, state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+    @property
+    def next_sync_timed(self) -> bool:
+        return self._syncs % self._every == 0
+
+    def _hook(self, state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        # Every line here runs once per bucket, so it stays a few attribute reads and additions.
+        if self._last_seen:
+            self._commit()  # no step_done() since the last sync: DDP waited for all of its buckets
+        if not self._open:
+            self._timing = self._syncs % self._every == 0
+            self._syncs += 1
+            self._open = True
         buffer = bucket.buffer()
-        gradient_bytes = buffer.numel() * buffer.element_size()
-        if self.settings.comm_hook == "powersgd":
-            payload = _powersgd_payload(state, bucket, gradient_bytes)
+        size = buffer.nbytes
+        self._gradient_bytes += size
+        if self._bytes_are_payload:
+            self._payload_bytes += size
         else:
-            payload = payload_bytes(self.settings.comm_hook, gradient_bytes, buffer.numel())
-        with self._lock:
-            self._step_gradient_bytes += gradient_bytes
-            self._step_payload_bytes += payload
-            self._step_calls += 1
-            self._step_inflight += 1
-        return self._timed(state, bucket, bucket.is_last())
+            self._payload_bytes += self._payload(state, bucket, buffer, size)
+        self._calls += 1
+        is_last = self._last_seen = bucket.is_last()
+        if self._timing:
+            return self._timed(state, bucket, buffer, is_last)
+        if self._inner_hook is not None:
+            return self._inner_hook(state, bucket)
+        # _issue, inlined: torch's allreduce_hook.
+        buffer.div_(self._world_size)
+        return dist.all_reduce(buffer, group=self._group, async_op=True).get_future().then(_first_tensor)
+
+    def _payload(self, state: Any, bucket: GradBucket, buffer: torch.Tensor, size: int) -> int:
+        if self.settings.comm_hook == "powersgd":
+            return _powersgd_payload(state, bucket, size)
+        return payload_bytes(self.settings.comm_hook, size, buffer.numel())
+
+    def _issue(
+        self, state: Any, bucket: GradBucket, buffer: torch.Tensor
+    ) -> torch.futures.Future[torch.Tensor]:
+        """Reduce ``bucket`` with the chosen hook, as the untimed path does."""
+        if self._inner_hook is not None:
+            return self._inner_hook(state, bucket)
+        buffer.div_(self._world_size)
+        return dist.all_reduce(buffer, group=self._group, async_op=True).get_future().then(_first_tensor)
 
     @abstractmethod
-    def _timed(self, state: Any, bucket: GradBucket, is_last: bool) -> torch.futures.Future[torch.Tensor]:
-        """Reduce ``bucket`` and record its timing the way this strategy can."""
+    def _timed(
+        self, state: Any, bucket: GradBucket, buffer: torch.Tensor, is_last: bool
+    ) -> torch.futures.Future[torch.Tensor]:
+        """Reduce ``bucket`` (its ``buffer``) and record its timing the way this strategy can."""
 
-    def _bucket_done(self, is_last: bool) -> None:
-        """Count a step into the counters once every bucket of it is reduced (gloo may finish them out
-        of order on its worker threads, so the last bucket's callback alone does not say so)."""
-        with self._lock:
-            self._step_inflight -= 1
-            self._step_saw_last = self._step_saw_last or is_last
-            if self._step_inflight > 0 or not self._step_saw_last:
-                return
-            gradient_bytes, payload, calls = (
-                self._step_gradient_bytes,
-                self._step_payload_bytes,
-                self._step_calls,
-            )
-            self._step_gradient_bytes = self._step_payload_bytes = self._step_calls = 0
-            self._step_saw_last = False
-        self._count_step(gradient_bytes, payload, calls)
+    @abstractmethod
+    def _sync_timed(self) -> None:
+        """A timed sync is over: take its buckets' timings."""
+
+    def _commit(self) -> bool:
+        """The open sync is over (DDP waited for its buckets): count it. Returns whether it was timed."""
+        if not self._open:
+            return False
+        gradient, payload, calls = self._gradient_bytes, self._payload_bytes, self._calls
+        self._gradient_bytes = self._payload_bytes = self._calls = 0
+        self._open = self._last_seen = False
+        self._count_step(gradient, payload, calls)
+        if not self._timing:
+            return False
+        self.metrics.timed_steps.inc()
+        self._sync_timed()
+        return True
 
     def _record_service(self, elapsed: float, service: float) -> None:
         self.metrics.allreduce_duration.observe(elapsed)
-        self.metrics.allreduce_service_seconds.inc(service)
         with self._lock:
             self._recent_service.append(service)
+
+    def _record_sync_service(self, service: float) -> None:
+        """A timed sync's service time stands for the ``time_every`` syncs it samples."""
+        self.metrics.allreduce_service_seconds.inc(service * self._every)
 
 
 class WallClockRecorder(_CommHookRecorder):
@@ -462,60 +535,70 @@ class WallClockRecorder(_CommHookRecorder):
 
     def __init__(self, metrics: RankMetrics, settings: SyncSettings) -> None:
         super().__init__(metrics, settings)
-        self._previous_end: float | None = None
-        # This step's buckets: [hook entered, collective issued, collective done] (done: NaN until then).
+        # The timed sync's buckets: [hook entered, collective issued, collective done] (NaN until done).
         self._buckets: list[list[float]] = []
+        # The last timed sync's buckets, done, for its step's parts.
+        self._timed_buckets: list[tuple[float, float, float]] = []
         # gloo's threads relay every rank's collectives: read their CPU waits from the step's last
         # collective to its end (ddp_trainer.runqueue).
         self._stalls = GlooThreadDelay()
         self._stall_mark: dict[str, float] | None = None
 
-    def _timed(self, state: Any, bucket: GradBucket, is_last: bool) -> torch.futures.Future[torch.Tensor]:
+    def _timed(
+        self, state: Any, bucket: GradBucket, buffer: torch.Tensor, is_last: bool
+    ) -> torch.futures.Future[torch.Tensor]:
         start = time.perf_counter()
         timing = [start, start, math.nan]
+        self._buckets.append(timing)
+        # gloo runs the callbacks on its worker thread once the allreduce is done.
         if self._inner_hook is None:
-            buffer = bucket.buffer()
-            buffer.div_(self.settings.world_size)
-            group = self.settings.process_group
-            if group is None:
-                group = dist.group.WORLD
-            future = dist.all_reduce(buffer, group=group, async_op=True).get_future()
-            self._issued(timing, is_last)
+            buffer.div_(self._world_size)
+            work = dist.all_reduce(buffer, group=self._group, async_op=True).get_future()
+            timing[1] = time.perf_counter()
 
             def allreduce_done(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-                self._record_wall(timing, time.perf_counter(), is_last)
+                timing[2] = time.perf_counter()
                 return fut.value()[0]
 
-            return future.then(allreduce_done)
-        inner = self._inner_hook(state, bucket)
-        self._issued(timing, is_last)
+            future = work.then(allreduce_done)
+        else:
+            inner = self._inner_hook(state, bucket)
+            timing[1] = time.perf_counter()
 
-        def inner_done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-            self._record_wall(timing, time.perf_counter(), is_last)
-            return fut.value()
+            def inner_done(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+                timing[2] = time.perf_counter()
+                return fut.value()
 
-        return inner.then(inner_done)
-
-    def _issued(self, timing: list[float], is_last: bool) -> None:
-        timing[1] = time.perf_counter()
+            future = inner.then(inner_done)
         if is_last:
             self._stall_mark = self._stalls.mark()
-        with self._lock:
-            self._buckets.append(timing)
+        return future
+
+    def _sync_timed(self) -> None:
+        buckets, self._buckets = self._buckets, []
+        done = sorted(((t[0], t[1], t[2]) for t in buckets if not math.isnan(t[2])), key=lambda t: t[2])
+        previous_end: float | None = None
+        total = 0.0
+        for start, _, end in done:
+            # Buckets run one after the other: the time one waited behind an earlier one is not its own.
+            service = max(end - (start if previous_end is None else max(start, previous_end)), 0.0)
+            previous_end = end
+            self._record_service(end - start, service)
+            total += service
+        self._record_sync_service(total)
+        self._timed_buckets = done
 
     def step_done(self) -> None:
-        # The hook's callbacks counted the step when its last bucket was reduced; DDP waited for all of
-        # them before the backward returned, so every bucket of this step is done.
         began, forward, now = self._end_step()
+        timed = self._commit()
         mark, self._stall_mark = self._stall_mark, None
+        buckets, self._timed_buckets = self._timed_buckets, []
+        if began is None or not timed:
+            self._drop_between()  # an untimed step is not measured, nor what ran in it
+            return
         stall = self._stalls.since(mark) if mark else 0.0
-        with self._lock:
-            buckets, self._buckets = self._buckets, []
-        if began is not None:
-            timings = [(t[0], t[1], t[2]) for t in buckets if not math.isnan(t[2])]
-            self._add_step(self._with_between(replace(step_parts(began, forward, timings, now), stall=stall)))
-        else:
-            self._with_between(Window(0))  # nothing to add them to: the first step is not measured
+        parts = replace(step_parts(began, forward, buckets, now), stall=stall)
+        self._add_step(self._with_between(parts) if self._every == 1 else self._without_between(parts))
 
     def _stall_marks(self) -> dict[str, float]:
         return self._stalls.mark()
@@ -528,37 +611,29 @@ class WallClockRecorder(_CommHookRecorder):
         self._stalls.close()
 
     def flush(self) -> None:
-        pass  # nothing is pending: each allreduce was timed when it completed
-
-    def _record_wall(self, timing: list[float], end: float, is_last: bool) -> None:
-        start = timing[0]
-        with self._lock:
-            timing[2] = end
-            begin = start if self._previous_end is None else max(start, self._previous_end)
-            self._previous_end = end if self._previous_end is None else max(end, self._previous_end)
-        self._record_service(end - start, max(end - begin, 0.0))
-        self._bucket_done(is_last)
+        if self._last_seen:
+            self._commit()  # a sync no step_done() has counted (the library used without step())
 
 
 class CudaEventRecorder(_CommHookRecorder):
-    """Gradients on a GPU (NCCL): events around each collective, resolved off the gradient path.
+    """Gradients on a GPU (NCCL): events around each timed collective, resolved off the gradient path.
 
-    A step's parts are read on the device's timeline: events at the step's end (recorded by
-    ``step_done()`` after the optimizer's kernels were queued), at the forward's start, and per bucket
-    when the hook was entered, once its collective was queued, and after it. They are resolved once the
-    step's events are done (at a later step boundary, or waiting for them at the exchange).
+    A timed step's parts are read on the device's timeline: events at the previous step's end (recorded
+    by ``step_done()`` only when the next sync is a timed one), at the forward's start, per bucket when
+    the hook was entered, once its collective was queued, and after it, and at the step's end. They
+    are resolved once they are done (at a later step boundary, or waiting for them at the exchange or
+    a flush); nothing synchronizes in the hook.
     """
 
     def __init__(self, metrics: RankMetrics, settings: SyncSettings) -> None:
         super().__init__(metrics, settings)
-        self._pending_events: list[tuple[Any, Any]] = []
-        self._previous_end_event: Any = None
         self._began_event: Any = None
         self._forward_event: Any = None
-        # This step's buckets: [entered, issued, done] events (done: None until the hook's callback).
+        # The timed sync's buckets: [entered, issued, done] events (done: None until the callback).
         self._bucket_events: list[list[Any]] = []
-        # Steps whose events are still to resolve: (began, forward, buckets, ended).
-        self._pending_steps: list[tuple[Any, Any, list[list[Any]], Any]] = []
+        # Timed syncs still to resolve: [buckets, began, forward, ended] (the last three None when no
+        # step_done() marked the step around it).
+        self._pending: list[list[Any]] = []
 
     @staticmethod
     def _event() -> Any:
@@ -567,7 +642,7 @@ class CudaEventRecorder(_CommHookRecorder):
         return event
 
     def _forward_started(self) -> None:
-        if self._forward_event is None:
+        if self._forward_event is None and self._began_event is not None:
             self._forward_event = self._event()
 
     @contextmanager
@@ -576,93 +651,74 @@ class CudaEventRecorder(_CommHookRecorder):
         try:
             yield lambda: None
         finally:
-            self._began_event = self._event()
+            if self._began_event is not None:
+                self._began_event = self._event()
             self._forward_event = None
 
-    def _timed(self, state: Any, bucket: GradBucket, is_last: bool) -> torch.futures.Future[torch.Tensor]:
-        self._resolve_events(wait=False)
-        start_event = self._event()
-        timing: list[Any] = [start_event, None, None]
-        if self._inner_hook is None:
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-            # torch's built-in hooks take None for the default group, though typed ProcessGroup.
-            group: Any = self.settings.process_group
-            inner = default_hooks.allreduce_hook(group, bucket)
-        else:
-            inner = self._inner_hook(state, bucket)
+    def _timed(
+        self, state: Any, bucket: GradBucket, buffer: torch.Tensor, is_last: bool
+    ) -> torch.futures.Future[torch.Tensor]:
+        timing: list[Any] = [self._event(), None, None]
+        issued = self._issue(state, bucket, buffer)
         # On the stream the collective waits for: after whatever the hook queued before it (compression).
         timing[1] = self._event()
-        with self._lock:
-            self._bucket_events.append(timing)
+        self._bucket_events.append(timing)
 
         def enqueued(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
             # Runs at enqueue on NCCL: the event lands on the stream right after the collective.
-            end_event = self._event()
-            with self._lock:
-                timing[2] = end_event
-                self._pending_events.append((start_event, end_event))
-            self._bucket_done(is_last)
+            timing[2] = self._event()
             return fut.value()
 
-        return inner.then(enqueued)
+        return issued.then(enqueued)
+
+    def _sync_timed(self) -> None:
+        buckets, self._bucket_events = self._bucket_events, []
+        self._pending.append([buckets, None, None, None])
 
     def step_done(self) -> None:
-        ended = self._event()
-        with self._lock:
-            buckets, self._bucket_events = self._bucket_events, []
-        if self._began_event is not None:
-            self._pending_steps.append((self._began_event, self._forward_event, buckets, ended))
-        self._began_event, self._forward_event = ended, None
-        if self._pending_events:
-            self._resolve_events(wait=False)
-        if self._pending_steps:
-            self._resolve_steps(wait=False)
+        if self._commit() and self._began_event is not None:
+            self._pending[-1][1:] = [self._began_event, self._forward_event, self._event()]
+        # The next step's beginning, only when its sync is a timed one.
+        self._began_event = self._event() if self.next_sync_timed else None
+        self._forward_event = None
+        if self._pending:
+            self._resolve(wait=False)
 
     def take_window(self) -> Window | None:
-        self._resolve_steps(wait=True)
+        self._resolve(wait=True)
         return super().take_window()
 
     def flush(self) -> None:
-        self._resolve_events(wait=True)
+        if self._last_seen:
+            self._commit()
+        self._resolve(wait=True)
 
-    def _resolve_steps(self, wait: bool) -> None:
-        """Turn the steps whose events are done into parts (``wait``: synchronize on them)."""
-        while self._pending_steps:
-            began, forward, buckets, ended = self._pending_steps[0]
-            events = [ended, *(e for timing in buckets for e in timing if e is not None)]
-            if not wait and not all(event.query() for event in events):
-                return  # steps complete in stream order: the later ones are not done either
-            self._pending_steps.pop(0)
-            ended.synchronize()
-
-            timings = [
-                (_offset(began, t[0]), _offset(began, t[1]), _offset(began, t[2]))
-                for t in buckets
-                if t[2] is not None
-            ]
-            at_forward = None if forward is None else _offset(began, forward)
-            self._add_step(step_parts(0.0, at_forward, timings, _offset(began, ended)))
-
-    def _resolve_events(self, wait: bool) -> None:
-        """Turn finished event pairs into durations (``wait``: synchronize on the pending ones)."""
-        with self._lock:
-            pending, self._pending_events = self._pending_events, []
-        keep = []
-        for index, (start_event, end_event) in enumerate(pending):
-            if not wait and not end_event.query():
-                keep = pending[index:]  # events complete in stream order
-                break
-            end_event.synchronize()
-            elapsed = start_event.elapsed_time(end_event) / 1000.0
-            service = elapsed
-            if self._previous_end_event is not None:
-                service = min(elapsed, self._previous_end_event.elapsed_time(end_event) / 1000.0)
-            self._previous_end_event = end_event
-            self._record_service(elapsed, max(service, 0.0))
-        if keep:
-            with self._lock:
-                self._pending_events = keep + self._pending_events
+    def _resolve(self, wait: bool) -> None:
+        """Turn the timed syncs whose events are done into service times and step parts (``wait``:
+        synchronize on them)."""
+        while self._pending:
+            buckets, began, forward, ended = self._pending[0]
+            last = [e for e in (ended, buckets[-1][2] if buckets else None) if e is not None]
+            if not wait and not all(event.query() for event in last):
+                return  # they complete in stream order: the later ones are not done either
+            self._pending.pop(0)
+            done = [timing for timing in buckets if timing[2] is not None]
+            previous_end: Any = None
+            total = 0.0
+            for start_event, _, end_event in done:
+                end_event.synchronize()
+                elapsed = start_event.elapsed_time(end_event) / 1000.0
+                service = elapsed
+                if previous_end is not None:
+                    service = min(elapsed, previous_end.elapsed_time(end_event) / 1000.0)
+                previous_end = end_event
+                self._record_service(elapsed, max(service, 0.0))
+                total += max(service, 0.0)
+            self._record_sync_service(total)
+            if began is not None and ended is not None:
+                timings = [(_offset(began, t[0]), _offset(began, t[1]), _offset(began, t[2])) for t in done]
+                at_forward = None if forward is None else _offset(began, forward)
+                self._add_step(step_parts(0.0, at_forward, timings, _offset(began, ended)))
 
 
 def _offset(began: Any, event: Any) -> float:

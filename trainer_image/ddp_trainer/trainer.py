@@ -272,6 +272,7 @@ class Trainer:
             powersgd_rank=config.powersgd_rank,
             total_steps=total_steps,
             exchange_every=0,
+            time_every=config.sync_time_every or config.stop_check_every,
             stall_timeout=self.env.stall_timeout or 0,
         )
 

@@ -15,6 +15,12 @@ rank's stall (gloo's threads' CPU waits, ddp_trainer.runqueue), and the bus band
 and 25 MiB.
 
     python benchmarks/bench_sync_overhead.py [--rounds 7 --steps 10 --width 1024 --depth 8]
+
+``--device cuda`` (a lent GPU): one rank on NCCL, the same five set-ups on transformer stacks in bf16
+autocast (``--cuda-models``, layers x width: 12x1536 is 342 M parameters, ~38 buckets a step; 4x1024
+is 51 M, 7 buckets, a ~10 ms step on an H200), batch 8 x 512 tokens; a set-up's step time is the mean
+over ``--steps`` steps with one device synchronization at the end (the host runs ahead as in
+training), medians over interleaved rounds.
 """
 
 from __future__ import annotations
@@ -87,7 +93,8 @@ def bus_bandwidth(rank: int, world: int, mib: int, repeats: int) -> tuple[float,
         raw.append(numel * 4 / (time.perf_counter() - started) * factor / 1e9)
     model = nn.Linear(numel, 1, bias=False)
     ddp = DistributedDataParallel(model, bucket_cap_mb=mib + 1)
-    metrics = instrument(ddp, port=0)
+    # Every step timed: this compares one step's service time with a raw allreduce's.
+    metrics = instrument(ddp, port=0, exchange_every=0, time_every=1)
     registry = metrics.endpoint.registry
     assert registry is not None
     labels = {"rank": str(rank)}
@@ -102,6 +109,7 @@ def bus_bandwidth(rank: int, world: int, mib: int, repeats: int) -> tuple[float,
         before_bytes = value("ddp_allreduce_bytes_total")
         before_service = value("ddp_allreduce_service_seconds_total")
         ddp(inputs).sum().backward()
+        metrics.flush()  # no step(): the flush counts the sync
         payload = value("ddp_allreduce_bytes_total") - before_bytes
         service = value("ddp_allreduce_service_seconds_total") - before_service
         measured.append(payload / service * factor / 1e9)
@@ -197,6 +205,77 @@ def measure(rank: int, world: int, args: argparse.Namespace, results: Any) -> No
         )
 
 
+def transformer(layers: int, width: int) -> nn.Module:
+    layer = nn.TransformerEncoderLayer(width, max(width // 128, 1), 4 * width, dropout=0.0, batch_first=True)
+    return nn.Sequential(
+        nn.TransformerEncoder(layer, layers, enable_nested_tensor=False), nn.Linear(width, 8)
+    )
+
+
+def cuda_step_time(ddp: DistributedDataParallel, metrics: Instrumentation | None, steps: int) -> float:
+    """Mean seconds per step over ``steps`` steps, synchronizing the device only at the ends."""
+    device = next(ddp.parameters()).device
+    width = next(m for m in ddp.modules() if isinstance(m, nn.Linear)).in_features
+    inputs = torch.randn(8, 512, width, device=device)
+    targets = torch.randint(0, 8, (8,), device=device)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=1e-5)
+    torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(ddp(inputs).mean(dim=1), targets)
+        loss.backward()
+        optimizer.step()
+        if metrics is not None:
+            metrics.step(len(targets))
+    torch.cuda.synchronize(device)
+    return (time.perf_counter() - started) / steps
+
+
+def measure_cuda(args: argparse.Namespace) -> None:
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    with process_group_session():
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+        print(
+            f"torch {torch.__version__}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, "
+            f"{torch.cuda.get_device_name(device)}, 1 rank, bf16 autocast, batch 8 x 512, "
+            f"{args.rounds} interleaved rounds x {args.steps} steps, medians"
+        )
+        print()
+        print("| model | mode | step (ms) | vs plain | vs torch-hook |")
+        print("|---|---|---:|---:|---:|")
+        for spec in args.cuda_models:
+            layers, width = (int(part) for part in spec.split("x"))
+            torch.manual_seed(0)
+            setups = {}
+            for mode in MODES:
+                setups[mode] = build(mode, transformer(layers, width).to(device), args.exchange_every)
+            for mode in MODES:  # warm-up: bucket rebuild, allocator, NCCL's communicator
+                cuda_step_time(*setups[mode], 3)
+            per_mode: dict[str, list[float]] = {mode: [] for mode in MODES}
+            for round_index in range(args.rounds):
+                order = MODES[round_index % len(MODES) :] + MODES[: round_index % len(MODES)]
+                for mode in order:
+                    per_mode[mode].append(cuda_step_time(*setups[mode], args.steps))
+            medians = {mode: statistics.median(v) for mode, v in per_mode.items()}
+            params = sum(p.numel() for p in setups["plain"][0].parameters()) / 1e6
+            for mode in MODES:
+                print(
+                    f"| {spec} ({params:.0f} M) | {mode} | {medians[mode] * 1e3:.2f} | "
+                    f"{medians[mode] / medians['plain'] - 1:+.1%} | "
+                    f"{medians[mode] / medians['torch-hook'] - 1:+.1%} |"
+                )
+            for _, metrics in setups.values():
+                if metrics is not None:
+                    metrics.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -211,7 +290,14 @@ def main() -> None:
         "--exchange-every", type=int, default=10, help="steps between exchanges (mode exchange)"
     )
     parser.add_argument("--exchange-calls", type=int, default=200, help="exchanges timed one by one")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--cuda-models", nargs="+", default=["4x1024", "12x1536"], help="--device cuda: layers x width"
+    )
     args = parser.parse_args()
+    if args.device == "cuda":
+        measure_cuda(args)
+        return
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

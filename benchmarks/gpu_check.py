@@ -17,6 +17,8 @@
    detection assumes (on the CPU the stand-in is a sleep).
 5. ``bench_hook_work.py --device cuda``: our comm hook's own work per step on NCCL, against torch's
    own Python ``allreduce_hook``.
+6. ``bench_sync_overhead.py --device cuda``: the metrics' cost at a ~10 ms and a ~50 ms transformer
+   step (plain DDP, torch's hook, detailed, detailed with the exchange, light).
 
 Everything is written to DIR (``summary.md``, one log per run, the reference's /metrics); the exit code is 0 when every check
 that could run passed.
@@ -356,35 +358,40 @@ def blocked(report: Report, out: Path) -> None:
     )
 
 
-def hook_work(report: Report, out: Path) -> None:
-    """Our comm hook's own work per step on NCCL against torch's allreduce_hook (bench_hook_work.py)."""
-    report.say("\n## Our hook's own work per step on NCCL (bench_hook_work.py --device cuda)\n")
+def bench(report: Report, out: Path, title: str, script: str, args: list[str], timeout: float) -> None:
+    """One benchmark of benchmarks/ on the device, its table into the summary."""
+    report.say(f"\n## {title} ({script} {' '.join(args)})\n")
     done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "bench_hook_work.py"),
-            "--device",
-            "cuda",
-            "--rounds",
-            "5",
-            "--steps",
-            "30",
-        ],
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
         env=environment(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
-    (out / "hook_work.log").write_text(done.stdout + done.stderr)
+    (out / f"{Path(script).stem}.log").write_text(done.stdout + done.stderr)
     report.say("```\n" + done.stdout.strip() + "\n```")
-    report.check("hook work benchmark", done.returncode == 0, f"exit {done.returncode}")
+    report.check(script, done.returncode == 0, f"exit {done.returncode}")
+
+
+def hook_work(report: Report, out: Path) -> None:
+    """Our comm hook's own work per step on NCCL against torch's allreduce_hook (bench_hook_work.py)."""
+    args = ["--device", "cuda", "--rounds", "5", "--steps", "30"]
+    bench(report, out, "Our hook's own work per step on NCCL", "bench_hook_work.py", args, 240)
+
+
+def sync_overhead(report: Report, out: Path) -> None:
+    """What the metrics cost at a 10 ms and a 50 ms transformer step (bench_sync_overhead.py)."""
+    args = ["--device", "cuda", "--rounds", "5", "--steps", "20"]
+    bench(report, out, "What the metrics cost on NCCL", "bench_sync_overhead.py", args, 300)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--backend", default="nccl")
-    parser.add_argument("--skip", nargs="*", default=[], help="machine, pair, trainer, blocked, hook")
+    parser.add_argument(
+        "--skip", nargs="*", default=[], help="machine, pair, trainer, blocked, hook, overhead"
+    )
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
     report = Report(options.out)
@@ -394,6 +401,7 @@ def main() -> int:
         ("trainer", lambda: trainer(report, options.backend, options.out)),
         ("blocked", lambda: blocked(report, options.out)),
         ("hook", lambda: hook_work(report, options.out)),
+        ("overhead", lambda: sync_overhead(report, options.out)),
     ]
     for name, phase in phases:
         if name in options.skip:

@@ -468,9 +468,7 @@ class _CommHookRecorder(SyncRecorder):
         buffer = bucket.buffer()
         size = buffer.nbytes
         self._gradient_bytes += size
-        if self._bytes_are_payload:
-            self._payload_bytes += size
-        else:
+        if not self._bytes_are_payload:  # else the payload is the gradient bytes, taken at the commit
             self._payload_bytes += self._payload(state, bucket, buffer, size)
         self._calls += 1
         is_last = self._last_seen = bucket.is_last()
@@ -511,6 +509,8 @@ class _CommHookRecorder(SyncRecorder):
         if not self._open:
             return False
         gradient, payload, calls = self._gradient_bytes, self._payload_bytes, self._calls
+        if self._bytes_are_payload:
+            payload = gradient
         self._gradient_bytes = self._payload_bytes = self._calls = 0
         self._open = self._last_seen = False
         self._count_step(gradient, payload, calls)
@@ -520,14 +520,16 @@ class _CommHookRecorder(SyncRecorder):
         self._sync_timed()
         return True
 
-    def _record_service(self, elapsed: float, service: float) -> None:
-        self.metrics.allreduce_duration.observe(elapsed)
+    def _record_sync(self, timings: list[tuple[float, float]]) -> None:
+        """A timed sync's buckets, (elapsed, service) each: the histogram, the recent service times,
+        and the service counter, where the sync stands for the ``time_every`` syncs it samples."""
+        observe = self.metrics.allreduce_duration.observe
+        for elapsed, _ in timings:
+            observe(elapsed)
+        services = [service for _, service in timings]
         with self._lock:
-            self._recent_service.append(service)
-
-    def _record_sync_service(self, service: float) -> None:
-        """A timed sync's service time stands for the ``time_every`` syncs it samples."""
-        self.metrics.allreduce_service_seconds.inc(service * self._every)
+            self._recent_service.extend(services)
+        self.metrics.allreduce_service_seconds.inc(sum(services) * self._every)
 
 
 class WallClockRecorder(_CommHookRecorder):
@@ -578,14 +580,13 @@ class WallClockRecorder(_CommHookRecorder):
         buckets, self._buckets = self._buckets, []
         done = sorted(((t[0], t[1], t[2]) for t in buckets if not math.isnan(t[2])), key=lambda t: t[2])
         previous_end: float | None = None
-        total = 0.0
+        timings = []
         for start, _, end in done:
             # Buckets run one after the other: the time one waited behind an earlier one is not its own.
             service = max(end - (start if previous_end is None else max(start, previous_end)), 0.0)
             previous_end = end
-            self._record_service(end - start, service)
-            total += service
-        self._record_sync_service(total)
+            timings.append((end - start, service))
+        self._record_sync(timings)
         self._timed_buckets = done
 
     def step_done(self) -> None:
@@ -704,7 +705,7 @@ class CudaEventRecorder(_CommHookRecorder):
             self._pending.pop(0)
             done = [timing for timing in buckets if timing[2] is not None]
             previous_end: Any = None
-            total = 0.0
+            timings: list[tuple[float, float]] = []
             for start_event, _, end_event in done:
                 end_event.synchronize()
                 elapsed = start_event.elapsed_time(end_event) / 1000.0
@@ -712,13 +713,12 @@ class CudaEventRecorder(_CommHookRecorder):
                 if previous_end is not None:
                     service = min(elapsed, previous_end.elapsed_time(end_event) / 1000.0)
                 previous_end = end_event
-                self._record_service(elapsed, max(service, 0.0))
-                total += max(service, 0.0)
-            self._record_sync_service(total)
+                timings.append((elapsed, max(service, 0.0)))
+            self._record_sync(timings)
             if began is not None and ended is not None:
-                timings = [(_offset(began, t[0]), _offset(began, t[1]), _offset(began, t[2])) for t in done]
+                marks = [(_offset(began, t[0]), _offset(began, t[1]), _offset(began, t[2])) for t in done]
                 at_forward = None if forward is None else _offset(began, forward)
-                self._add_step(step_parts(0.0, at_forward, timings, _offset(began, ended)))
+                self._add_step(step_parts(0.0, at_forward, marks, _offset(began, ended)))
 
 
 def _offset(began: Any, event: Any) -> float:

@@ -81,7 +81,16 @@ def test_a_rank_pod_preempts_the_standby_on_a_full_node_and_the_standby_comes_ba
         lambda: scheduler_events(kube, namespace, "spare-standby1-0", "Preempted"),
         timeout=60,
     )
-    wait_for("the standby gone", lambda: pod_or_none(kube, namespace, "spare-standby1-0") is None, timeout=90)
+
+    def going() -> bool:
+        found = pod_or_none(kube, namespace, "spare-standby1-0")
+        return (
+            found is None
+            or found["metadata"]["uid"] != first["metadata"]["uid"]
+            or bool(found["metadata"].get("deletionTimestamp"))
+        )
+
+    wait_for("the preempted standby deleted", going, timeout=60)
 
     # The job trains on with the pods it had; its next standby waits without a node and without
     # preempting anything.
@@ -89,19 +98,29 @@ def test_a_rank_pod_preempts_the_standby_on_a_full_node_and_the_standby_comes_ba
     assert status.get("restarts", 0) == 0
     assert uids(running_ranks(kube, namespace, "spare", 2, attempt=0)) == uids(ranks)
 
-    def pending_unschedulable() -> dict[str, Any] | None:
-        found = pod_or_none(kube, namespace, "spare-standby2-0")
-        conditions = (found or {}).get("status", {}).get("conditions") or []
-        refused = any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions)
-        return found if refused and not found["spec"].get("nodeName") else None
+    def standbys() -> list[dict[str, Any]]:
+        selector = f"{names.LABEL_ROLE}={names.ROLE_STANDBY},{names.LABEL_JOB_NAME}=spare"
+        listed = kube.json("get", "pods", "-n", namespace, "-l", selector)["items"]
+        return [p for p in listed if p["metadata"]["uid"] != first["metadata"]["uid"]]
 
-    wait_for("the next standby Pending, found no node", pending_unschedulable, timeout=90)
+    def pending_unschedulable() -> dict[str, Any] | None:
+        for found in standbys():
+            conditions = found.get("status", {}).get("conditions") or []
+            refused = any(
+                c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions
+            )
+            if refused and not found["spec"].get("nodeName"):
+                return found
+        return None
+
+    nxt = wait_for("the next standby Pending, found no node", pending_unschedulable, timeout=90)
     assert running(kube, namespace, other[0]["metadata"]["name"]), "the other job's rank keeps its node"
 
     # The room comes back: the standby takes it.
     kube.end_pod(namespace, other[0]["metadata"]["name"], 0)
     wait_phase(kube, namespace, "other", "Succeeded")
-    wait_for("the next standby running", lambda: running(kube, namespace, "spare-standby2-0"), timeout=90)
+    name = nxt["metadata"]["name"]
+    wait_for("the next standby running", lambda: running(kube, namespace, name), timeout=90)
     wait_phase(kube, namespace, "spare", "Running")
 
 

@@ -19,7 +19,10 @@ being created: the operator labels it as the rank's newest pod and writes its as
   second pod do so (``checkpoint_mount``), so it can take rank 0, the rank that writes checkpoints.
   A ReadWriteOncePod claim lets none do so: the CRD refuses standbys with it; should such a job exist
   anyway, rank 0 goes to a new pod.
-- At most ``standbyPods`` wait at once; their numbers (names.LABEL_STANDBY) are never reused in an attempt.
+- At most ``standbyPods`` wait at once; a new one's number (names.LABEL_STANDBY) follows the highest of
+  the attempt's pods that still exist, so no name is reused while a pod holds it (a preempted standby
+  that is gone may see its number again: standbys are never in a Kueue group, whose finalizers are
+  what make a reused name deadlock).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -73,6 +74,8 @@ class Instrumentation:
     rank_windows: list[Window | None] = field(default_factory=list, init=False)
     straggler: Straggler | None = field(default=None, init=False)
     history: History = field(default_factory=History, init=False)
+    # An exchange on the device whose result is not read yet: (page-locked result, its CUDA event).
+    in_flight: tuple[torch.Tensor, Any] | None = field(default=None, init=False)
 
     @property
     def metrics(self) -> RankMetrics:
@@ -133,6 +136,9 @@ class Instrumentation:
             metrics.show_window(window)
         world = self.recorder.settings.world_size
         values = pack(self.rank, world, window, self.pod, flags)
+        if world > 1 and self.device.type != "cpu" and not flags:
+            self._exchange_on_device(values)
+            return []
         if world > 1:
             with self.recorder.collective_between_steps() as issued:
                 tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
@@ -142,12 +148,50 @@ class Instrumentation:
                 if work is not None:
                     work.wait()
                 values = tensor.tolist() if tensor.device.type == "cpu" else tensor.cpu().tolist()
-        windows, pods, combined = unpack(values, world)
+        return self._show_exchange(values)
+
+    def _show_exchange(self, values: list[float]) -> list[float]:
+        """The exchange's combined values: rank 0 updates its picture; returns the combined flags."""
+        windows, pods, combined = unpack(values, self.recorder.settings.world_size)
+        metrics = self.recorder.metrics
         if metrics.straggler is not None:
             self.rank_windows = self.history.add(windows)
             self.straggler = attribute(self.rank_windows, pods)
             metrics.straggler.show(self.rank_windows, self.straggler)
         return combined
+
+    def _exchange_on_device(self, values: list[float]) -> None:
+        """The exchange without stopping the host (NCCL, no flags to return): the tensor goes to the
+        device and back through page-locked memory, queued behind the step, and the result is read at
+        the next exchange (or flush), ``exchange_every`` steps later, when it is long done. A blocking
+        read here would wait for every kernel the host has queued, which on a GPU is a step's worth.
+        Every rank issues it at the same step boundary, whatever its previous one's state."""
+        self._take_exchange(wait=True)
+        with self.recorder.collective_between_steps() as issued:
+            source = torch.tensor(values, dtype=torch.float64).pin_memory()
+            tensor = source.to(self.device, non_blocking=True)
+            group = self.recorder.settings.process_group
+            work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group, async_op=True)
+            issued()
+            if work is not None:
+                work.wait()  # on NCCL: the current stream waits for the collective, the host does not
+            result = torch.empty(len(values), dtype=torch.float64, pin_memory=True)
+            result.copy_(tensor, non_blocking=True)
+            cuda: Any = torch.cuda  # its Event is untyped
+            done = cuda.Event()
+            done.record()
+        self.in_flight = (result, done)
+
+    def _take_exchange(self, wait: bool) -> None:
+        """Show the exchange still in flight once it is done (``wait``: wait for it)."""
+        if self.in_flight is None:
+            return
+        result, done = self.in_flight
+        if not wait and not done.query():
+            return
+        done.synchronize()
+        self.in_flight = None
+        self._show_exchange(result.tolist())
 
     def sample_logger(self) -> LoggerAverages | None:
         """Copy DDP's logger averages into the gauges now; returns them (None before its first sample)."""
@@ -158,8 +202,10 @@ class Instrumentation:
         return self.recorder.allreduce_p50_seconds()
 
     def flush(self) -> LoggerAverages | None:
-        """Bring every series up to date: wait for timings still pending, copy the logger's averages."""
+        """Bring every series up to date: wait for timings still pending and for an exchange in
+        flight, copy the logger's averages."""
         self.recorder.flush()
+        self._take_exchange(wait=True)
         return self.recorder.refresh_from_logger()
 
     def render(self) -> str:

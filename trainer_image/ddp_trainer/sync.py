@@ -622,8 +622,8 @@ class CudaEventRecorder(_CommHookRecorder):
     A timed step's parts are read on the device's timeline: events at the previous step's end (recorded
     by ``step_done()`` only when the next sync is a timed one), at the forward's start, per bucket when
     the hook was entered, once its collective was queued, and after it, and at the step's end. They
-    are resolved once they are done (at a later step boundary, or waiting for them at the exchange or
-    a flush); nothing synchronizes in the hook.
+    are resolved once they are done (at a later step boundary or exchange; a flush waits for them);
+    nothing synchronizes in the hook.
     """
 
     def __init__(self, metrics: RankMetrics, settings: SyncSettings) -> None:
@@ -686,7 +686,8 @@ class CudaEventRecorder(_CommHookRecorder):
             self._resolve(wait=False)
 
     def take_window(self) -> Window | None:
-        self._resolve(wait=True)
+        # Never waits: a timed step whose events are not done yet goes to the next window.
+        self._resolve(wait=False)
         return super().take_window()
 
     def flush(self) -> None:

@@ -113,3 +113,21 @@ def record(rank: int, code: int, time_ns: int) -> dict[str, int]:
 )
 def test_first_failure_code(failures: dict[int, int], records: list[dict[str, int]], expected: int) -> None:
     assert first_failure_code(failures, records) == expected
+
+
+def test_the_entry_point_takes_sigterm_before_anything_else() -> None:
+    """In a container the trainer is PID 1, and the kernel drops a signal PID 1 has no handler for:
+    the entry point must catch SIGTERM before its slow imports, or a pod stopped while starting (a
+    standby preempted for a rank) waits out its grace period."""
+    import signal
+
+    from ddp_trainer import __main__ as entry
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # A bad option ends main() right after its first lines, before any import of torch.
+        assert entry.main(["--sync-metrics", "light", "--comm-hook", "powersgd"]) == 2
+        assert signal.getsignal(signal.SIGTERM) == entry._stopped_while_starting
+    finally:
+        signal.signal(signal.SIGTERM, before)

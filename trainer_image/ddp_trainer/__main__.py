@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Sequence
+from types import FrameType
 
 from ddp_trainer.config import ConfigError, parse_args, parse_env
 from ddp_trainer.exitcodes import EXIT_BAD_CONFIG, write_launcher_exit
 from ddp_trainer.worker import whole_lines
 
 
+def _stopped_while_starting(signum: int, frame: FrameType | None) -> None:
+    """A pod stopped before its launcher installed its own handlers (torch takes seconds to import):
+    nothing has started, so it ends at once, 143 as for any SIGTERM."""
+    write_launcher_exit(128 + signum, os.environ)
+    os._exit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    # In a container this process is PID 1, and the kernel drops a signal that PID 1 has no handler
+    # for: a SIGTERM during start-up (a standby preempted for a rank, a job deleted) would be lost and
+    # the pod would wait out its whole grace period. The launcher replaces this handler with its own.
+    signal.signal(signal.SIGTERM, _stopped_while_starting)
     whole_lines(sys.stdout, sys.stderr)
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -11,9 +11,18 @@ The job is the digits example on 2 ranks (restartMode InPlace, a checkpoint volu
 - ``rank-0-pod-delete``: rank 0's pod deleted;
 - ``hard-kill``: rank 1's trainer container SIGKILLed from the node (its launcher, PID 1 of the
   container, and every worker die at once and leave no word: a node crash or an OOM kill of the launcher);
+- ``rank-0-hard-kill``: the same to rank 0's container;
 - ``freeze``: every process of rank 1's container SIGSTOPped from the node (a hang: nothing exits, no
   socket closes). A hang is found by the operator's stall limit (max(30 s, 10x the step time)), so it
   is not in the default cycle: ``--hang`` runs one faulty run with a single freeze and reports it apart.
+
+``--faults`` takes the classes, or one of the mixes ``worker-kills`` (worker SIGKILLs only),
+``pod-losses`` (every fault a lost pod: deleted, or hard-killed with no SIGTERM, rank 0's and rank 1's
+in turn) and ``mix`` (all but the freeze). ``--standby-pods 1`` gives the job a standby pod;
+``--node tight`` first fills the node with a pod of the ranks' priority that leaves room for the ranks
+and the standbys only (a replacement then finds no room unless a standby yields: the case of issue 45),
+``--node room`` leaves it as it is. Every run must end with the clean run's parameters (rank 0's
+``params`` line, the digest of its model's state).
 
 A fault waits for its target to be Running and training again (a fault on a pod still starting is not
 the fault measured). ETTR = clean wall time / faulty wall time. Each fault's cost is split from the
@@ -42,9 +51,16 @@ from typing import Any
 
 from bench_recovery_kind import Kube, manifest, rank0_metrics, wait_for
 from ddp_harness import kind_faults
+from ddp_operator import builders
 
 NAMESPACE = "bench-recovery"
 FAULTS = ("worker-kill", "pod-delete", "rank-0-pod-delete", "hard-kill")
+MIXES = {
+    "worker-kills": ("worker-kill",),
+    "pod-losses": ("pod-delete", "rank-0-hard-kill", "rank-0-pod-delete", "hard-kill"),
+    "mix": ("worker-kill", "pod-delete", "rank-0-hard-kill", "worker-kill", "rank-0-pod-delete", "hard-kill"),
+}
+FILLER = "chaos-filler"
 
 
 @dataclass
@@ -79,6 +95,7 @@ class Outcome:
     wall_s: float
     faults: list[Fault]
     status: dict[str, Any]
+    digest: str | None = None
 
 
 def _job_manifest(name: str, epochs: int, image: str, options: JobOptions) -> dict[str, Any]:
@@ -126,7 +143,7 @@ def _live_pod(kube: Kube, job: str, rank: int) -> str | None:
 def inject(kube: Kube, cluster: str, job: str, kind: str) -> float:
     """The fault, on its rank's live pod; returns when it was done, on this machine's clock (which the
     kind node and the operator share)."""
-    rank = 0 if kind == "rank-0-pod-delete" else 1
+    rank = 0 if kind.startswith("rank-0-") else 1
     pod = wait_for(f"rank {rank}'s pod Ready", lambda: _live_pod(kube, job, rank), timeout=300)
     if kind == "worker-kill":
         logs = kube.run("logs", "-n", NAMESPACE, pod, "-c", "trainer")
@@ -136,13 +153,63 @@ def inject(kube: Kube, cluster: str, job: str, kind: str) -> float:
         kube.run("exec", "-n", NAMESPACE, pod, "-c", "trainer", "--", "python3", "-c", kill)
     elif kind in ("pod-delete", "rank-0-pod-delete"):
         kube.run("delete", "pod", pod, "-n", NAMESPACE, "--wait=false")
-    elif kind == "hard-kill":
+    elif kind in ("hard-kill", "rank-0-hard-kill"):
         kind_faults.kill_container(cluster, NAMESPACE, pod)
     elif kind == "freeze":
         kind_faults.freeze_pod(cluster, NAMESPACE, pod)
     else:
         raise ValueError(f"unknown fault {kind!r}")
     return time.time()
+
+
+def _millicores(text: str) -> int:
+    return int(text[:-1]) if text.endswith("m") else int(float(text) * 1000)
+
+
+def fill_node(kube: Kube, image: str, room: int) -> int:
+    """A pod of the ranks' priority that takes the node's free CPU but ``room`` millicores; returns its
+    request (0: no filler needed)."""
+    kube.run("delete", "pod", FILLER, "-n", NAMESPACE, "--ignore-not-found", "--wait=true")
+    node = kube.json("get", "nodes")["items"][0]
+    free = _millicores(node["status"]["allocatable"]["cpu"])
+    for pod in kube.json("get", "pods", "-A")["items"]:
+        if pod["status"].get("phase") in ("Succeeded", "Failed"):
+            continue
+        for container in pod["spec"]["containers"]:
+            free -= _millicores(((container.get("resources") or {}).get("requests") or {}).get("cpu", "0"))
+    request = free - room
+    if request <= 0:
+        return 0
+    filler = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": FILLER, "namespace": NAMESPACE},
+        "spec": {
+            "containers": [
+                {
+                    "name": "filler",
+                    "image": image,
+                    "command": ["sleep", "infinity"],
+                    "resources": {"requests": {"cpu": f"{request}m", "memory": "8Mi"}},
+                }
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    kube.run("apply", "-f", "-", stdin=json.dumps(filler))
+    return request
+
+
+def final_digest(kube: Kube, job: str) -> str | None:
+    """The digest of rank 0's parameters at the end (its newest pod's ``params rank=0`` line)."""
+    selector = f"ddp.dev/job-name={job},ddp.dev/rank=0"
+    pods = kube.json("get", "pods", "-n", NAMESPACE, "-l", selector)["items"]
+    for pod in sorted(pods, key=lambda p: str(p["metadata"]["creationTimestamp"]), reverse=True):
+        logs = kube.run("logs", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "trainer", check=False)
+        for line in reversed(logs.splitlines()):
+            if line.startswith("params rank=0 "):
+                return line.split("sha256=")[1].split()[0]
+    return None
 
 
 def _training_since(kube: Kube, job: str, since: float) -> bool | None:
@@ -196,7 +263,7 @@ def run_job(
         time.sleep(0.5)
     wall = time.time() - applied
     _collect(status, done)
-    return Outcome(wall, done, status)
+    return Outcome(wall, done, status, final_digest(kube, job))
 
 
 def _collect(status: dict[str, Any], faults: list[Fault]) -> None:
@@ -222,19 +289,22 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def report(clean: list[float], faulty: list[Outcome], every: float, hang: Outcome | None) -> str:
+def report(clean: list[Outcome], faulty: list[Outcome], every: float, hang: Outcome | None) -> str:
     lines = [
-        "| run | clean wall s | faulty wall s | faults | ETTR | lost s per fault | status.goodput (faulty) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| run | clean wall s | faulty wall s | faults | ETTR | lost s per fault | status.goodput (faulty) "
+        "| parameters as clean |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     ratios = []
-    for index, (base, run) in enumerate(zip(clean, faulty, strict=True)):
+    for index, (clean_run, run) in enumerate(zip(clean, faulty, strict=True)):
+        base = clean_run.wall_s
         ettr = base / run.wall_s
         ratios.append(ettr)
         lost = (run.wall_s - base) / len(run.faults) if run.faults else 0.0
+        same = "unread" if run.digest is None else ("yes" if run.digest == clean_run.digest else "NO")
         lines.append(
             f"| {index + 1} | {base:.1f} | {run.wall_s:.1f} | {len(run.faults)} | {ettr:.3f} | {lost:.1f} | "
-            f"{run.status.get('goodput', '-')} |"
+            f"{run.status.get('goodput', '-')} | {same} |"
         )
     lines.append(f"\nmedian ETTR {statistics.median(ratios):.3f} at a fault every {every:.0f} s\n")
     lines += [
@@ -256,9 +326,10 @@ def report(clean: list[float], faulty: list[Outcome], every: float, hang: Outcom
             + f" | {_fmt(_median([p['redone'] for p in phases]))} | {', '.join(modes)} |"
         )
     if hang is not None and clean:
+        median = statistics.median(c.wall_s for c in clean)
         lines.append(
-            f"\nhang: one freeze, wall {hang.wall_s:.1f} s against a clean {statistics.median(clean):.1f} s "
-            f"(lost {hang.wall_s - statistics.median(clean):.1f} s)"
+            f"\nhang: one freeze, wall {hang.wall_s:.1f} s against a clean {median:.1f} s "
+            f"(lost {hang.wall_s - median:.1f} s)"
         )
     return "\n".join(lines)
 
@@ -274,8 +345,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=12, help="the job's work [12]")
     parser.add_argument("--every", type=float, default=40.0, help="seconds between faults [40]")
     parser.add_argument(
-        "--faults", default=",".join(FAULTS), help=f"the cycle, of {', '.join(FAULTS)}, freeze"
+        "--faults",
+        default=",".join(FAULTS),
+        help=f"the cycle, of {', '.join(FAULTS)}, rank-0-hard-kill, freeze; or a mix: {', '.join(MIXES)}",
     )
+    parser.add_argument(
+        "--node",
+        choices=["room", "tight"],
+        default="room",
+        help="tight: fill the node but for the ranks and the standbys [room]",
+    )
+    parser.add_argument("--min-faults", type=int, default=0, help="fail a faulty run with fewer faults [0]")
     parser.add_argument("--runs", type=int, default=3, help="clean and faulty pairs [3]")
     parser.add_argument("--hang", action="store_true", help="also one faulty run with a single freeze")
     parser.add_argument("--standby-pods", type=int, default=0, help="runPolicy.standbyPods of the job [0]")
@@ -286,8 +366,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = JobOptions(standby_pods=args.standby_pods, checkpoint=not args.no_checkpoint)
     kube = Kube(args.context, args.kubectl)
     kube.run("create", "namespace", NAMESPACE, check=False)
-    faults = [f for f in args.faults.split(",") if f]
-    clean: list[float] = []
+    faults = list(MIXES.get(args.faults) or [f for f in args.faults.split(",") if f])
+    filler = 0
+    if args.node == "tight":
+        request = _millicores("250m" if options.standby_pods else "500m")
+        rendezvous = _millicores(builders.RENDEZVOUS_RESOURCES["requests"]["cpu"])
+        filler = fill_node(kube, args.image, request * (2 + options.standby_pods) + rendezvous)
+    print(f"faults {','.join(faults)}; node {args.node} (filler {filler}m)", file=sys.stderr, flush=True)
+    clean: list[Outcome] = []
     faulty: list[Outcome] = []
     for index in range(args.runs):
         base = run_job(
@@ -311,8 +397,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if base.status.get("phase") != "Succeeded" or run.status.get("phase") != "Succeeded":
             print(json.dumps({"clean": base.status, "faulty": run.status}, indent=1), file=sys.stderr)
             return 1
-        clean.append(base.wall_s)
+        clean.append(base)
         faulty.append(run)
+        if len(run.faults) < args.min_faults:
+            print(f"faulty run {index + 1} took {len(run.faults)} faults: raise --epochs", file=sys.stderr)
+            return 1
     hang = None
     if args.hang:
         hang = run_job(
@@ -327,6 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             options=options,
         )
     print(report(clean, faulty, args.every, hang))
+    if filler:
+        kube.run("delete", "pod", FILLER, "-n", NAMESPACE, "--ignore-not-found", "--wait=false")
     return 0
 
 

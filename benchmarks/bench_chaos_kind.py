@@ -170,6 +170,14 @@ def fill_node(kube: Kube, image: str, room: int) -> int:
     """A pod of the ranks' priority that takes the node's free CPU but ``room`` millicores; returns its
     request (0: no filler needed)."""
     kube.run("delete", "pod", FILLER, "-n", NAMESPACE, "--ignore-not-found", "--wait=true")
+    # An earlier run's pods still hold their requests while they terminate.
+    kube.run("delete", "ddpjob", "--all", "-n", NAMESPACE, "--wait=true")
+    wait_for(
+        "the namespace's pods gone",
+        lambda: not kube.json("get", "pods", "-n", NAMESPACE)["items"] or None,
+        timeout=300,
+        interval=1,
+    )
     node = kube.json("get", "nodes")["items"][0]
     free = _millicores(node["status"]["allocatable"]["cpu"])
     for pod in kube.json("get", "pods", "-A")["items"]:

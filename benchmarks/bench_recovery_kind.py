@@ -13,8 +13,8 @@ Three modes (docs/restarts.md), each on a digits job of 2 ranks with a checkpoin
   the survivor waits for the new pod 0 instead of training without it (docs/elastic.md);
 - ``standby-pod-replaced``: rank 1's pod deleted in a job with ``runPolicy.standbyPods: 1``: a running
   standby pod takes rank 1 instead of a new pod (docs/restarts.md, "Standby pods");
-- ``standby-rank-0-replaced``: the same for rank 0's pod, in a job without a checkpoint volume (rank 0
-  of a job with one gets a new pod: only it mounts the volume);
+- ``standby-rank-0-replaced``: the same for rank 0's pod, whose checkpoint volume (ReadWriteOnce) the
+  standby mounts too, on rank 0's node (docs/restarts.md, "Standby pods");
 - ``hard-kill``, ``standby-hard-kill``: rank 1's trainer container SIGKILLed from the node (its launcher
   and workers die at once, no word: a node crash, an OOM kill of the launcher), without and with a
   standby;
@@ -140,8 +140,6 @@ def manifest(name: str, mode: str, runs: int, image: str) -> dict[str, Any]:
     }
     if mode.startswith("standby"):
         job["spec"]["runPolicy"]["standbyPods"] = 1
-        if mode in RANK_0_MODES:
-            del job["spec"]["checkpoint"]
     if mode.startswith("elastic"):
         del job["spec"]["replicas"]
         job["spec"]["elastic"] = {"minReplicas": 1, "maxReplicas": 2}

@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 
 PHASES: tuple[str, ...] = names.PHASES
 
-# Reconciles are in-memory decisions plus a few API calls; a 1024-rank create takes seconds.
+# Reconciles are in-memory decisions plus a few API calls; a 1024-rank create takes seconds. The
+# trainer's step ladder (ddp_trainer.metrics.STEP_BUCKETS) up to 30 s, written out because the operator
+# never imports the trainer package (it runs without the trainer's dependencies); a unit test
+# (tests/unit/test_histogram_buckets.py) keeps the two equal.
 RECONCILE_BUCKETS: tuple[float, ...] = (
     0.001,
     0.0025,

@@ -73,6 +73,23 @@ def test_no_import_circle_in_our_packages() -> None:
     assert _cycles(graph) == []
 
 
+# Packages that must not depend on another of ours, anywhere in their bodies. The operator runs without
+# the trainer's dependencies (torch, numpy), so a value both need (a histogram's buckets, an exit
+# marker) is written out on the operator's side and tied to the trainer's by a unit test instead.
+@pytest.mark.parametrize(
+    ("importer", "imported"),
+    [pytest.param("ddp_operator", "ddp_trainer", id="the-operator-never-imports-the-trainer")],
+)
+def test_a_package_never_imports_another(importer: str, imported: str) -> None:
+    graph = _import_graph()
+    offending = {
+        module: sorted(t for t in targets if t.split(".")[0] == imported)
+        for module, targets in graph.items()
+        if module.split(".")[0] == importer
+    }
+    assert {m: t for m, t in offending.items() if t} == {}
+
+
 # What a policy may import: the standard library and our pure modules. Never the API client, the
 # controller or kopf: one place talks to the API (docs/architecture.md, "Where new code goes").
 _IMPURE = {"ddp_operator.kube_api", "ddp_operator.controller", "ddp_operator.handlers", "ddp_operator.leader"}

@@ -26,7 +26,10 @@ from ddp_trainer.restarts import RestartLedger, RestartRecord
 from ddp_trainer.straggler import NO_STRAGGLER, PHASES, Straggler, Window, own_stalls
 
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
-# From 100 us to 10 s, as docs/metrics.md states for the allreduce histogram.
+# The one ladder of bounds for every duration histogram of ours: 1, 2.5 and 5 per decade, here from
+# 100 us to 10 s (docs/metrics.md). The step histogram takes it from 1 ms and goes on to a minute; the
+# operator's reconcile histogram writes the same ladder out (the operator never imports this package),
+# and tests/unit/test_histogram_buckets.py keeps them, and the page's ranges, equal.
 ALLREDUCE_BUCKETS: Final = (
     1e-4,
     2.5e-4,
@@ -45,7 +48,7 @@ ALLREDUCE_BUCKETS: Final = (
     5.0,
     10.0,
 )
-STEP_BUCKETS: Final = (1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+STEP_BUCKETS: Final = (*ALLREDUCE_BUCKETS[ALLREDUCE_BUCKETS.index(1e-3) :], 30.0, 60.0)
 
 # `_created` samples double every counter and histogram and mean nothing for a pod's lifetime.
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]

@@ -299,6 +299,27 @@ class OperatorProcess:
             return ""
 
 
+def checkpoint_volume(kube: Kube, namespace: str, job: str, claim: dict[str, Any]) -> str:
+    """A PersistentVolume reserved (claimRef) for job's checkpoint claim, which the operator creates
+    from ``claim`` (its volumeClaimTemplate). The local cluster has no dynamic provisioner, so the volume
+    is provisioned statically; returns its name."""
+    name = f"{namespace}-{job}"
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": claim["resources"]["requests"]["storage"]},
+            "accessModes": claim.get("accessModes", ["ReadWriteOnce"]),
+            "hostPath": {"path": f"/tmp/{name}"},
+            "claimRef": {"namespace": namespace, "name": names.pvc_name(job)},
+            "persistentVolumeReclaimPolicy": "Retain",
+        },
+    }
+    kube.run("apply", "-f", "-", stdin=yaml.safe_dump(volume))
+    return name
+
+
 def ddpjob(
     name: str,
     replicas: int = 2,

@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 import yaml
 from tests.integration.operator_fixtures import kube, namespace, operator, wait_phase
-from tests.integration.operator_harness import REPO, Kube, OperatorProcess, running_ranks, wait_for
+from tests.integration.operator_harness import (
+    REPO,
+    Kube,
+    OperatorProcess,
+    checkpoint_volume,
+    running_ranks,
+    wait_for,
+)
 from tests.integration.topology_nodes import ranks_by_order, ranks_of
 
 pytestmark = pytest.mark.integration
@@ -51,7 +58,9 @@ def test_example_gets_its_service_and_running_rank_pods(
     name = job["metadata"]["name"]
     replicas = int(job["spec"].get("replicas") or job["spec"].get("elastic", {}).get("maxReplicas", 1))
     checkpoint = job["spec"].get("checkpoint")
-    volume = _volume_for(kube, namespace, name, checkpoint["volumeClaimTemplate"]) if checkpoint else None
+    volume = (
+        checkpoint_volume(kube, namespace, name, checkpoint["volumeClaimTemplate"]) if checkpoint else None
+    )
     try:
         kube.run("apply", "-n", namespace, "-f", str(example))
         if volume is not None:
@@ -92,26 +101,6 @@ def _check_placement_shown(
     actual = dict(enumerate(ranks_by_order(bound, domain_of_node)))
     listed = {rank: domain["name"] for domain in shown["domains"] for rank in ranks_of(domain["ranks"])}
     assert (shown["key"], listed) == (key, actual), shown
-
-
-def _volume_for(kube: Kube, namespace: str, job: str, claim: dict[str, Any]) -> str:
-    """A PersistentVolume reserved (claimRef) for the job's checkpoint claim, which the operator has not
-    created yet. The local cluster has no dynamic provisioner, so the volume is provisioned statically."""
-    name = f"{namespace}-{job}"
-    volume = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name},
-        "spec": {
-            "capacity": {"storage": claim["resources"]["requests"]["storage"]},
-            "accessModes": claim.get("accessModes", ["ReadWriteOnce"]),
-            "hostPath": {"path": f"/tmp/{name}"},
-            "claimRef": {"namespace": namespace, "name": f"{job}-checkpoint"},
-            "persistentVolumeReclaimPolicy": "Retain",
-        },
-    }
-    kube.run("apply", "-f", "-", stdin=yaml.safe_dump(volume))
-    return name
 
 
 def _wait_bound(kube: Kube, namespace: str, claim: str, volume: str) -> None:

@@ -20,9 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from tests.integration.operator_fixtures import kube, namespace, operator, wait_phase
-from tests.integration.operator_harness import Kube, OperatorProcess, ddpjob, running_ranks, wait_for
+from tests.integration.operator_harness import (
+    Kube,
+    OperatorProcess,
+    checkpoint_volume,
+    ddpjob,
+    running_ranks,
+    wait_for,
+)
 from tests.integration.topology_nodes import node_pool
 
 from ddp_harness import LocalCluster
@@ -124,26 +130,6 @@ def test_a_rank_pod_preempts_the_standby_on_a_full_node_and_the_standby_comes_ba
     wait_phase(kube, namespace, "spare", "Running")
 
 
-def _volume_for(kube: Kube, namespace: str, job: str) -> str:
-    """A ReadWriteOnce PersistentVolume reserved for the job's checkpoint claim (no dynamic provisioner
-    runs here)."""
-    name = f"{namespace}-{job}"
-    volume = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteOnce"],
-            "hostPath": {"path": f"/tmp/{name}"},
-            "claimRef": {"namespace": namespace, "name": names.pvc_name(job)},
-            "persistentVolumeReclaimPolicy": "Delete",
-        },
-    }
-    kube.run("apply", "-f", "-", stdin=yaml.safe_dump(volume))
-    return name
-
-
 def mounts_claim(pod: dict[str, Any], job: str) -> bool:
     claims = [v.get("persistentVolumeClaim", {}).get("claimName") for v in pod["spec"].get("volumes", [])]
     return (
@@ -155,15 +141,11 @@ def mounts_claim(pod: dict[str, Any], job: str) -> bool:
 def test_a_standby_takes_rank_0_of_a_job_with_a_read_write_once_checkpoint(
     kube: Kube, namespace: str, operator: OperatorProcess
 ) -> None:
-    volume = _volume_for(kube, namespace, "ckpt")
+    claim = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    volume = checkpoint_volume(kube, namespace, "ckpt", claim)
     try:
         job = ddpjob("ckpt", replicas=2, run_policy={"standbyPods": 1})
-        job["spec"]["checkpoint"] = {
-            "volumeClaimTemplate": {
-                "accessModes": ["ReadWriteOnce"],
-                "resources": {"requests": {"storage": "1Gi"}},
-            }
-        }
+        job["spec"]["checkpoint"] = {"volumeClaimTemplate": claim}
         kube.apply(job, namespace)
         ranks = running_ranks(kube, namespace, "ckpt", 2, attempt=0)
         first = wait_for(

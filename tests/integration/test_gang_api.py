@@ -12,7 +12,6 @@ import contextlib
 import json
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,17 +115,21 @@ def test_the_apiserver_accepts_the_adapters_objects_and_the_scheduler_binds_the_
     pod_group = gated_cluster.get_json("podgroups.scheduling.k8s.io", "fits-0", "-n", namespace)
     assert pod_group["spec"]["schedulingPolicy"] == {"gang": {"minCount": 3}}
 
-    # 4 nodes x 8 GPUs: 3 are taken, so a second gang of 3 x 8 cannot be placed: none of it binds.
+    # 4 nodes x 8 GPUs: 3 are taken, so a second gang of 3 x 8 cannot be placed: once the scheduler
+    # has tried its PodGroup and said so, none of it is bound.
     _create_gang(gated_cluster, namespace, "waits", replicas=3, gpus=8)
-    deadline = time.monotonic() + 8
-    while time.monotonic() < deadline:
-        assert _bound(gated_cluster, namespace, "waits") == [], "a gang binds whole or not at all"
-        time.sleep(0.5)
-    placed, message = gang.pod_group_scheduled(
-        gated_cluster.get_json("podgroups.scheduling.k8s.io", "waits-0", "-n", namespace)
+
+    def verdict() -> tuple[bool | None, str]:
+        return gang.pod_group_scheduled(
+            gated_cluster.get_json("podgroups.scheduling.k8s.io", "waits-0", "-n", namespace)
+        )
+
+    placed, message = wait_for(
+        "the scheduler's verdict on waits-0", lambda: (v := verdict())[0] is not None and v
     )
     print(f"PodGroup waits-0: scheduled={placed} {message}")
-    assert placed is not True
+    assert placed is False
+    assert _bound(gated_cluster, namespace, "waits") == [], "a gang binds whole or not at all"
 
     # The first gang goes: the second is placed whole.
     gated_cluster.kubectl_run(
@@ -190,6 +193,14 @@ def _unschedulable(pod: dict[str, Any]) -> bool:
     return any(
         c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
         for c in pod.get("status", {}).get("conditions") or []
+    )
+
+
+def _condition_false(obj: dict[str, Any], kind: str) -> bool:
+    """The object's controller has written its verdict: the condition is there, and False."""
+    return any(
+        c.get("type") == kind and c.get("status") == "False"
+        for c in (obj.get("status") or {}).get("conditions") or []
     )
 
 
@@ -300,14 +311,23 @@ def test_two_jobs_that_each_fit_deadlock_pod_by_pod_and_run_one_after_the_other_
                 ),
                 timeout=60,
             )
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                counts = bound()
-                assert counts == {"first": 2, "second": 2}, f"the deadlock holds: {counts}"
-                for job in ("first", "second"):
-                    phase = _status(gated_cluster, namespace, job).get("phase")
-                    assert phase != "Running", f"{job} is {phase} with {counts[job]} of 3 ranks bound"
-                time.sleep(0.5)
+            # The scheduler has tried each job's waiting rank with every node taken and found no node,
+            # not even by preemption (no node nominated): nothing can move until a node frees up.
+            wait_for(
+                "the scheduler to refuse both jobs' waiting ranks, none nominated",
+                lambda: all(
+                    _unschedulable(p) and not p.get("status", {}).get("nominatedNodeName")
+                    for job in ("first", "second")
+                    for p in _pods(gated_cluster, namespace, names.label_selector(job))
+                    if not p["spec"].get("nodeName")
+                ),
+                timeout=60,
+            )
+            counts = bound()
+            assert counts == {"first": 2, "second": 2}, f"the deadlock holds: {counts}"
+            for job in ("first", "second"):
+                phase = _status(gated_cluster, namespace, job).get("phase")
+                assert phase != "Running", f"{job} is {phase} with {counts[job]} of 3 ranks bound"
             print("deadlock: both jobs hold GPUs, neither runs")
             passed = True
             return
@@ -426,7 +446,22 @@ def test_an_elastic_gang_asks_the_scheduler_for_min_replicas(
                 "stretch Running",
                 lambda: _status(gated_cluster, namespace, "stretch").get("phase") == "Running",
             )
-        time.sleep(3)
+        # The scheduler has tried the other two with the nodes as they are and found no room for them.
+        wait_for(
+            "the scheduler to refuse stretch's other 2 pods",
+            lambda: (
+                len(
+                    waiting := [
+                        p
+                        for p in _pods(gated_cluster, namespace, names.label_selector("stretch"))
+                        if not p["spec"].get("nodeName")
+                    ]
+                )
+                == 2
+                and all(_unschedulable(p) for p in waiting)
+            ),
+            timeout=60,
+        )
         assert len(_bound(gated_cluster, namespace, "stretch")) == 2, "no room for more"
         print(f"elastic gang minCount 2 of 4 with room for 2: bound {sorted(placed)}")
         passed = True
@@ -502,10 +537,18 @@ def test_kueue_admission_and_the_in_tree_gang_combine(gated_cluster: LocalCluste
         # 24 GPUs of quota, 24 held: the second gang is not admitted; nothing of it binds.
         gated_cluster.apply_json(queued_job("second"), "-n", namespace)
         wait_for("second Queued", lambda: phase("second") == "Queued", timeout=60)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            assert _bound(gated_cluster, namespace, "second") == []
-            time.sleep(0.5)
+        # Kueue has tried the second group against the quota and left it pending: its pods stay gated.
+        second_pods = _pods(gated_cluster, namespace, names.label_selector("second"))
+        second_group = second_pods[0]["metadata"]["labels"][names.KUEUE_POD_GROUP_LABEL]
+        wait_for(
+            "Kueue to leave the second group pending",
+            lambda: _condition_false(
+                gated_cluster.get_json("workloads.kueue.x-k8s.io", second_group, "-n", namespace),
+                "QuotaReserved",
+            ),
+            timeout=60,
+        )
+        assert _bound(gated_cluster, namespace, "second") == []
 
         for pod in _bound(gated_cluster, namespace, "first"):
             gated_cluster.kubectl_run("annotate", "pod", pod, "-n", namespace, f"{EXIT_CODE_ANNOTATION}=0")

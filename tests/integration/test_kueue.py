@@ -12,9 +12,9 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +215,16 @@ def condition(obj: dict[str, Any] | None, kind: str) -> bool:
     )
 
 
+def left_pending(kueue: KueueProcess, namespace: str, group: str) -> bool:
+    """Kueue has tried the group's Workload against the quota and said no: QuotaReserved is there and
+    False (absent, Kueue has not looked yet). Nothing changes for the group until the quota does."""
+    workload = kueue_workload(kueue, namespace, group)
+    return any(
+        c["type"] == "QuotaReserved" and c["status"] == "False"
+        for c in ((workload or {}).get("status") or {}).get("conditions", [])
+    )
+
+
 def test_kueue_gates_a_pod_group_and_admits_it_as_one_workload(
     kueue: KueueProcess, queue: tuple[str, str]
 ) -> None:
@@ -267,20 +277,13 @@ def test_a_group_beyond_the_free_quota_waits_gated_until_quota_frees(
     apply(kueue, *second)
     wait_for(
         f"Kueue Workload {second_group} pending",
-        lambda: (
-            (w := kueue_workload(kueue, namespace, second_group))
-            and condition(w, "QuotaReserved") is False
-            and w
-        ),
+        lambda: left_pending(kueue, namespace, second_group),
         timeout=30,
     )
-    # Queued, not partially bound: every pod is still gated and none has a node, for a while.
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        waiting = job_pods(kueue, namespace, "waiting")
-        assert len(waiting) == 2
-        assert all(gated(p) and not p["spec"].get("nodeName") for p in waiting), waiting
-        time.sleep(0.5)
+    # Queued, not partially bound: Kueue's verdict is in, and every pod is still gated without a node.
+    waiting = job_pods(kueue, namespace, "waiting")
+    assert len(waiting) == 2
+    assert all(gated(p) and not p["spec"].get("nodeName") for p in waiting), waiting
     workload = kueue_workload(kueue, namespace, second_group)
     assert workload is not None and not condition(workload, "Admitted")
 
@@ -306,12 +309,9 @@ def test_a_group_larger_than_the_quota_never_binds(kueue: KueueProcess, queue: t
     pods = rank_pods(namespace, local_queue, "huge", replicas=3, gpus=8)  # 24 GPUs > 16
     group = pods[0]["metadata"]["labels"][names.KUEUE_POD_GROUP_LABEL]
     apply(kueue, *pods)
-    wait_for(f"Kueue Workload {group} created", lambda: kueue_workload(kueue, namespace, group), timeout=30)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        assert all(gated(p) and not p["spec"].get("nodeName") for p in job_pods(kueue, namespace, "huge"))
-        time.sleep(0.5)
-    assert not condition(kueue_workload(kueue, namespace, group), "QuotaReserved")
+    wait_for(f"Kueue Workload {group} pending", lambda: left_pending(kueue, namespace, group), timeout=30)
+    huge = job_pods(kueue, namespace, "huge")
+    assert len(huge) == 3 and all(gated(p) and not p["spec"].get("nodeName") for p in huge), huge
 
 
 def test_pods_outside_managed_namespaces_never_meet_kueue(kueue: KueueProcess, local_cluster: Any) -> None:
@@ -463,13 +463,30 @@ def test_the_operator_queues_a_third_gang_names_kueue_and_frees_quota_when_a_job
     assert queued is not None and queued["reason"] == "Queued"
     assert f"LocalQueue {local_queue}" in queued["message"], queued
     print(f"third: {queued['message']}")
-    # Longer than its startup deadline: still queued, not Failed, and nothing of it is bound.
-    deadline = time.monotonic() + startup_deadline + 5
-    while time.monotonic() < deadline:
-        pods = job_pods(kueue, namespace, "third")
-        assert len(pods) == 2 and all(gated(p) and not p["spec"].get("nodeName") for p in pods), pods
-        assert job_status(kueue, namespace, "third").get("phase") == "Queued"
-        time.sleep(1)
+    # Past its startup deadline (counted from its first pod, were queued time counted), the operator
+    # decides on the job once more: a spec change it must answer with the new observedGeneration. That
+    # decision keeps it Queued, not Failed, and nothing of it is bound.
+    first_pod = min(
+        datetime.fromisoformat(p["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+        for p in job_pods(kueue, namespace, "third")
+    )
+    due = first_pod + timedelta(seconds=startup_deadline + 1)
+    wait_for("third's startup deadline past", lambda: datetime.now(UTC) > due, timeout=startup_deadline + 30)
+    patched = json.loads(
+        kubectl(
+            kueue, "patch", "ddpjob", "third", "-n", namespace, "--type", "merge",
+            "-p", json.dumps({"spec": {"runPolicy": {"backoffLimit": 1}}}), "-o", "json",
+        ).stdout
+    )  # fmt: skip
+    generation = patched["metadata"]["generation"]
+    status = wait_for(
+        "the operator's decision on the changed spec",
+        lambda: (s := job_status(kueue, namespace, "third")).get("observedGeneration") == generation and s,
+        timeout=60,
+    )
+    assert status.get("phase") == "Queued", status
+    pods = job_pods(kueue, namespace, "third")
+    assert len(pods) == 2 and all(gated(p) and not p["spec"].get("nodeName") for p in pods), pods
 
     # The first job is deleted while running: its pods go (Kueue's finalizer is released with its
     # group's Workload), the quota frees and the third job is admitted.
@@ -503,10 +520,11 @@ def test_a_gang_larger_than_the_quota_stays_queued_with_kuees_reason(
         timeout=60,
     )
     print(f"huge: {true_condition(status, 'Queued')}")
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        assert not any(p["spec"].get("nodeName") for p in job_pods(kueue, namespace, "huge"))
-        time.sleep(0.5)
+    pods = job_pods(kueue, namespace, "huge")
+    group = pods[0]["metadata"]["labels"][names.KUEUE_POD_GROUP_LABEL]
+    wait_for(f"Kueue Workload {group} pending", lambda: left_pending(kueue, namespace, group), timeout=30)
+    pods = job_pods(kueue, namespace, "huge")
+    assert len(pods) == 3 and not any(p["spec"].get("nodeName") for p in pods), pods
     kubectl(kueue, "delete", "ddpjob", "huge", "-n", namespace, "--wait=false")
     wait_for("huge's gated pods gone", lambda: not job_pods(kueue, namespace, "huge"), timeout=60)
 
@@ -721,12 +739,11 @@ def test_kueue_admits_an_elastic_group_whole_at_max_replicas(
     assert len(pods) == 5 and all(gated(p) for p in pods), "all 5 pods are created, gated"
     counts = {p["metadata"]["annotations"].get(names.KUEUE_POD_GROUP_TOTAL_COUNT_ANNOTATION) for p in pods}
     assert counts == {"5"}, counts
-    deadline = time.monotonic() + 8
-    while time.monotonic() < deadline:
-        assert not any(p["spec"].get("nodeName") for p in job_pods(kueue, namespace, "wide")), (
-            "Kueue admits no part of a group: its minimum alone never runs"
-        )
-        time.sleep(0.5)
+    group = pods[0]["metadata"]["labels"][names.KUEUE_POD_GROUP_LABEL]
+    wait_for(f"Kueue Workload {group} pending", lambda: left_pending(kueue, namespace, group), timeout=30)
+    assert not any(p["spec"].get("nodeName") for p in job_pods(kueue, namespace, "wide")), (
+        "Kueue admits no part of a group: its minimum alone never runs"
+    )
     kubectl(kueue, "delete", "ddpjob", "wide", "-n", namespace, "--wait=false")
     wait_for("wide's gated pods gone", lambda: not job_pods(kueue, namespace, "wide"), timeout=60)
 

@@ -7,17 +7,27 @@ import signal
 import sys
 from collections.abc import Sequence
 from types import FrameType
+from typing import Final
 
 from ddp_trainer.config import ConfigError, parse_args, parse_env
 from ddp_trainer.exitcodes import EXIT_BAD_CONFIG, write_launcher_exit
 from ddp_trainer.worker import whole_lines
 
+_ENTRY_PID: Final = os.getpid()
+
 
 def _stopped_while_starting(signum: int, frame: FrameType | None) -> None:
     """A pod stopped before its launcher installed its own handlers (torch takes seconds to import):
-    nothing has started, so it ends at once, 143 as for any SIGTERM."""
-    write_launcher_exit(128 + signum, os.environ)
+    nothing has started, so it ends at once, 143 as for any SIGTERM. In a fork that has not reset its
+    handlers yet (the workers' forkserver) it only ends that process: the launcher's record is the
+    launcher's to write."""
+    if os.getpid() == _ENTRY_PID:
+        write_launcher_exit(128 + signum, os.environ)
     os._exit(128 + signum)
+
+
+# The workers' forkserver may be forked while this handler is in place (ddp_trainer.worker_forkserver).
+_stopped_while_starting.fork_safe = True  # type: ignore[attr-defined]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -57,10 +57,13 @@ def why_not_forked() -> str | None:
         return "a forkserver already runs"
     if threading.active_count() != 1:
         return f"the launcher already runs {threading.active_count() - 1} thread(s) of its own"
+    # A handler marked fork_safe (the entry point's start-up SIGTERM handler) does nothing in a fork
+    # but end it, and the fork resets it before it serves.
     changed = [
         signal.Signals(signum).name
         for signum, fresh in FRESH_HANDLERS.items()
         if signal.getsignal(signum) not in (fresh, signal.SIG_IGN)
+        and not getattr(signal.getsignal(signum), "fork_safe", False)
     ]
     if changed:
         return f"the launcher already handles {', '.join(changed)}"

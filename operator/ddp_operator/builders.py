@@ -17,7 +17,8 @@ from typing import Any, Final
 
 from ddp_operator import names
 from ddp_operator.observe import format_time
-from ddp_operator.policies import recovery, standby, straggler, topology
+from ddp_operator.policies import accounting, recovery, standby, straggler, topology
+from ddp_operator.policies.budget import launcher_budget
 from ddp_operator.spec import RESTART_MODE_IN_PLACE, STRAGGLER_SHRINK, JobSpec, trainer_container
 
 # Long enough for rank 0 to finish a step and write a checkpoint after SIGTERM.
@@ -445,7 +446,7 @@ def build_rank_pod(
     """One rank pod of one attempt. ``pod_spec_patch`` (gang.py's, when the gang is scheduled through
     the in-tree Workload API) is merged into the pod spec last: its fields are the operator's.
     ``avoid_nodes``: nodes the job moved away from (status.avoidedNodes, policies.straggler)."""
-    budget = recovery.launcher_budget(job, 0) if restart_budget is None else restart_budget
+    budget = launcher_budget(job, 0) if restart_budget is None else restart_budget
     template = copy.deepcopy(dict(job.template))
     template_meta: dict[str, Any] = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template.get("spec") or {}
@@ -596,7 +597,7 @@ def standby_promotion(rank: int, replacement: int, budget: int, at: datetime) ->
             },
             "annotations": {
                 names.ANNOTATION_ASSIGNMENT: names.assignment(rank, budget),
-                names.ANNOTATION_ASSIGNED_AT: recovery.format_micro_time(at),
+                names.ANNOTATION_ASSIGNED_AT: accounting.format_micro_time(at),
             },
         }
     }

@@ -24,10 +24,12 @@ the policy (policies/failure.py, policies/deadline.py). docs/api.md lists them a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 
+from ddp_operator.observe import PodObservation
 from ddp_operator.policies import kueue as kueue_policy
 from ddp_operator.policies import standby as standby_policy
 from ddp_operator.policies.kueue import KueueActions
@@ -113,7 +115,7 @@ class Creates:
     # Pods that replace lost ones of their rank alone: (rank, n) for the rank's n-th replacement.
     replacements: tuple[tuple[int, int], ...] = ()
     # Gang restarts the new pods' launchers may still make in place (DDP_RESTART_BUDGET,
-    # policies.recovery.launcher_budget).
+    # policies.budget.launcher_budget).
     restart_budget: int = 0
     # Standby pods given a lost pod's rank instead of a new pod (policies.standby), patched before the
     # creates; and the numbers of the attempt's new standby pods, created with the other pods.
@@ -132,6 +134,16 @@ class Deletes:
     # Pods of a hung gang whose processes stopped answering: they take no SIGTERM, so no grace period.
     hung_pods: tuple[str, ...] = ()
     job: bool = False  # the DDPJob itself: its TTL after finishing expired
+
+
+def deletable(pods: Sequence[PodObservation]) -> tuple[str, ...]:
+    """The names of ``pods`` to delete: those not being deleted already."""
+    return tuple(sorted(p.name for p in pods if not p.deleting))
+
+
+def lost_now(pods: Sequence[PodObservation]) -> tuple[str, ...]:
+    """Pods the taint manager deleted off a node that stopped being Ready: gone at once (grace 0)."""
+    return tuple(sorted(p.name for p in pods if p.node_lost and p.deleting and not p.terminal))
 
 
 @dataclass(frozen=True)

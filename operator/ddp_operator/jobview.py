@@ -13,7 +13,7 @@ from typing import Any
 
 from ddp_operator import names
 from ddp_operator.observe import PodObservation, int_field, newest_per_rank, observe_pod, parse_time
-from ddp_operator.policies import recovery
+from ddp_operator.policies import restart_events
 from ddp_operator.progress.render import RankResult, format_duration, rank_table
 
 JsonDict = Mapping[str, Any]
@@ -151,7 +151,7 @@ def _status_lines(status: Mapping[str, Any]) -> list[str]:
             lines.append(f"{label + ':':<13}{value}")
     lost = status.get("lostSeconds")
     if isinstance(lost, Mapping):
-        lines.append(f"Lost:        {recovery.describe_lost(lost)}")
+        lines.append(f"Lost:        {restart_events.describe_lost(lost)}")
     restart = status.get("lastRestart")
     if isinstance(restart, Mapping):
         lines.append(f"Last restart: {_fields(restart, skip=('note',))}")

@@ -157,7 +157,7 @@ def job_name_problem(name: str) -> str | None:
 def pod_name(job: str, rank: int, attempt: int, replacement: int = 0) -> str:
     """``<job>-<rank>-<attempt>``; a pod that replaces a lost one of the same rank and attempt is
     ``<job>-<rank>-<attempt>r<n>``, ``n`` counting the job's replacements of every rank
-    (``status.podReplacements``, policies.recovery.replace_pods): a name is never reused (Kueue's pod-group finalizers deadlock on
+    (``status.podReplacements``, policies.replacement.replace_pods): a name is never reused (Kueue's pod-group finalizers deadlock on
     reused names), and the letter keeps it apart from every name of another job (``a-1-2r1`` cannot be
     job ``a-1``'s)."""
     base = f"{job}-{rank}-{attempt}"

@@ -48,14 +48,20 @@ from ddp_operator.decision import (
     PhaseEvent,
     Report,
     TimingRules,
+    deletable,
+    lost_now,
 )
 from ddp_operator.kueue import QueueObservation, queued_message
 from ddp_operator.observe import PodObservation, format_time, int_field, parse_time, superseded
 from ddp_operator.policies import (
+    accounting,
+    budget,
     creation,
     deadline,
     elastic,
     recovery,
+    replacement,
+    restart_events,
     stall,
     straggler,
     success,
@@ -98,7 +104,7 @@ _STOP_REASONS: Final = frozenset(
 RESTART_POLL_SECONDS: Final = 5.0
 
 _WARNING_PHASES: Final = frozenset({names.PHASE_RESTARTING, names.PHASE_FAILED})
-# The Event of each notice policies.recovery.restart_notice gives.
+# The Event of each notice policies.restart_events.restart_notice gives.
 _RESTART_NOTICE_REASONS: Final = {
     "resized": REASON_RESIZED,
     "in-place": REASON_RESTARTED_IN_PLACE,
@@ -132,7 +138,7 @@ def _creates(job: JobSpec, attempt: int, ranks: tuple[int, ...], restarts: int) 
     return Creates(
         attempt=attempt,
         ranks=ranks,
-        restart_budget=recovery.launcher_budget(job, restarts),
+        restart_budget=budget.launcher_budget(job, restarts),
         service=bool(ranks),
         pvc=bool(ranks) and job.checkpoint is not None,
         network_policy=bool(ranks) and job.network_policy.enabled,
@@ -152,15 +158,6 @@ def _owned(job: JobSpec, pods: Sequence[PodObservation]) -> list[PodObservation]
 def _ours(job: JobSpec, pods: Sequence[PodObservation]) -> list[PodObservation]:
     """This job object's rank pods (its rendezvous pods carry no rank)."""
     return [p for p in _owned(job, pods) if p.rank is not None and p.attempt is not None]
-
-
-def _deletable(pods: Sequence[PodObservation]) -> tuple[str, ...]:
-    return tuple(sorted(p.name for p in pods if not p.deleting))
-
-
-def _lost(pods: Sequence[PodObservation]) -> tuple[str, ...]:
-    """Pods the taint manager deleted off a node that stopped being Ready: gone at once (grace 0)."""
-    return tuple(sorted(p.name for p in pods if p.node_lost and p.deleting and not p.terminal))
 
 
 def _cleanup(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime) -> Decision:
@@ -189,7 +186,7 @@ def _cleanup(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation
     status["observedGeneration"] = job.generation
     return Decision(
         report=Report(status, changed=old.get("observedGeneration") != job.generation),
-        delete=Deletes(pods=() if expired else _deletable(doomed), job=expired),
+        delete=Deletes(pods=() if expired else deletable(doomed), job=expired),
         kueue=kueue_policy.give_up(job.kueue is not None, phase, pods),
         requeue_after=None if expired else left,
     )
@@ -217,7 +214,7 @@ def _suspend(job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation
         old,
         change,
         now,
-        delete=Deletes(pods=_deletable(pods)),
+        delete=Deletes(pods=deletable(pods)),
         kueue=kueue_policy.suspend(job.kueue is not None, pods),
     )
 
@@ -255,7 +252,7 @@ def _start_attempt(
         # Still tearing down: the status stays as it is (Restarting, Suspended, or nothing yet).
         return Decision(
             report=Report(dict(old), changed=False),
-            delete=Deletes(pods=_deletable([*stale, *respec]), lost_pods=_lost(stale)),
+            delete=Deletes(pods=deletable([*stale, *respec]), lost_pods=lost_now(stale)),
             kueue=release,
             requeue_after=RESTART_POLL_SECONDS,
         )
@@ -282,7 +279,7 @@ def _start_attempt(
         change,
         now,
         create=_creates(job, target, create, change.restarts),
-        delete=Deletes(pods=_deletable(stale), lost_pods=_lost(stale)),
+        delete=Deletes(pods=deletable(stale), lost_pods=lost_now(stale)),
     )
 
 
@@ -309,7 +306,7 @@ class _LiveAttempt:
     queue: QueueObservation | None = None  # Kueue's view of the job's group, when read
     # In-place restarts rank 0 reported since the last decision (already in ``restarts``), and the
     # new status.lastRestart they make; the job's goodput from the same read.
-    accounting: recovery.RestartAccounting = recovery.NOTHING_NEW
+    accounting: accounting.RestartAccounting = accounting.NOTHING_NEW
     goodput: float | None = None
     # status.ranksCreated after this decision: this attempt once every rank's pod has been observed.
     ranks_created: int | None = None
@@ -512,12 +509,12 @@ def _live_attempt(
     to_create, missing = creation.missing_ranks(job, current, created, now)
     failures = [f for f in (failure_of(p, now) for p in current) if f is not None]
     progress = observed if observed is not None and observed.attempt == attempt else None
-    accounting = (
-        recovery.account_read(
+    read = (
+        accounting.account_read(
             old.get("lastRestart"), attempt, progress.restart, progress.step, progress.step_changed_at
         )
         if progress is not None
-        else recovery.NOTHING_NEW
+        else accounting.NOTHING_NEW
     )
     report = progress.restart if progress is not None else None
     return _LiveAttempt(
@@ -528,14 +525,14 @@ def _live_attempt(
         current=current,
         stale=stale,
         attempt=attempt,
-        restarts=int_field(old.get("restarts"), 0) + accounting.added,
+        restarts=int_field(old.get("restarts"), 0) + read.added,
         to_create=to_create,
         failures=[*failures, *missing],
         rules=rules,
         progress=progress,
         queue=queue if job.kueue is not None else None,
-        accounting=accounting,
-        goodput=recovery.goodput(
+        accounting=read,
+        goodput=accounting.goodput(
             report.kept_step_seconds if report is not None else None, parse_time(old.get("startTime")), now
         ),
         ranks_created=attempt if created else None,
@@ -592,9 +589,9 @@ def _restart(
     note = (
         recovery.fallback_note(live.failures, rank0=recovery.rendezvous_apart(live.job)) if in_place else ""
     )
-    record = recovery.new_record(
+    record = accounting.new_record(
         cause=reason,
-        mode=recovery.MODE_WHOLE_GANG,
+        mode=accounting.MODE_WHOLE_GANG,
         attempt=live.attempt,
         failure_time=datetime.fromtimestamp(failure.finish_key, UTC) if failure else live.now,
         rank=failure.rank if failure else None,
@@ -620,7 +617,7 @@ def _restart(
         change,
         live.now,
         gang_restart=True,
-        delete=Deletes(pods=_deletable([p for p in live.pods if p.name not in hung]), hung_pods=hung),
+        delete=Deletes(pods=deletable([p for p in live.pods if p.name not in hung]), hung_pods=hung),
         requeue_after=0.0 if all(p.terminal for p in live.pods) else RESTART_POLL_SECONDS,
     )
 
@@ -797,7 +794,7 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
         live.old,
         change,
         live.now,
-        delete=Deletes(pods=_deletable(live.stale), lost_pods=_lost(live.stale)),
+        delete=Deletes(pods=deletable(live.stale), lost_pods=lost_now(live.stale)),
         kueue=_release_replaced(live, [p for p in live.stale if p.attempt == attempt]),
         create=_creates(job, attempt, live.to_create, live.restarts),
         notices=notices + _restart_notices(live),
@@ -824,8 +821,8 @@ def _running_message(live: _LiveAttempt) -> str:
 
 
 def _restart_notices(live: _LiveAttempt) -> tuple[PhaseEvent, ...]:
-    """The Event of what this read says of restarts (policies.recovery.restart_notice), if any."""
-    notice = recovery.restart_notice(
+    """The Event of what this read says of restarts (policies.restart_events.restart_notice), if any."""
+    notice = restart_events.restart_notice(
         live.accounting, live.restarts, live.job.run_policy.backoff_limit, resized=live.resizes[1]
     )
     if notice is None:
@@ -863,7 +860,7 @@ def _rule_replace_lost(live: _LiveAttempt) -> Decision | None:
         verdict.failure,
         verdict.reason,
         verdict.failure.describe(),
-        Deletes(pods=_deletable([p for p in lost if p.terminal]), lost_pods=_lost(lost)),
+        Deletes(pods=deletable([p for p in lost if p.terminal]), lost_pods=lost_now(lost)),
         _release_replaced(live, lost),
     )
 
@@ -883,11 +880,11 @@ def _replace_alone(
     *,
     slow_node: str | None = None,
 ) -> Decision:
-    """New pods for ``ranks`` alone (policies.recovery.replace_pods); the survivors restart in place and
+    """New pods for ``ranks`` alone (policies.replacement.replace_pods); the survivors restart in place and
     wait for them on the rendezvous's next round. ``what``: what happened, for the Event. ``slow_node``:
     a straggler's replacement (policies.straggler): nothing failed, so no backoffLimit is spent, and the
     job avoids that node from now on."""
-    plan = recovery.replace_pods(
+    plan = replacement.replace_pods(
         live.job,
         ranks,
         failure,
@@ -953,11 +950,11 @@ def _release_replaced(live: _LiveAttempt, pods: Sequence[PodObservation]) -> Kue
 def _rule_in_place_budget(live: _LiveAttempt) -> Decision | None:
     """The launchers restarted the gang in place more often than backoffLimit allows: the job fails."""
     limit = live.job.run_policy.backoff_limit
-    if not live.accounting.added or live.restarts <= limit:
+    if not live.accounting.added or budget.restarts_left(limit, live.restarts) >= 0:
         return None
     record = live.accounting.record or {}
     message = (
-        f"{recovery.describe(record, live.restarts, limit)}; backoffLimit {limit} exceeded "
+        f"{restart_events.describe(record, live.restarts, limit)}; backoffLimit {limit} exceeded "
         f"after {live.restarts} restart(s)"
     )
     return _finish(live, names.PHASE_FAILED, REASON_BACKOFF, message)

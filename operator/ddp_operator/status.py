@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from ddp_operator import names
 from ddp_operator.observe import PodObservation, format_time, int_field, parse_time
-from ddp_operator.policies import elastic, recovery, straggler
+from ddp_operator.policies import accounting, elastic, straggler
 from ddp_operator.spec import JobSpec
 
 
@@ -182,7 +182,7 @@ def build_status(job: JobSpec, old: Mapping[str, Any], change: Transition, now: 
         straggler=dict(change.straggler) if change.straggler else None,
         last_restart=dict(last_restart) if isinstance(last_restart, Mapping) else None,
         goodput=f"{change.goodput:.3f}" if change.goodput is not None else old.get("goodput"),
-        lost_seconds=recovery.lost_seconds(old.get("lostSeconds"), old.get("lastRestart"), last_restart),
+        lost_seconds=accounting.lost_seconds(old.get("lostSeconds"), old.get("lastRestart"), last_restart),
         pod_replacements=replaced if isinstance(replaced, int) and replaced else None,
         straggler_replacements=(
             change.straggler_replacements

@@ -1,4 +1,5 @@
-"""policies/recovery.py: which failures a replaced pod mends, and how a restart's record is kept."""
+"""policies/recovery.py and policies/accounting.py: which failures a replaced pod mends, and how a restart's
+record is kept."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ddp_operator.policies import recovery
+from ddp_operator.policies import accounting, recovery, restart_events
 from ddp_operator.policies.failure import RankFailure
 
 pytestmark = pytest.mark.unit
@@ -54,7 +55,7 @@ def test_fallback_note_names_rank_0() -> None:
     assert recovery.fallback_note([exited(1, 170)]) == ""
 
 
-def report(restarts: int, offset: float = 0.0, **fields: Any) -> recovery.GroupRestartReport:
+def report(restarts: int, offset: float = 0.0, **fields: Any) -> accounting.GroupRestartReport:
     base = T0.timestamp() + offset
     values: dict[str, Any] = {
         "failure_at": base,
@@ -67,14 +68,14 @@ def report(restarts: int, offset: float = 0.0, **fields: Any) -> recovery.GroupR
         "exit_code": 137,
     }
     values.update(fields)
-    return recovery.GroupRestartReport(restarts=restarts, **values)
+    return accounting.GroupRestartReport(restarts=restarts, **values)
 
 
 def test_an_in_place_restart_is_counted_and_measured() -> None:
-    result = recovery.account(None, 0, report(1))
+    result = accounting.account(None, 0, report(1))
     assert result.added == 1
     assert result.record is not None
-    assert result.record["mode"] == recovery.MODE_IN_PLACE
+    assert result.record["mode"] == accounting.MODE_IN_PLACE
     assert result.record["rank"] == 1 and result.record["exitCode"] == 137
     assert (
         result.record["stoppedSeconds"],
@@ -82,66 +83,66 @@ def test_an_in_place_restart_is_counted_and_measured() -> None:
         result.record["resumedSeconds"],
     ) == ("0.50", "2.00", "6.00")
     assert result.record["stepsRedone"] == 7
-    assert result.measured == (recovery.MODE_IN_PLACE, 6.0)
+    assert result.measured == (accounting.MODE_IN_PLACE, 6.0)
 
 
 def test_a_round_already_accounted_is_not_counted_again() -> None:
-    first = recovery.account(None, 0, report(1))
+    first = accounting.account(None, 0, report(1))
     assert first.record is not None
-    again = recovery.account(first.record, 0, report(1))
+    again = accounting.account(first.record, 0, report(1))
     assert again.added == 0 and again.record is None and again.measured is None
 
 
 def test_two_restarts_between_reads_count_twice() -> None:
-    first = recovery.account(None, 0, report(1))
-    later = recovery.account(first.record, 0, report(3, offset=60))
+    first = accounting.account(None, 0, report(1))
+    later = accounting.account(first.record, 0, report(3, offset=60))
     assert later.added == 2
     assert later.record is not None and later.record["groupRestarts"] == 3
 
 
 def test_a_new_attempt_starts_counting_again() -> None:
-    first = recovery.account(None, 0, report(2))
+    first = accounting.account(None, 0, report(2))
     assert first.record is not None
-    assert recovery.account(first.record, 1, report(1)).added == 1
+    assert accounting.account(first.record, 1, report(1)).added == 1
 
 
 def test_a_replaced_pods_round_fills_its_record_without_counting() -> None:
     failure = T0
-    record = recovery.new_record(
+    record = accounting.new_record(
         cause="PodDeleted",
-        mode=recovery.MODE_POD_REPLACED,
+        mode=accounting.MODE_POD_REPLACED,
         attempt=0,
         failure_time=failure,
         rank=2,
         group_restarts=1,
     )
     # The survivors saw their peer go 1.5 s after the operator saw the deletion.
-    pending = recovery.account(record, 0, report(0))
+    pending = accounting.account(record, 0, report(0))
     assert pending.added == 0 and pending.record is None
-    filled = recovery.account(record, 0, report(1, offset=1.5))
+    filled = accounting.account(record, 0, report(1, offset=1.5))
     assert filled.added == 0
-    assert filled.record is not None and filled.record["mode"] == recovery.MODE_POD_REPLACED
+    assert filled.record is not None and filled.record["mode"] == accounting.MODE_POD_REPLACED
     assert filled.record["resumedSeconds"] == "7.50"  # from the operator's failure time, not the survivors'
-    assert filled.measured == (recovery.MODE_POD_REPLACED, 7.5)
-    assert recovery.account(filled.record, 0, report(1, offset=1.5)).record is None
+    assert filled.measured == (accounting.MODE_POD_REPLACED, 7.5)
+    assert accounting.account(filled.record, 0, report(1, offset=1.5)).record is None
 
 
 def test_a_round_without_its_story_waits_for_the_next_read() -> None:
     assert (
-        recovery.account(None, 0, report(1, failure_at=None, reformed_at=None))
-        == recovery.RestartAccounting()
+        accounting.account(None, 0, report(1, failure_at=None, reformed_at=None))
+        == accounting.RestartAccounting()
     )
 
 
 def test_whole_gang_is_measured_to_the_next_attempts_first_step() -> None:
-    record = recovery.new_record(
-        cause="ExitCode", mode=recovery.MODE_WHOLE_GANG, attempt=0, failure_time=T0, rank=1
+    record = accounting.new_record(
+        cause="ExitCode", mode=accounting.MODE_WHOLE_GANG, attempt=0, failure_time=T0, rank=1
     )
-    result = recovery.fill_whole_gang(record, 1, T0 + timedelta(seconds=15.25))
-    assert result.measured == (recovery.MODE_WHOLE_GANG, 15.25)
+    result = accounting.fill_whole_gang(record, 1, T0 + timedelta(seconds=15.25))
+    assert result.measured == (accounting.MODE_WHOLE_GANG, 15.25)
     assert result.record is not None
-    assert recovery.fill_whole_gang(result.record, 1, T0 + timedelta(seconds=30)).record is None
-    assert recovery.fill_whole_gang(record, 2, T0 + timedelta(seconds=30)).record is None
+    assert accounting.fill_whole_gang(result.record, 1, T0 + timedelta(seconds=30)).record is None
+    assert accounting.fill_whole_gang(record, 2, T0 + timedelta(seconds=30)).record is None
 
 
 @pytest.mark.parametrize(
@@ -154,7 +155,7 @@ def test_whole_gang_is_measured_to_the_next_attempts_first_step() -> None:
     ],
 )
 def test_goodput(kept: float | None, wall: float, expected: float | None) -> None:
-    assert recovery.goodput(kept, T0, T0 + timedelta(seconds=wall)) == expected
+    assert accounting.goodput(kept, T0, T0 + timedelta(seconds=wall)) == expected
 
 
 def _measured(mode: str = "InPlace", at: str = "12:00:00", rounds: int = 1, **seconds: str) -> dict[str, Any]:
@@ -199,7 +200,7 @@ def _measured(mode: str = "InPlace", at: str = "12:00:00", rounds: int = 1, **se
     ],
 )
 def test_restart_phases(record: dict[str, Any], expected: dict[str, float] | None) -> None:
-    assert recovery.restart_phases(record) == expected
+    assert accounting.restart_phases(record) == expected
 
 
 FIRST = _measured(stoppedSeconds="0.50", reformedSeconds="2.00", resumedSeconds="3.00")
@@ -257,12 +258,12 @@ FIRST_TOTALS = {
     ],
 )
 def test_lost_seconds(total: Any, old_record: Any, new_record: Any, expected: dict[str, Any] | None) -> None:
-    assert recovery.lost_seconds(total, old_record, new_record) == expected
+    assert accounting.lost_seconds(total, old_record, new_record) == expected
 
 
 def test_describe_names_cause_mode_and_phases() -> None:
-    result = recovery.account(None, 0, report(1))
+    result = accounting.account(None, 0, report(1))
     assert result.record is not None
-    text = recovery.describe(result.record, 1, 3)
+    text = restart_events.describe(result.record, 1, 3)
     assert "rank 1" in text and "exit code 137" in text and "in place" in text
     assert "training again after 6.00s" in text and "7 step(s) redone" in text

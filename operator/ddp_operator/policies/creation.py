@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from ddp_operator.observe import PodObservation, int_field
-from ddp_operator.policies import recovery
+from ddp_operator.policies.accounting import MODE_POD_REPLACED
 from ddp_operator.policies.failure import REASON_POD_DELETED, RankFailure
 from ddp_operator.spec import JobSpec
 
@@ -40,7 +40,7 @@ def _replaced_in(old: Mapping[str, Any], current: Sequence[PodObservation]) -> b
     last = old.get("lastRestart")
     replaced_here = (
         isinstance(last, Mapping)
-        and last.get("mode") == recovery.MODE_POD_REPLACED
+        and last.get("mode") == MODE_POD_REPLACED
         and last.get("attempt") == old.get("attempt")
     )
     return replaced_here or any(p.replacement for p in current)

@@ -2,7 +2,7 @@
 wait below its minimum.
 
 The launchers shrink and grow the group on their own; rank 0's pod reports its size and resizes
-(policies/recovery.py reads them into ``status.lastRestart``). Pure: no API, no kopf.
+(policies/accounting.py reads them into ``status.lastRestart``). Pure: no API, no kopf.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from ddp_operator.observe import PodObservation, int_field, parse_time
 from ddp_operator.policies import recovery
+from ddp_operator.policies.accounting import GroupRestartReport
 from ddp_operator.spec import ElasticSpec
 
 
@@ -43,12 +44,12 @@ def below_min_since(last_restart: object, attempt: int, running_since: datetime 
     return since or running_since
 
 
-def group_replicas(report: recovery.GroupRestartReport | None) -> int | None:
+def group_replicas(report: GroupRestartReport | None) -> int | None:
     """The pods in the training group, as rank 0's launcher last said (None: not said yet)."""
     return report.group_members if report is not None else None
 
 
-def resizes(report: recovery.GroupRestartReport | None, shown: object) -> tuple[int | None, bool]:
+def resizes(report: GroupRestartReport | None, shown: object) -> tuple[int | None, bool]:
     """``status.elastic.resizes`` after a read, and whether the group resized since ``shown`` (the old
     ``status.elastic``): rank 0's launcher's count of the rounds of this attempt that changed the group's
     size (``ddp_group_resizes_total``, counted where the rounds form, so a read that comes late or

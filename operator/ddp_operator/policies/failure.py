@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Final
 
 from ddp_operator.observe import PodObservation
+from ddp_operator.policies.budget import restarts_left
 
 REASON_EXIT_CODE: Final = "ExitCode"
 REASON_OOM: Final = "OOMKilled"
@@ -171,7 +172,7 @@ def judge_failures(
             "(a preemption does not count against backoffLimit)"
         )
         return Verdict(retry=True, reason=failure.reason, message=message, failure=failure, counted=False)
-    if restarts >= backoff_limit:
+    if restarts_left(backoff_limit, restarts) <= 0:
         reason = REASON_OOM if failure.oom_killed else REASON_BACKOFF
         message = f"{what}; backoffLimit {backoff_limit} reached after {restarts} restart(s)"
         return Verdict(retry=False, reason=reason, message=message, failure=failure)

@@ -3,7 +3,7 @@ standby takes, and which standbys to start and to delete.
 
 A standby is a pod of the attempt with no rank (names.ROLE_STANDBY): its launcher has started, imported
 torch and started its workers' forkserver, and waits for an assignment. When the operator replaces a
-lost pod alone (policies.recovery.replace_pods), a running standby takes that rank instead of a new pod
+lost pod alone (policies.replacement.replace_pods), a running standby takes that rank instead of a new pod
 being created: the operator labels it as the rank's newest pod and writes its assignment
 (``builders.standby_promotion``). A new standby is started in its place.
 

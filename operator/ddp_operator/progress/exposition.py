@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from ddp_operator.policies.recovery import GroupRestartReport
+from ddp_operator.policies.accounting import GroupRestartReport
 from ddp_operator.progress import histogram, series
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Final, NamedTuple
 
-from ddp_operator.policies.recovery import GroupRestartReport
+from ddp_operator.policies.accounting import GroupRestartReport
 from ddp_operator.progress import histogram
 from ddp_operator.progress.exposition import HealthCheck, PodScrape
 

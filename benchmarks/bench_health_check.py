@@ -1,4 +1,4 @@
-"""What the gang health check costs, and whether it names a slow rank (ddp_trainer.health_check).
+"""What the gang health check costs, and whether it names a slow rank (ddp_trainer.training.health_check).
 
 For each group size and buffer size, N gloo ranks on loopback (one intra-op thread each) form a group
 and run ``check_links`` --runs times, a barrier before each. Per row: the check's wall time (the
@@ -29,8 +29,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ddp_trainer import process_group_session
-from ddp_trainer.health import NO_SLOW_RANK, rank_bandwidths
-from ddp_trainer.health_check import check_links
+from ddp_trainer.library.health import NO_SLOW_RANK, rank_bandwidths
+from ddp_trainer.training.health_check import check_links
 
 
 def free_port() -> int:

@@ -243,8 +243,8 @@ def startup_costs(runs: int) -> dict[str, float]:
     programs = {
         "python -c pass": "pass",
         "python -c 'import torch'": "import torch",
-        "python -c 'import torch.distributed; import ddp_trainer.trainer'": (
-            "import torch.distributed; import ddp_trainer.trainer"
+        "python -c 'import torch.distributed; import ddp_trainer.training.trainer'": (
+            "import torch.distributed; import ddp_trainer.training.trainer"
         ),
     }
     costs = {}

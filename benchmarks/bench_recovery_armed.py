@@ -1,7 +1,7 @@
 """What armed recovery costs a step: a DDP step with the supervisor's channel looked at, against plain.
 
 Under the pod's supervisor a worker's only per-step work for recovery is a look at its pipe for a
-"leave" (``ddp_trainer.membership.Membership.leave_requested``), at each stop check; nothing of the
+"leave" (``ddp_trainer.supervisor.membership.Membership.leave_requested``), at each stop check; nothing of the
 state is copied (docs/restarts.md). Here the look is made after every step (the worst case: a stop
 check every step), on one gloo rank, for the digits model and an 8 x 1024 MLP (57 MB of parameters and
 momentum), in interleaved rounds with and without it; medians.
@@ -24,8 +24,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer import process_group_session
-from ddp_trainer.membership import Membership
-from ddp_trainer.workloads import mlp
+from ddp_trainer.supervisor.membership import Membership
+from ddp_trainer.training.workloads import mlp
 
 MODELS = {
     "digits (linear 64x10), batch 32": (lambda: nn.Linear(64, 10), 64, 32),

@@ -1,7 +1,7 @@
 """How the launchers' rendezvous scales: forming a round and re-forming it at 64, 256 and 1,024 members.
 
 Every pod's launcher is one member of the rendezvous in one TCP store, configured as
-``ddp_trainer.elastic.rendezvous_handler`` configures it: ``ddp_trainer.rendezvous.RoundsRendezvous``
+``ddp_trainer.elastic.rendezvous_handler`` configures it: ``ddp_trainer.supervisor.rendezvous.RoundsRendezvous``
 (``--handler ddp``, the launcher's), or torch's c10d rendezvous (``DynamicRendezvousHandler`` on a
 ``C10dRendezvousBackend``, keep-alive every 2 s: ``--handler torch``, what the launcher used before, for
 the comparison). An agent between rounds asks the store every ``MONITOR_INTERVAL`` (100 ms) whether a
@@ -76,11 +76,11 @@ class _Counted:
 def _handler(port: int, members: int, rank: int, run_id: str, counter: _Counted, kind: str) -> Any:
     from torch._C._distributed_c10d import TCPStore
 
-    from ddp_trainer.restarts import node_addr
+    from ddp_trainer.supervisor.restarts import node_addr
 
     store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=600))
     if kind == "ddp":
-        from ddp_trainer.rendezvous import RoundsRendezvous
+        from ddp_trainer.supervisor.rendezvous import RoundsRendezvous
 
         return RoundsRendezvous(
             _counting_store(store, counter),

@@ -64,7 +64,7 @@ from ddp_operator.progress.tracker import (
 )
 from ddp_operator.spec import STRAGGLER_REPLACE, StragglerPolicy
 from ddp_trainer import instrument, process_group_session
-from ddp_trainer.library import DEFAULT_EXCHANGE_EVERY
+from ddp_trainer.library.instrumentation import DEFAULT_EXCHANGE_EVERY
 
 WORLD = 3
 POLICY = StragglerPolicy(action=STRAGGLER_REPLACE)  # the defaults otherwise: 200%, 120 s, 2

@@ -10,7 +10,7 @@ rounds (every round runs every mode, in a rotating order) and summarized by medi
 A step's time includes Instrumentation.step(), where the exchange runs. Then the exchange itself
 (one allreduce of 7 floats per rank, and one more with the trainer's stop flag riding in it) against
 the trainer's old 1-element stop-flag allreduce, what detailed mode reads per step to see a starved
-rank's stall (gloo's threads' CPU waits, ddp_trainer.runqueue), and the bus bandwidth our hook reports
+rank's stall (gloo's threads' CPU waits, ddp_trainer.library.runqueue), and the bus bandwidth our hook reports
 (payload / service time x 2(n-1)/n) against a raw, timed dist.all_reduce of the same size, at 1, 4
 and 25 MiB.
 
@@ -40,8 +40,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_trainer import Instrumentation, instrument, process_group_session
-from ddp_trainer.runqueue import GlooThreadDelay
-from ddp_trainer.workloads import mlp
+from ddp_trainer.library.runqueue import GlooThreadDelay
+from ddp_trainer.training.workloads import mlp
 
 MODES = ("plain", "torch-hook", "detailed", "exchange", "light")
 SIZES_MIB = (1, 4, 25)
@@ -168,7 +168,7 @@ def exchange_cost(world: int, calls: int) -> dict[str, float]:
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
-    # The session closes every instrumentation and ends the group cleanly (ddp_trainer.teardown).
+    # The session closes every instrumentation and ends the group cleanly (ddp_trainer.library.teardown).
     with process_group_session():
         dist.init_process_group("gloo", rank=rank, world_size=world)
         measure(rank, world, args, results)

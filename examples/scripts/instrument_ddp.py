@@ -20,7 +20,7 @@ import ddp_trainer
 def main() -> None:
     # The session brackets the group's life: entered before init_process_group, it ends the group on
     # the way out, after closing the instrumentation, while the interpreter is fully alive. A gloo
-    # group that outlived its end could abort the process at exit (ddp_trainer.teardown).
+    # group that outlived its end could abort the process at exit (ddp_trainer.library.teardown).
     with ddp_trainer.process_group_session():
         dist.init_process_group("gloo")
         train()  # the DDP model lives and dies in train(), so nothing holds the group afterwards

@@ -20,7 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import ddp_trainer
-from ddp_trainer import sync
+from ddp_trainer.library import sync
 from ddp_trainer.metrics import create_rank_metrics
 
 STEPS = 11

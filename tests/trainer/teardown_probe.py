@@ -14,7 +14,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import ddp_trainer
-from ddp_trainer.teardown import collective_threads, exit_without_finalizing, import_group_defaults_early
+from ddp_trainer.library.teardown import (
+    collective_threads,
+    exit_without_finalizing,
+    import_group_defaults_early,
+)
 
 
 def main() -> None:

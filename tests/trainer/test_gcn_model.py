@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from ddp_trainer.gcn import (
+from ddp_trainer.training.gcn import (
     GraphConvolution,
     NodeClassifier,
     build_gcn_workload,
     normalized_adjacency,
     propagate,
 )
-from ddp_trainer.graph_data import NodeGraph
+from ddp_trainer.training.graph_data import NodeGraph
 
 pytestmark = pytest.mark.trainer
 

@@ -100,7 +100,7 @@ def test_gcn_sync_metrics_count_its_gradients(gangs: Gangs, bucket_cap_mb: str, 
         assert samples(text, "ddp_gradient_bytes_total")[rank] == GCN_PARAMETERS * 4 * steps
         assert samples(text, "ddp_buckets")[rank] == buckets
         # DDP lays its buckets out again, in the order the gradients became ready, after its first
-        # backward; the trainer makes that backward before the first step (ddp_trainer.determinism), so
+        # backward; the trainer makes that backward before the first step (ddp_trainer.training.determinism), so
         # every counted step reduces the rebuilt buckets.
         assert samples(text, "ddp_allreduce_calls_total")[rank] == buckets * steps
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from trainer_gang import LINGERING, Gangs, describe, run_torchrun, samples, wait_all
 
-from ddp_trainer.idx import write_idx
+from ddp_trainer.training.idx import write_idx
 
 pytestmark = pytest.mark.trainer
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from trainer_gang import LINGERING, Gangs, describe, free_port, wait_all
 
-from ddp_trainer.trainer import loopback_listener
+from ddp_trainer.training.trainer import loopback_listener
 
 pytestmark = pytest.mark.trainer
 

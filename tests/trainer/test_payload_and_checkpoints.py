@@ -10,7 +10,7 @@ import pytest
 import torch
 from trainer_gang import RunsCodeWhenUnpickled, run_torchrun
 
-from ddp_trainer.checkpoint import checkpoint_path, load_newest_checkpoint, save_checkpoint
+from ddp_trainer.training.checkpoint import checkpoint_path, load_newest_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.trainer
 

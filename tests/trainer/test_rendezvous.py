@@ -1,4 +1,4 @@
-"""The launchers' rendezvous (ddp_trainer.rendezvous) on a real TCP store, its members threads with their
+"""The launchers' rendezvous (ddp_trainer.supervisor.rendezvous) on a real TCP store, its members threads with their
 own store connections as pods have: who gets which rank, a lost member superseded by its replacement, a
 late one waiting for the next round, an elastic round's last call and a member lost while it waited,
 closing and timing out. The launchers themselves use it on every in-place test of this tier."""
@@ -19,9 +19,9 @@ from torch.distributed.elastic.rendezvous.api import (
     RendezvousTimeoutError,
 )
 
-from ddp_trainer import rendezvous
-from ddp_trainer.rendezvous import Member, RoundsRendezvous, SupersededError, place, ranked
-from ddp_trainer.restarts import node_addr
+from ddp_trainer.supervisor import rendezvous
+from ddp_trainer.supervisor.rendezvous import Member, RoundsRendezvous, SupersededError, place, ranked
+from ddp_trainer.supervisor.restarts import node_addr
 
 pytestmark = pytest.mark.trainer
 

@@ -1,7 +1,7 @@
 """What the pod's supervisor does with a round the rendezvous completed before anything starts in it.
 
 A complete round with fewer members than the job trains on (a rendezvous that dropped a member whose
-heartbeats came late; ddp_trainer.rendezvous never forms one, and the supervisor does not take that on
+heartbeats came late; ddp_trainer.supervisor.rendezvous never forms one, and the supervisor does not take that on
 trust) is refused before it serves or starts anything: its workers would take their world for a bad
 configuration, a permanent failure.
 
@@ -23,8 +23,7 @@ from torch.distributed.elastic.rendezvous import RendezvousInfo
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousStoreInfo
 
 from ddp_trainer.config import TrainConfig, parse_args, parse_env
-from ddp_trainer.restarts import RestartLedger
-from ddp_trainer.supervisor import (
+from ddp_trainer.supervisor.inplace import (
     FIRST_POD_KEY,
     GROWS_KEY,
     RESIZES_KEY,
@@ -35,6 +34,7 @@ from ddp_trainer.supervisor import (
     ShortRoundError,
     Supervisor,
 )
+from ddp_trainer.supervisor.restarts import RestartLedger
 
 pytestmark = pytest.mark.trainer
 

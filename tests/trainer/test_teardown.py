@@ -1,4 +1,4 @@
-"""Ending the process group joins gloo's threads while the interpreter is alive (ddp_trainer.teardown).
+"""Ending the process group joins gloo's threads while the interpreter is alive (ddp_trainer.library.teardown).
 
 A gloo thread that outlives the group can abort a finished rank at exit (SIGABRT, "terminate called
 without an active exception"): rare, so counting crashes would make a flaky test. These tests check the

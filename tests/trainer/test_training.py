@@ -7,7 +7,7 @@ import shutil
 import pytest
 from trainer_gang import LINGERING, Gangs, describe, promtool_check, samples, wait_all
 
-from ddp_trainer.teardown import THREADS_OUTLIVED_GROUP
+from ddp_trainer.library.teardown import THREADS_OUTLIVED_GROUP
 
 pytestmark = pytest.mark.trainer
 

@@ -1,4 +1,4 @@
-"""The in-place launcher's workers' forkserver is a fork of the launcher (ddp_trainer.worker_forkserver),
+"""The in-place launcher's workers' forkserver is a fork of the launcher (ddp_trainer.supervisor.worker_forkserver),
 so a pod imports torch once. Its workers must be what a new interpreter's forkserver would start: two
 gangs of the same job, one with each kind (DDP_WORKER_FORKSERVER), are compared on what a worker
 inherits (signal dispositions, descriptors, environment-read imports: the workers' series reach the

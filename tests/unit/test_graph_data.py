@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ddp_trainer.config import ConfigError
-from ddp_trainer.graph_data import (
+from ddp_trainer.training.graph_data import (
     NodeGraph,
     ProductsLikeShape,
     dataset_root,

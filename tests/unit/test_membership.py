@@ -1,4 +1,4 @@
-"""A worker's side of the pod's supervisor (ddp_trainer.membership), over a real pipe: what the worker
+"""A worker's side of the pod's supervisor (ddp_trainer.supervisor.membership), over a real pipe: what the worker
 reads while it trains, what it says when it leaves, and how its wait for the next round ends."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from ddp_trainer.membership import Membership, Round
+from ddp_trainer.supervisor.membership import Membership, Round
 
 ROUND = Round(
     restarts=2,

@@ -10,7 +10,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from ddp_trainer import metrics
-from ddp_trainer.restarts import RestartLedger, RestartRecord
+from ddp_trainer.supervisor.restarts import RestartLedger, RestartRecord
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 # A table row's first cell: the series it documents; a backticked ddp_ name in any cell: a name the

@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from ddp_operator.progress import series
 from ddp_operator.progress.exposition import reduce_text
-from ddp_trainer.health import HealthResult
+from ddp_trainer.library.health import HealthResult
+from ddp_trainer.library.straggler import Straggler, Window
 from ddp_trainer.metrics import (
     DEPRECATED_ALIASES,
     RestartCollector,
@@ -20,8 +21,7 @@ from ddp_trainer.metrics import (
     kept_step_seconds_gauge,
     resumed_timestamp_gauge,
 )
-from ddp_trainer.restarts import RestartLedger, RestartRecord
-from ddp_trainer.straggler import Straggler, Window
+from ddp_trainer.supervisor.restarts import RestartLedger, RestartRecord
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
 """The rank order by topology (docs/scheduling.md, "Rank order"): the operator's order keys
-(policies/topology.py) brought by each launcher to torch's rendezvous (ddp_trainer.restarts.node_addr)
+(policies/topology.py) brought by each launcher to torch's rendezvous (ddp_trainer.supervisor.restarts.node_addr)
 put rank 0's pod first and each domain's, and each node's, pods on consecutive ranks; the operator's
 reading of the order (group_order, ranks.py) is the rendezvous's own; the launcher waits for its key."""
 
@@ -16,8 +16,8 @@ from ddp_operator import builders, names
 from ddp_operator.policies import topology
 from ddp_operator.spec import parse_job
 from ddp_trainer.config import ConfigError, parse_env
-from ddp_trainer.rank_order import RankOrderMissingError, wait_for_key
-from ddp_trainer.restarts import NODE_RANK_DIGITS, node_addr, rank_mismatch
+from ddp_trainer.supervisor.rank_order import RankOrderMissingError, wait_for_key
+from ddp_trainer.supervisor.restarts import NODE_RANK_DIGITS, node_addr, rank_mismatch
 
 pytestmark = pytest.mark.unit
 

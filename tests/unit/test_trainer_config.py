@@ -24,7 +24,7 @@ from ddp_trainer.exitcodes import (
     EXIT_STOPPED,
     is_retryable,
 )
-from ddp_trainer.standby import BadAssignmentError, assigned_env, parse_assignment
+from ddp_trainer.supervisor.standby import BadAssignmentError, assigned_env, parse_assignment
 
 pytestmark = pytest.mark.unit
 
@@ -36,7 +36,7 @@ BASE = {"MASTER_ADDR": "job-0.job.ns.svc", "MASTER_PORT": "29500"}
     [
         pytest.param(
             {"WORLD_SIZE": "1"},
-            {"rank": 0, "nnodes": 1, "node_rank": 0, "launches_workers": False},
+            {"rank": 0, "pods": 1, "pod_rank": 0, "launches_workers": False},
             id="single",
         ),
         pytest.param(
@@ -49,12 +49,12 @@ BASE = {"MASTER_ADDR": "job-0.job.ns.svc", "MASTER_PORT": "29500"}
                 "RANK": "2",
                 "LOCAL_RANK": "0",
             },
-            {"rank": 2, "nnodes": 4, "node_rank": 2, "launches_workers": False},
+            {"rank": 2, "pods": 4, "pod_rank": 2, "launches_workers": False},
             id="operator-one-proc-per-pod",
         ),
         pytest.param(
             {**BASE, "WORLD_SIZE": "4", "NNODES": "2", "NODE_RANK": "1", "NPROC_PER_NODE": "2"},
-            {"rank": 2, "nnodes": 2, "node_rank": 1, "launches_workers": True},
+            {"rank": 2, "pods": 2, "pod_rank": 1, "launches_workers": True},
             id="pod-launches-two-workers",
         ),
         pytest.param(
@@ -66,12 +66,12 @@ BASE = {"MASTER_ADDR": "job-0.job.ns.svc", "MASTER_PORT": "29500"}
                 "LOCAL_RANK": "1",
                 "DDP_TRAINER_WORKER": "1",
             },
-            {"rank": 3, "nnodes": 2, "node_rank": 1, "launches_workers": False},
+            {"rank": 3, "pods": 2, "pod_rank": 1, "launches_workers": False},
             id="launched-worker",
         ),
         pytest.param(
             {"PET_MASTER_ADDR": "m", "WORLD_SIZE": "2", "PET_NNODES": "2", "PET_NODE_RANK": "1"},
-            {"rank": 1, "nnodes": 2, "node_rank": 1, "launches_workers": False},
+            {"rank": 1, "pods": 2, "pod_rank": 1, "launches_workers": False},
             id="torchrun-pet-spelling",
         ),
     ],
@@ -209,7 +209,7 @@ ELASTIC_POD = {
                 "elastic": False,
                 "min_members": None,
                 "replacement_wait": DEFAULT_REPLACEMENT_WAIT_SECONDS,
-                "nnodes": 2,
+                "pods": 2,
             },
             id="no-variable-is-fixed-size",
         ),
@@ -220,7 +220,7 @@ ELASTIC_POD = {
                 "elastic": True,
                 "min_members": 2,
                 "replacement_wait": DEFAULT_REPLACEMENT_WAIT_SECONDS,
-                "nnodes": 3,
+                "pods": 3,
                 "world_size": 3,
             },
             id="elastic-pod-default-wait",
@@ -247,7 +247,7 @@ ELASTIC_POD = {
                 "GROUP_WORLD_SIZE": "2",
                 "DDP_TRAINER_WORKER": "1",
             },
-            {"world_size": 2, "nnodes": 2, "node_rank": 1, "rank": 1, "launches_workers": False},
+            {"world_size": 2, "pods": 2, "pod_rank": 1, "rank": 1, "launches_workers": False},
             id="worker-of-a-smaller-round",
         ),
         pytest.param(
@@ -265,12 +265,12 @@ ELASTIC_POD = {
                 "GROUP_WORLD_SIZE": "2",
                 "DDP_TRAINER_WORKER": "1",
             },
-            {"world_size": 4, "nnodes": 2, "node_rank": 1, "rank": 3, "local_rank": 1},
+            {"world_size": 4, "pods": 2, "pod_rank": 1, "rank": 3, "local_rank": 1},
             id="two-workers-per-pod-smaller-round",
         ),
         pytest.param(
             {**POD, "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1"},
-            {"nnodes": 2, "node_rank": 1},
+            {"pods": 2, "pod_rank": 1},
             id="group-variables-ignored-outside-a-worker",
         ),
     ],
@@ -441,8 +441,8 @@ def test_injected_fault_matches_only_its_rank_point_and_step() -> None:
 def test_a_once_fault_goes_off_in_the_jobs_first_run_only(
     attempt: str, restarts: int, armed: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ddp_trainer import faults
-    from ddp_trainer.resume import PROGRESS_DIR_ENV, write_restarts
+    from ddp_trainer.supervisor.resume import PROGRESS_DIR_ENV, write_restarts
+    from ddp_trainer.training import faults
 
     write_restarts(tmp_path, restarts)
     monkeypatch.setenv(PROGRESS_DIR_ENV, str(tmp_path))
@@ -509,8 +509,8 @@ STANDBY = {
 def test_a_standby_pod_has_no_rank_of_its_own_until_assigned() -> None:
     env = parse_env(STANDBY)
     assert env.standby_file == "/etc/ddp/placement/assignment" and env.launches_workers
-    assigned = assigned_env(env, parse_assignment("rank=1 budget=2\n", env.nnodes))
-    assert (assigned.node_rank, assigned.rank, assigned.restart_budget, assigned.standby_file) == (
+    assigned = assigned_env(env, parse_assignment("rank=1 budget=2\n", env.pods))
+    assert (assigned.pod_rank, assigned.rank, assigned.restart_budget, assigned.standby_file) == (
         1,
         1,
         2,

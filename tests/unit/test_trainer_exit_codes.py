@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from ddp_trainer.exitcodes import EXIT_OWN_ERROR, EXIT_PEER_LOST, PeerLostError, exit_code_for
-from ddp_trainer.launcher import first_failure_code
+from ddp_trainer.supervisor.launcher import first_failure_code
 
 pytestmark = pytest.mark.unit
 

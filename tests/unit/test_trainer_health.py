@@ -1,4 +1,4 @@
-"""The gang health check's arithmetic and verdict (ddp_trainer.health), its switch in the env contract,
+"""The gang health check's arithmetic and verdict (ddp_trainer.library.health), its switch in the env contract,
 its testing aid (``--inject-fault RANK:health:slow=MS``), its series and its status line."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ddp_trainer import faults, health
 from ddp_trainer.config import ConfigError, InjectedFault, parse_env, parse_injected_fault
-from ddp_trainer.health import NO_SLOW_RANK, HealthResult
+from ddp_trainer.library import health
+from ddp_trainer.library.health import NO_SLOW_RANK, HealthResult
 from ddp_trainer.metrics import create_health_metrics
 from ddp_trainer.progress import format_status_line, parse_status_line
+from ddp_trainer.training import faults
 
 pytestmark = pytest.mark.unit
 

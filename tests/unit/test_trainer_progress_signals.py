@@ -7,8 +7,8 @@ import io
 
 import pytest
 
-from ddp_trainer.stall import StallWatch
-from ddp_trainer.straggler import parse_stall_timeout
+from ddp_trainer.library.stall import StallWatch
+from ddp_trainer.library.straggler import parse_stall_timeout
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""An elastic job's resize, the data part (ddp_trainer.resize): where a resumed epoch goes on at
+"""An elastic job's resize, the data part (ddp_trainer.training.resize): where a resumed epoch goes on at
 another world size, and the step the loop ends at."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from ddp_trainer.resize import batches_per_epoch, remap_batch, total_steps
+from ddp_trainer.training.resize import batches_per_epoch, remap_batch, total_steps
 
 pytestmark = pytest.mark.unit
 

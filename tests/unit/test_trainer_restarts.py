@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ddp_trainer.metrics import DEPRECATED_ALIASES, RestartCollector
-from ddp_trainer.restarts import (
+from ddp_trainer.supervisor.restarts import (
     Failure,
     LedgerState,
     RestartLedger,
@@ -25,7 +25,7 @@ from ddp_trainer.restarts import (
     restart_cause,
     restarts_spent,
 )
-from ddp_trainer.resume import (
+from ddp_trainer.supervisor.resume import (
     KEPT_SECONDS_FIELD,
     PROGRESS_DIR_ENV,
     StepBook,
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.unit
 
 
 def rendezvous_order(addresses: list[str], seed: int) -> list[str]:
-    """The order the launchers' rendezvous gives a round's pods (ddp_trainer.rendezvous.ranked): by
+    """The order the launchers' rendezvous gives a round's pods (ddp_trainer.supervisor.rendezvous.ranked): by
     sort key, whatever order they joined in (tickets and pids are anyone's)."""
     rng = random.Random(seed)
     descriptors = [(addr, rng.randrange(1, 4_000_000), 0) for addr in addresses]

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ddp_trainer.idx import IdxFormatError, encode_idx, parse_idx, read_idx, write_idx
 from ddp_trainer.progress import (
     FinalResult,
     Progress,
@@ -17,6 +16,7 @@ from ddp_trainer.progress import (
     parse_progress,
     parse_status_line,
 )
+from ddp_trainer.training.idx import IdxFormatError, encode_idx, parse_idx, read_idx, write_idx
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
-"""Naming the rank everyone waits for (ddp_trainer.straggler, pure): a step's parts, the exchange's
+"""Naming the rank everyone waits for (ddp_trainer.library.straggler, pure): a step's parts, the exchange's
 packing, rank 0's pool of recent windows, and the attribution with its slowdown and phase; and what
-ddp_trainer.runqueue reads of gloo's threads (from a /proc look-alike)."""
+ddp_trainer.library.runqueue reads of gloo's threads (from a /proc look-alike)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ddp_trainer.runqueue import GlooThreadDelay
-from ddp_trainer.straggler import (
+from ddp_trainer.library.runqueue import GlooThreadDelay
+from ddp_trainer.library.straggler import (
     MISSING,
     History,
     Window,

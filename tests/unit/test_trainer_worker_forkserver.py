@@ -1,4 +1,4 @@
-"""ddp_trainer.worker_forkserver.why_not_forked: when the launcher may fork the workers' forkserver,
+"""ddp_trainer.supervisor.worker_forkserver.why_not_forked: when the launcher may fork the workers' forkserver,
 and when it must start a new interpreter instead (and say why)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ddp_trainer import worker_forkserver
+from ddp_trainer.supervisor import worker_forkserver
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ddp_trainer.library import Instrumentation, instrument
-    from ddp_trainer.teardown import GroupSession, leave_process_group, process_group_session
+    from ddp_trainer.library.instrumentation import Instrumentation, instrument
+    from ddp_trainer.library.teardown import GroupSession, leave_process_group, process_group_session
 
 __version__ = "0.1.0"
 __all__ = [
@@ -26,11 +26,11 @@ __all__ = [
 ]
 
 _LAZY = {
-    "instrument": "ddp_trainer.library",
-    "Instrumentation": "ddp_trainer.library",
-    "GroupSession": "ddp_trainer.teardown",
-    "leave_process_group": "ddp_trainer.teardown",
-    "process_group_session": "ddp_trainer.teardown",
+    "instrument": "ddp_trainer.library.instrumentation",
+    "Instrumentation": "ddp_trainer.library.instrumentation",
+    "GroupSession": "ddp_trainer.library.teardown",
+    "leave_process_group": "ddp_trainer.library.teardown",
+    "process_group_session": "ddp_trainer.library.teardown",
 }
 
 

@@ -11,7 +11,7 @@ from typing import Final
 
 from ddp_trainer.config import ConfigError, parse_args, parse_env
 from ddp_trainer.exitcodes import EXIT_BAD_CONFIG, write_launcher_exit
-from ddp_trainer.worker import whole_lines
+from ddp_trainer.training.worker import whole_lines
 
 _ENTRY_PID: Final = os.getpid()
 
@@ -26,7 +26,7 @@ def _stopped_while_starting(signum: int, frame: FrameType | None) -> None:
     os._exit(128 + signum)
 
 
-# The workers' forkserver may be forked while this handler is in place (ddp_trainer.worker_forkserver).
+# The workers' forkserver may be forked while this handler is in place (ddp_trainer.supervisor.worker_forkserver).
 _stopped_while_starting.fork_safe = True  # type: ignore[attr-defined]
 
 
@@ -42,16 +42,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = parse_env(os.environ)
         # Everything above is pure and torch-free: a bad environment costs a fraction of a second.
         if env.launches_workers:
-            from ddp_trainer.launcher import launch_local_workers
+            from ddp_trainer.supervisor.launcher import launch_local_workers
 
             code = launch_local_workers(env, config, arguments)
             write_launcher_exit(code, os.environ)
             return code
-        from ddp_trainer.teardown import exit_without_finalizing
-        from ddp_trainer.worker import train_and_record
+        from ddp_trainer.library.teardown import exit_without_finalizing
+        from ddp_trainer.training.worker import train_and_record
 
         code = train_and_record(config, env)
-        # Whatever still holds the process group (see ddp_trainer.teardown), and even if nothing does:
+        # Whatever still holds the process group (see ddp_trainer.library.teardown), and even if nothing does:
         # the exit code is decided and everything that matters is on disk (checkpoints fsynced, the
         # exit record written). Finalizing torch takes a noticeable time during which Python has reset
         # the signal handlers: a SIGTERM then (the operator or `ddpjob run` stopping the collateral

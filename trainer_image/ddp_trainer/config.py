@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from ddp_trainer import health
-from ddp_trainer.straggler import parse_stall_timeout
+from ddp_trainer.library import health
+from ddp_trainer.library.straggler import parse_stall_timeout
 
 Backend = Literal["auto", "nccl", "gloo"]
 BACKENDS: Final = ("auto", "nccl", "gloo")
@@ -23,7 +23,7 @@ WORKLOADS: Final = ("digits", "mnist", "synthetic", "gcn")
 GRAPH_DATA: Final = ("generated", "ogbn-products")
 DEFAULT_MASTER_PORT: Final = 29500
 # DDP_RESTART_MODE: how a failed worker is restarted (docs/restarts.md). InPlace: the pod's launcher
-# restarts the worker group where it is, on a new round of the launchers. rendezvous (ddp_trainer.rendezvous); Recreate: the
+# restarts the worker group where it is, on a new round of the launchers. rendezvous (ddp_trainer.supervisor.rendezvous); Recreate: the
 # process ends and the operator recreates the gang. A pod without the variable behaves as Recreate.
 RestartMode = Literal["InPlace", "Recreate"]
 RESTART_MODES: Final = ("InPlace", "Recreate")
@@ -43,10 +43,10 @@ HEALTH_CHECK_BYTES_ENV: Final = "DDP_HEALTH_CHECK_BYTES"
 HEALTH_CHECK_SWITCH: Final[Mapping[str, bool]] = {"on": True, "off": False}
 # Set by the trainer on the local workers it launches when NPROC_PER_NODE > 1.
 WORKER_MARKER: Final = "DDP_TRAINER_WORKER"
-# How the in-place launcher starts the forkserver its workers are forked from (ddp_trainer.worker_forkserver):
+# How the in-place launcher starts the forkserver its workers are forked from (ddp_trainer.supervisor.worker_forkserver):
 # a fork of the launcher (default), or a new interpreter as multiprocessing starts it.
 WORKER_FORKSERVER_ENV: Final = "DDP_WORKER_FORKSERVER"
-# A standby pod's file of its assignment (ddp_trainer.standby).
+# A standby pod's file of its assignment (ddp_trainer.supervisor.standby).
 STANDBY_FILE_ENV: Final = "DDP_STANDBY_FILE"
 WORKER_FORKSERVER_KINDS: Final = ("fork", "interpreter")
 
@@ -75,8 +75,8 @@ class DistEnv:
     """Where this process sits in the job, read from the env contract."""
 
     world_size: int
-    nnodes: int
-    node_rank: int
+    pods: int
+    pod_rank: int
     nproc_per_node: int
     # Global and local rank; meaningful for a process that joins the group itself (not a launcher).
     rank: int
@@ -97,17 +97,17 @@ class DistEnv:
     restart_budget: int = DEFAULT_RESTART_BUDGET
     # DDP_RUN_ID: the elastic rendezvous' run id, the same on every pod of one attempt.
     run_id: str = "ddp-trainer-0"
-    # DDP_MIN_MEMBERS (an elastic job's minReplicas): a round may train on min_members..nnodes pods;
-    # None: a fixed-size job, every round has all nnodes pods.
+    # DDP_MIN_MEMBERS (an elastic job's minReplicas): a round may train on min_members..pods of them;
+    # None: a fixed-size job, every round has all of its pods.
     min_members: int | None = None
     # DDP_REPLACEMENT_WAIT_SECONDS: an elastic round's wait for more pods once min_members have joined.
     replacement_wait: int = DEFAULT_REPLACEMENT_WAIT
     # DDP_HEALTH_CHECK (on/off, default off) and DDP_HEALTH_CHECK_BYTES: the gang health check before
-    # the first step and when a new member joins (ddp_trainer.health).
+    # the first step and when a new member joins (ddp_trainer.library.health).
     health_check: bool = False
     health_check_bytes: int = health.DEFAULT_BYTES
     # DDP_RANK_ORDER_FILE: where the operator's rendezvous order key of this pod appears (a job whose
-    # ranks follow the topology, ddp_trainer.rank_order); None: the ranks follow NODE_RANK.
+    # ranks follow the topology, ddp_trainer.supervisor.rank_order); None: the ranks follow NODE_RANK.
     rank_order_file: str | None = None
     # DDP_RENDEZVOUS_ENDPOINT (host:port): the job's rendezvous pod, whose store every launcher meets
     # at; None: NODE_RANK 0's launcher hosts the store at MASTER_ADDR:MASTER_PORT.
@@ -117,8 +117,8 @@ class DistEnv:
     pod_ip: str | None = None
     # DDP_WORKER_FORKSERVER: "fork" (the launcher forks it) or "interpreter" (multiprocessing's own).
     worker_forkserver: str = WORKER_FORKSERVER_KINDS[0]
-    # DDP_STANDBY_FILE: a standby pod's launcher (ddp_trainer.standby) waits for its rank in this file;
-    # until then node_rank and rank are placeholders (0). None: a pod with a rank of its own.
+    # DDP_STANDBY_FILE: a standby pod's launcher (ddp_trainer.supervisor.standby) waits for its rank in this file;
+    # until then pod_rank and rank are placeholders (0). None: a pod with a rank of its own.
     standby_file: str | None = None
 
     @property
@@ -170,10 +170,10 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
     standby_file = None if launched_worker else _standby_file(env)
     view = _round_view(env, launched_worker)
     if standby_file is not None:
-        # No rank is a standby's own until the operator assigns one (ddp_trainer.standby).
+        # No rank is a standby's own until the operator assigns one (ddp_trainer.supervisor.standby).
         view = {**view, "NODE_RANK": "0", "RANK": "0"}
-    world_size, nproc, nnodes = _world(view)
-    rank, local_rank, node_rank = _ranks(view, world_size, nproc, nnodes, launched_worker)
+    world_size, nproc, pods = _world(view)
+    rank, local_rank, pod_rank = _ranks(view, world_size, nproc, pods, launched_worker)
     master_addr, master_port = _rendezvous(env, world_size)
     backend_text = (env.get("DDP_BACKEND") or "auto").strip().lower()
     if backend_text not in BACKENDS:
@@ -196,7 +196,7 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
             "DDP_STALL_TIMEOUT_SECONDS", str(error), "set it to a positive number of seconds, or unset it"
         ) from None
     restart_mode, restart_budget = _restarts(env)
-    min_members, replacement_wait = _elastic(env, nnodes, restart_mode)
+    min_members, replacement_wait = _elastic(env, pods, restart_mode)
     health_check, health_check_bytes = _health_check(env)
     rank_order_file = _in_place_only(env, "DDP_RANK_ORDER_FILE", restart_mode, "orders the ranks of")
     endpoint = _in_place_only(env, "DDP_RENDEZVOUS_ENDPOINT", restart_mode, "is the store of")
@@ -204,8 +204,8 @@ def parse_env(env: Mapping[str, str]) -> DistEnv:
     run_id = (env.get("DDP_RUN_ID") or "").strip() or f"{job_name or 'ddp-trainer'}-{attempt}"
     return DistEnv(
         world_size=world_size,
-        nnodes=nnodes,
-        node_rank=node_rank,
+        pods=pods,
+        pod_rank=pod_rank,
         nproc_per_node=nproc,
         rank=rank,
         local_rank=local_rank,
@@ -308,7 +308,7 @@ def _round_view(env: Mapping[str, str], launched_worker: bool) -> Mapping[str, s
     return {**env, "NNODES": group_size, "NODE_RANK": group_rank}
 
 
-def _elastic(env: Mapping[str, str], nnodes: int, restart_mode: RestartMode) -> tuple[int | None, int]:
+def _elastic(env: Mapping[str, str], pods: int, restart_mode: RestartMode) -> tuple[int | None, int]:
     """DDP_MIN_MEMBERS (unset: a fixed-size job) and DDP_REPLACEMENT_WAIT_SECONDS."""
     wait = _int(
         env,
@@ -320,10 +320,10 @@ def _elastic(env: Mapping[str, str], nnodes: int, restart_mode: RestartMode) -> 
     variable = _min_members_variable(env)
     if variable is None:
         return None, wait
-    fix = f"set {MIN_MEMBERS_ENV} to the fewest pods the job may train on, 1..NNODES={nnodes}"
+    fix = f"set {MIN_MEMBERS_ENV} to the fewest pods the job may train on, 1..NNODES={pods}"
     min_members = _int(env, variable, fix, minimum=1)
-    if min_members > nnodes:
-        raise ConfigError(variable, f"{min_members} > NNODES={nnodes}", fix)
+    if min_members > pods:
+        raise ConfigError(variable, f"{min_members} > NNODES={pods}", fix)
     if restart_mode != "InPlace":
         raise ConfigError(
             variable,
@@ -395,32 +395,32 @@ def _world(env: Mapping[str, str]) -> tuple[int, int, int]:
             f"{world_size} is not a multiple of NPROC_PER_NODE={nproc}",
             "set WORLD_SIZE to NNODES x NPROC_PER_NODE",
         )
-    nnodes = _int(
+    pods = _int(
         env, "NNODES", "set NNODES to the number of pods (replicas)", default=world_size // nproc, minimum=1
     )
-    if nnodes * nproc != world_size:
+    if pods * nproc != world_size:
         raise ConfigError(
             "WORLD_SIZE",
-            f"{world_size} != NNODES x NPROC_PER_NODE = {nnodes} x {nproc}",
+            f"{world_size} != NNODES x NPROC_PER_NODE = {pods} x {nproc}",
             "set WORLD_SIZE to NNODES x NPROC_PER_NODE",
         )
-    return world_size, nproc, nnodes
+    return world_size, nproc, pods
 
 
 def _ranks(
-    env: Mapping[str, str], world_size: int, nproc: int, nnodes: int, launched_worker: bool
+    env: Mapping[str, str], world_size: int, nproc: int, pods: int, launched_worker: bool
 ) -> tuple[int, int, int]:
     """RANK, LOCAL_RANK and NODE_RANK of this process (a pod that launches workers is its first one)."""
-    node_rank = _int(
+    pod_rank = _int(
         env, "NODE_RANK", "set NODE_RANK to this pod's index (0 .. NNODES-1)", default=-1, minimum=-1
     )
-    if node_rank >= nnodes:
+    if pod_rank >= pods:
         raise ConfigError(
-            "NODE_RANK", f"{node_rank} >= NNODES={nnodes}", f"set NODE_RANK to a value in 0..{nnodes - 1}"
+            "NODE_RANK", f"{pod_rank} >= NNODES={pods}", f"set NODE_RANK to a value in 0..{pods - 1}"
         )
     rank_fix = f"set RANK to this process's global rank, 0..{world_size - 1}"
     if nproc == 1 or launched_worker:
-        default_rank = node_rank if node_rank >= 0 and nproc == 1 else (0 if world_size == 1 else None)
+        default_rank = pod_rank if pod_rank >= 0 and nproc == 1 else (0 if world_size == 1 else None)
         rank = _int(env, "RANK", rank_fix, default=default_rank)
         if rank >= world_size:
             raise ConfigError("RANK", f"{rank} >= WORLD_SIZE={world_size}", rank_fix)
@@ -429,14 +429,14 @@ def _ranks(
             raise ConfigError(
                 "LOCAL_RANK", f"{local_rank} >= NPROC_PER_NODE={nproc}", f"set LOCAL_RANK to 0..{nproc - 1}"
             )
-        if node_rank < 0:
-            node_rank = rank // nproc
-        return rank, local_rank, node_rank
-    if node_rank < 0:
-        if nnodes != 1:
+        if pod_rank < 0:
+            pod_rank = rank // nproc
+        return rank, local_rank, pod_rank
+    if pod_rank < 0:
+        if pods != 1:
             raise ConfigError("NODE_RANK", "is not set", "set NODE_RANK to this pod's index (0 .. NNODES-1)")
-        node_rank = 0
-    return node_rank * nproc, 0, node_rank
+        pod_rank = 0
+    return pod_rank * nproc, 0, pod_rank
 
 
 def _rendezvous(env: Mapping[str, str], world_size: int) -> tuple[str, int]:

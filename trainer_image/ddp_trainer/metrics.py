@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 from wsgiref.simple_server import WSGIServer
 
 import prometheus_client
@@ -21,9 +21,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ddp_trainer.health import NO_SLOW_RANK, HealthResult
-from ddp_trainer.restarts import RestartLedger, RestartRecord
-from ddp_trainer.straggler import NO_STRAGGLER, PHASES, Straggler, Window, own_stalls
+from ddp_trainer.library.health import NO_SLOW_RANK, HealthResult
+from ddp_trainer.library.straggler import NO_STRAGGLER, PHASES, Straggler, Window, own_stalls
+
+# Types only: a user's script that imports the library must not load the supervisor.
+if TYPE_CHECKING:
+    from ddp_trainer.supervisor.restarts import RestartLedger, RestartRecord
 
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 # The one ladder of bounds for every duration histogram of ours: 1, 2.5 and 5 per decade, here from
@@ -366,7 +369,7 @@ def serve_multiprocess(directory: str, host: str, port: int, extra: Collector | 
 
 
 def kept_step_seconds_gauge(rank: int, registry: CollectorRegistry | None) -> Gauge:
-    """``ddp_kept_step_seconds`` (rank 0 only; see ddp_trainer.resume)."""
+    """``ddp_kept_step_seconds`` (rank 0 only; see ddp_trainer.supervisor.resume)."""
     return Gauge(
         "ddp_kept_step_seconds",
         "Seconds spent in the training steps that the current training state includes (restored from "
@@ -491,7 +494,7 @@ class RestartCollector(Collector):
     first global rank in the largest group (NODE_RANK x NPROC_PER_NODE). ``resume`` returns rank 0's
     worker's note of the last resume: its time and the step it resumed from.
 
-    A scrape renders one :class:`~ddp_trainer.restarts.LedgerState`, taken from the ledger once: the
+    A scrape renders one :class:`~ddp_trainer.supervisor.restarts.LedgerState`, taken from the ledger once: the
     supervisor's thread may replace it meanwhile, and the counts and the record of two rounds must not mix.
     """
 

@@ -2,7 +2,7 @@
 
 Every pod runs one supervisor. It starts the pod's workers (forked from a forkserver that imported
 torch once), meets the other pods' supervisors in rounds of the launchers' rendezvous
-(``ddp_trainer.rendezvous``) whose keys live in a TCP store: the job's rendezvous pod at
+(``ddp_trainer.supervisor.rendezvous``) whose keys live in a TCP store: the job's rendezvous pod at
 DDP_RENDEZVOUS_ENDPOINT, or, without it, one that the supervisor of NODE_RANK 0 hosts at
 MASTER_ADDR:MASTER_PORT (``ddpjob run``, a single pod). It reads its workers' exit codes from its own
 process handles. Nothing of ``torch.distributed.elastic``'s agent is used, so the trainer runs on the
@@ -11,15 +11,15 @@ user's torch (docs/trainer.md, "The pod's supervisor").
 **Survivors keep their processes.** When a worker or a pod is lost, every surviving worker leaves the
 broken collective (gloo: the error the dead peer's socket raises; the watchdog bounds the rest), keeps
 its model and optimizer where they are, tells its supervisor the step it holds, and waits
-(``ddp_trainer.membership``). Each supervisor whose workers left, or whose worker died, joins the next
+(``ddp_trainer.supervisor.membership``). Each supervisor whose workers left, or whose worker died, joins the next
 round; once every pod is in, the surviving workers form the new group in their own processes and only
 the lost workers start anew, receiving the state from a survivor over the new group
-(``ddp_trainer.trainer``). A pod that waits to join a healthy group (an elastic job's grow, a standby)
+(``ddp_trainer.training.trainer``). A pod that waits to join a healthy group (an elastic job's grow, a standby)
 makes every supervisor ask its workers to leave at the next stop check, all at the same step.
 
 What it adds on top:
 
-- **Ranks**: group rank k is pod k (``ddp_trainer.restarts.node_addr``), or in an elastic job's
+- **Ranks**: group rank k is pod k (``ddp_trainer.supervisor.restarts.node_addr``), or in an elastic job's
   smaller round the k-th pod present, or, where the ranks follow the topology, the pod whose order key
   sorts k-th; pod 0 is rank 0 always; checked after every round.
 - **One gang-wide budget**: the gang's restart count is the round number, which rank 0's supervisor
@@ -55,16 +55,16 @@ from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError
 
-from ddp_trainer import worker_forkserver
-from ddp_trainer.addresses import AGENT_SERVES_STORE_ENV, loopback_listener
 from ddp_trainer.config import DistEnv, TrainConfig
 from ddp_trainer.control import read_exit_records
 from ddp_trainer.exitcodes import EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED, first_failure
-from ddp_trainer.membership import Round
 from ddp_trainer.progress import launcher_status_line
-from ddp_trainer.rank_order import RankOrderMissingError, wait_for_key
-from ddp_trainer.rendezvous import RoundsRendezvous
-from ddp_trainer.restarts import (
+from ddp_trainer.supervisor import worker_forkserver
+from ddp_trainer.supervisor.addresses import AGENT_SERVES_STORE_ENV, loopback_listener
+from ddp_trainer.supervisor.membership import Round
+from ddp_trainer.supervisor.rank_order import RankOrderMissingError, wait_for_key
+from ddp_trainer.supervisor.rendezvous import RoundsRendezvous
+from ddp_trainer.supervisor.restarts import (
     Failure,
     RestartLedger,
     RestartRecord,
@@ -75,10 +75,10 @@ from ddp_trainer.restarts import (
     rank_mismatch,
     restarts_spent,
 )
-from ddp_trainer.resume import read_step_marker, step_marker_path, write_restarts
-from ddp_trainer.stores import tcp_store
-from ddp_trainer.worker import supervised_worker
-from ddp_trainer.workloads import LAZY_IMPORTS
+from ddp_trainer.supervisor.resume import read_step_marker, step_marker_path, write_restarts
+from ddp_trainer.supervisor.stores import tcp_store
+from ddp_trainer.training.worker import supervised_worker
+from ddp_trainer.training.workloads import LAZY_IMPORTS
 
 # Keys in each round's store (a PrefixStore of the round, so a key is per round).
 RESTARTS_KEY = "ddp/group_restarts"
@@ -155,7 +155,7 @@ def _status(event: str, **fields: object) -> None:
 
 @dataclass
 class _Worker:
-    """One worker process of this pod and its pipe (ddp_trainer.membership)."""
+    """One worker process of this pod and its pipe (ddp_trainer.supervisor.membership)."""
 
     local_rank: int
     rank: int
@@ -164,7 +164,7 @@ class _Worker:
     # (step, time, why) once it said it left its group, until it is given the next round.
     left: tuple[int, float, str] | None = None
     asked_to_leave: bool = False
-    # Since when its step (ddp_trainer.resume's marker) has been the one seen last, once asked to leave.
+    # Since when its step (ddp_trainer.supervisor.resume's marker) has been the one seen last, once asked to leave.
     seen_step: int | None = None
     seen_at: float = 0.0
 
@@ -215,13 +215,13 @@ class Supervisor:
         self._exit_dir = exit_dir
         self._progress_dir = progress_dir
         self._ledger = ledger
-        self._pod_rank = env.node_rank
+        self._pod_rank = env.pod_rank
         self._nproc = env.nproc_per_node
         self._budget = env.restart_budget
         self._elastic = env.elastic
         self._ordered = env.rank_order_file is not None
-        self._pods = env.nnodes
-        self._fewest = env.min_members if env.min_members is not None else env.nnodes
+        self._pods = env.pods
+        self._fewest = env.min_members if env.min_members is not None else env.pods
         # Where rank 0's pod may be replaced (the store apart), its IP: its name may still resolve to
         # its predecessor for a few seconds after a replacement.
         self._pod_ip = env.pod_ip if env.rendezvous_endpoint is not None else None
@@ -661,13 +661,13 @@ def _read_all(store: Store, key: str) -> list[str]:
 
 # What the forkserver imports once, for every worker: torch and the trainer, and torch._dynamo, which
 # torch imports lazily in the first optimizer's constructor (seconds; docs/benchmarks.md).
-FORKSERVER_PRELOAD: Final = ("ddp_trainer.worker", "ddp_trainer.trainer", "torch._dynamo")
+FORKSERVER_PRELOAD: Final = ("ddp_trainer.training.worker", "ddp_trainer.training.trainer", "torch._dynamo")
 
 
 def start_forkserver(workload: str, *, fork: bool = True) -> None:
     """Start the process the workers are forked from, importing the trainer and the workload's lazy
     imports now: a fork of this supervisor, which has imported torch already (``fork``; see
-    ddp_trainer.worker_forkserver), else a new interpreter that imports torch too. A new worker then
+    ddp_trainer.supervisor.worker_forkserver), else a new interpreter that imports torch too. A new worker then
     costs a fork, not an interpreter start and the imports (docs/benchmarks.md)."""
     worker_forkserver.start([*FORKSERVER_PRELOAD, *LAZY_IMPORTS.get(workload, ())], log, fork=fork)
 
@@ -687,13 +687,13 @@ def serve_workers_store(host: str, timeout: timedelta) -> TCPStore:
 
 
 def rendezvous_handler(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHandler, Store]:
-    """The launchers' rendezvous (ddp_trainer.rendezvous) and its store: the job's rendezvous pod at
+    """The launchers' rendezvous (ddp_trainer.supervisor.rendezvous) and its store: the job's rendezvous pod at
     DDP_RENDEZVOUS_ENDPOINT (every supervisor a client, waiting up to the init timeout for it to
     listen), or, without one, the store NODE_RANK 0's supervisor hosts at MASTER_ADDR:MASTER_PORT."""
     started = time.monotonic()
     timeout = timedelta(seconds=config.init_timeout)
     host, port = env.rendezvous_store
-    is_host = env.rendezvous_endpoint is None and env.node_rank == 0
+    is_host = env.rendezvous_endpoint is None and env.pod_rank == 0
     store = tcp_store(
         host,
         port,
@@ -705,12 +705,10 @@ def rendezvous_handler(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHan
     handler = RoundsRendezvous(
         store,
         env.run_id,
-        pod_rank=env.node_rank,
-        sort_key=node_addr(
-            env.node_rank, _order_key(env, config.init_timeout - (time.monotonic() - started))
-        ),
-        fewest=env.min_members if env.min_members is not None else env.nnodes,
-        most=env.nnodes,
+        pod_rank=env.pod_rank,
+        sort_key=node_addr(env.pod_rank, _order_key(env, config.init_timeout - (time.monotonic() - started))),
+        fewest=env.min_members if env.min_members is not None else env.pods,
+        most=env.pods,
         # A replacement pod may take a while to be scheduled and started: the survivors wait for it
         # as long as a first start may take (an elastic job's below DDP_MIN_MEMBERS too).
         join_timeout=config.init_timeout,
@@ -728,9 +726,9 @@ def _order_key(env: DistEnv, timeout: float) -> str | None:
     key = wait_for_key(
         Path(env.rank_order_file),
         max(timeout, 0.0),
-        on_wait=lambda: _status("waiting", pod=env.node_rank, on="rank-order"),
+        on_wait=lambda: _status("waiting", pod=env.pod_rank, on="rank-order"),
     )
-    _status("ordered", pod=env.node_rank, key=key)
+    _status("ordered", pod=env.pod_rank, key=key)
     return key
 
 
@@ -779,7 +777,7 @@ def run_in_place(
         # The rendezvous failed: its store is gone, it timed out waiting for a pod, or it was closed by
         # a pod that ended the job. The operator restarts the gang: retried.
         log(
-            f"pod {env.node_rank} left {_where(env)} ({type(error).__name__}: {error}); exiting {EXIT_PEER_LOST}"
+            f"pod {env.pod_rank} left {_where(env)} ({type(error).__name__}: {error}); exiting {EXIT_PEER_LOST}"
         )
         code = EXIT_PEER_LOST
     finally:

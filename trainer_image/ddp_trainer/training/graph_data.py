@@ -11,7 +11,7 @@ The layout OGB ships for a node-property dataset (``products.zip``; OGB's own lo
     split/sales_ranking/{train,valid,test}.csv.gz   one node index per row
 
 Only numpy and the standard library: what is loaded or generated here is plain arrays, and the model
-(``ddp_trainer.gcn``) turns them into tensors.
+(``ddp_trainer.training.gcn``) turns them into tensors.
 """
 
 from __future__ import annotations

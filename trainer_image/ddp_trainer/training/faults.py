@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ddp_trainer.config import InjectedFault
-from ddp_trainer.resume import PROGRESS_DIR_ENV, read_restarts
+from ddp_trainer.supervisor.resume import PROGRESS_DIR_ENV, read_restarts
 
 
 class InjectedExitError(Exception):

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
-from ddp_trainer.restarts import ResumeNote
+from ddp_trainer.supervisor.restarts import ResumeNote
 
 PROGRESS_DIR_ENV: Final = "DDP_TRAINER_PROGRESS_DIR"
 # The checkpoint field that carries kept_step_seconds.

@@ -18,7 +18,7 @@ end - max(start, end of the previous bucket): buckets run one after the other, s
 waited behind an earlier one is not its own.
 
 Each also splits this rank's steps into the parts the straggler exchange compares
-(``ddp_trainer.straggler``, docs/metrics.md): the wait in the step's gradient collectives, and data,
+(``ddp_trainer.library.straggler``, docs/metrics.md): the wait in the step's gradient collectives, and data,
 communication and compute outside them. Every strategy reads the step's boundaries from
 ``Instrumentation.step()`` and the forward's start from a forward pre-hook on the DDP model; the two
 hook strategies time each bucket (hook entered, collective issued, collective done: the wall clock on
@@ -46,9 +46,9 @@ import torch.distributed as dist
 from torch.distributed import BuiltinCommHookType, GradBucket  # type: ignore[attr-defined]  # public, re-exported implicitly
 from torch.nn.parallel import DistributedDataParallel
 
+from ddp_trainer.library.runqueue import GlooThreadDelay
+from ddp_trainer.library.straggler import Window, step_parts
 from ddp_trainer.metrics import RankMetrics, payload_bytes
-from ddp_trainer.runqueue import GlooThreadDelay
-from ddp_trainer.straggler import Window, step_parts
 
 HookFn = Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]]
 COMM_HOOKS: Final = ("allreduce", "fp16", "bf16", "powersgd")
@@ -254,7 +254,7 @@ class SyncRecorder(ABC):
 
         A comm hook registered on the model refers back to its recorder: with ``_ddp`` that is a
         cycle through the C++ reducer that the garbage collector cannot see, and it would keep the
-        model and its process group alive until the interpreter exits (see ``ddp_trainer.teardown``).
+        model and its process group alive until the interpreter exits (see ``ddp_trainer.library.teardown``).
         """
         self._ddp = None
         if self._forward_handle is not None:
@@ -542,7 +542,7 @@ class WallClockRecorder(_CommHookRecorder):
         # The last timed sync's buckets, done, for its step's parts.
         self._timed_buckets: list[tuple[float, float, float]] = []
         # gloo's threads relay every rank's collectives: read their CPU waits from the step's last
-        # collective to its end (ddp_trainer.runqueue).
+        # collective to its end (ddp_trainer.library.runqueue).
         self._stalls = GlooThreadDelay()
         self._stall_mark: dict[str, float] | None = None
 

@@ -11,7 +11,7 @@ steps, on its own clock (no clock is compared across nodes), and splits each ste
 - ``comm``: in the comm hook before its collectives were under way (compression, issuing them);
 - ``compute``: the rest (forward, backward, the optimizer);
 
-and, beside them, its ``stall``: how long its gloo threads waited for a CPU (``ddp_trainer.runqueue``).
+and, beside them, its ``stall``: how long its gloo threads waited for a CPU (``ddp_trainer.library.runqueue``).
 A rank starved of CPU also stalls the collectives themselves (every rank's threads relay gloo's
 ring), and then its wait looks like everyone's: the part of its stall beyond its peers' typical one
 is time the others waited for it inside the collective, so it counts as that rank's communication,

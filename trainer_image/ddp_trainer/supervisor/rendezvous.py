@@ -14,7 +14,7 @@ whose cost per member does not grow with the members:
   fixed-size job, the one after which every pod rank has joined; in an elastic one, every pod rank, or
   at least the fewest after ``last_call`` seconds. It reads the descriptors in one ``multi_get``, keeps
   for each pod rank its newest ticket (a lost pod's older ticket is superseded by its replacement's:
-  there is one pod per rank), sorts them by sort key (``ddp_trainer.restarts.node_addr``: pod rank, or
+  there is one pod per rank), sorts them by sort key (``ddp_trainer.supervisor.restarts.node_addr``: pod rank, or
   the topology's order) and writes the tickets in rank order to the round's one result key, by
   compare-and-set, so one completion wins.
 - **Waiting** is the store's own ``wait``, on a ``done`` key set right after the result (torch's legacy
@@ -151,7 +151,7 @@ class RoundsRendezvous(RendezvousHandler):
 
     @property
     def use_agent_store(self) -> bool:
-        # Each round's rank 0 supervisor serves its workers' store (ddp_trainer.supervisor.serve_workers_store).
+        # Each round's rank 0 supervisor serves its workers' store (ddp_trainer.supervisor.inplace.serve_workers_store).
         return False
 
     def get_run_id(self) -> str:
@@ -256,7 +256,7 @@ class RoundsRendezvous(RendezvousHandler):
         slow completer may set it one round back: a new member then finds that round complete and
         moves on)."""
         self._store.compare_set(self._key(f"r{number}/result"), "", encode_result(members))
-        # Waiters wait for this key, not the result: torch's legacy store server (what ddp_trainer.stores
+        # Waiters wait for this key, not the result: torch's legacy store server (what ddp_trainer.supervisor.stores
         # falls back to where the default server takes no listening socket) wakes no waiter on a
         # compare-and-set, only on a set.
         self._store.set(self._key(f"r{number}/done"), "1")

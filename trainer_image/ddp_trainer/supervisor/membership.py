@@ -1,4 +1,4 @@
-"""A worker's side of the pod's supervisor (``ddp_trainer.supervisor``): the rounds it trains in.
+"""A worker's side of the pod's supervisor (``ddp_trainer.supervisor.inplace``): the rounds it trains in.
 
 A worker started by the supervisor keeps its process, its model and its optimizer (on the device, where
 they are) across the rounds of its gang: when its group breaks (a peer's worker or pod is lost) or the
@@ -117,7 +117,7 @@ class Membership:
         return None
 
 
-# The worker's membership, set by the supervisor's entry point (ddp_trainer.worker.supervised_worker)
+# The worker's membership, set by the supervisor's entry point (ddp_trainer.training.worker.supervised_worker)
 # before training starts; None in any process the supervisor did not start.
 _current: Membership | None = None
 

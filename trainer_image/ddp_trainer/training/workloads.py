@@ -1,4 +1,4 @@
-"""The workloads: digits (offline, real data), mnist (IDX files), synthetic (an MLP) and gcn (ddp_trainer.gcn)."""
+"""The workloads: digits (offline, real data), mnist (IDX files), synthetic (an MLP) and gcn (ddp_trainer.training.gcn)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from ddp_trainer.config import TrainConfig
-from ddp_trainer.idx import read_idx
+from ddp_trainer.training.idx import read_idx
 
 NUM_CLASSES: Final = 10
 # The held-out split does not depend on --seed, so accuracies of different seeds are comparable.
@@ -115,7 +115,7 @@ def synthetic_data(width: int, samples: int, seed: int) -> tuple[TensorDataset, 
 # (ddp_trainer.elastic): sklearn alone takes seconds.
 LAZY_IMPORTS: Final[Mapping[str, tuple[str, ...]]] = {
     "digits": ("sklearn.datasets",),
-    "gcn": ("ddp_trainer.gcn",),
+    "gcn": ("ddp_trainer.training.gcn",),
 }
 
 
@@ -123,7 +123,7 @@ def build_workload(config: TrainConfig) -> Workload:
     """The data and the freshly initialized model (seeded: every rank builds the same one)."""
     if config.workload == "gcn":
         # Imported here: the graph code is only loaded by the workload that needs it.
-        from ddp_trainer.gcn import build_gcn_workload, load_graph
+        from ddp_trainer.training.gcn import build_gcn_workload, load_graph
 
         graph = load_graph(config.graph_data, Path(config.data_dir), config.graph_nodes)
         gcn = build_gcn_workload(graph, config.gcn_hidden, config.gcn_layers, config.seed)

@@ -1,6 +1,6 @@
 """One worker's life, whoever starts it: ``python -m ddp_trainer`` itself, or the pod's supervisor.
 
-The supervisor (``ddp_trainer.supervisor``) does not start a new interpreter per worker: its workers
+The supervisor (``ddp_trainer.supervisor.inplace``) does not start a new interpreter per worker: its workers
 are forked from a forkserver that imported torch and the trainer once, when the supervisor started, so
 a new worker does not pay the interpreter start and the torch import again (seconds, see
 docs/benchmarks.md). :func:`supervised_worker` is that entry point.
@@ -29,7 +29,7 @@ def whole_lines(*streams: object) -> None:
 def train_and_record(config: TrainConfig, env: DistEnv) -> int:
     """Train as one rank; leave the exit record for a launcher; return the exit code."""
     from ddp_trainer.control import write_exit_record
-    from ddp_trainer.trainer import run_worker
+    from ddp_trainer.training.trainer import run_worker
 
     code = run_worker(config, env)
     write_exit_record(env.rank, code)
@@ -38,9 +38,9 @@ def train_and_record(config: TrainConfig, env: DistEnv) -> int:
 
 def forked_worker(argv: list[str]) -> int:
     """A worker forked by the pod's supervisor. Any code but 0 ends the process at once, without
-    interpreter teardown, as ``python -m ddp_trainer`` does (see ddp_trainer.teardown); 0 is
+    interpreter teardown, as ``python -m ddp_trainer`` does (see ddp_trainer.library.teardown); 0 is
     returned, and multiprocessing then ends the process without teardown too."""
-    from ddp_trainer.teardown import exit_without_finalizing
+    from ddp_trainer.library.teardown import exit_without_finalizing
 
     whole_lines(sys.stdout, sys.stderr)
     try:
@@ -57,8 +57,8 @@ def forked_worker(argv: list[str]) -> int:
 
 def supervised_worker(argv: list[str], environ: dict[str, str], connection: Connection) -> int:
     """A worker of the pod's supervisor: its round's variables over the forkserver's environment, its
-    pipe to the supervisor (ddp_trainer.membership), then :func:`forked_worker`."""
-    from ddp_trainer import membership
+    pipe to the supervisor (ddp_trainer.supervisor.membership), then :func:`forked_worker`."""
+    from ddp_trainer.supervisor import membership
 
     os.environ.update(environ)
     membership.attach(connection)

@@ -2,7 +2,7 @@
 
 It runs when NPROC_PER_NODE > 1 (in Recreate mode: torch's elastic launcher on a
 static rendezvous, no local restarts, the operator recreates the gang) and on every pod in InPlace
-mode (DDP_RESTART_MODE=InPlace, ``ddp_trainer.supervisor``: our own supervisor, whose surviving
+mode (DDP_RESTART_MODE=InPlace, ``ddp_trainer.supervisor.inplace``: our own supervisor, whose surviving
 workers keep their processes and state through a restart).
 
 Stock torchrun exits 1 whatever its workers' codes were; the operator's restart policy needs the code
@@ -35,8 +35,8 @@ from ddp_trainer.exitcodes import (
     signal_exit_code,
 )
 from ddp_trainer.metrics import MULTIPROC_ENV
-from ddp_trainer.restarts import RestartLedger, RestartRecord
-from ddp_trainer.resume import PROGRESS_DIR_ENV, read_resume_note, resume_note_path
+from ddp_trainer.supervisor.restarts import RestartLedger, RestartRecord
+from ddp_trainer.supervisor.resume import PROGRESS_DIR_ENV, read_resume_note, resume_note_path
 
 __all__ = ["LAUNCHER_COLLATERAL_CODES", "first_failure_code", "launch_local_workers", "signal_exit_code"]
 
@@ -54,11 +54,11 @@ def launch_local_workers(env: DistEnv, config: TrainConfig, argv: Sequence[str])
     ledger = RestartLedger()
     if in_place:
         os.environ[PROGRESS_DIR_ENV] = str(progress_dir)
-        from ddp_trainer.supervisor import prepare_workers
+        from ddp_trainer.supervisor.inplace import prepare_workers
 
         prepare_workers(env, config)
     if in_place and env.standby_file is not None:
-        from ddp_trainer.standby import serve_as_standby
+        from ddp_trainer.supervisor.standby import serve_as_standby
 
         # Ready before any failure (torch imported, the forkserver up): wait to be some pod's.
         assigned = serve_as_standby(env)
@@ -77,13 +77,13 @@ def launch_local_workers(env: DistEnv, config: TrainConfig, argv: Sequence[str])
                 return record
             return record.with_resume(note.time, note.resumed_step)
 
-        collector = RestartCollector(ledger, env.node_rank * env.nproc_per_node, resume) if in_place else None
+        collector = RestartCollector(ledger, env.pod_rank * env.nproc_per_node, resume) if in_place else None
         try:
             server = serve_multiprocess(str(metrics_dir), config.metrics_host, env.metrics_port, collector)
         except OSError as error:
             raise metrics_port_error(config.metrics_host, env.metrics_port, error) from None
     if in_place:
-        from ddp_trainer.supervisor import run_in_place
+        from ddp_trainer.supervisor.inplace import run_in_place
 
         code = run_in_place(env, config, list(argv), exit_dir, progress_dir, ledger)
     else:
@@ -116,13 +116,13 @@ def _launch_static(env: DistEnv, config: TrainConfig, argv: Sequence[str], exit_
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     launch_config = LaunchConfig(
-        min_nodes=env.nnodes,
-        max_nodes=env.nnodes,
+        min_nodes=env.pods,
+        max_nodes=env.pods,
         nproc_per_node=env.nproc_per_node,
         run_id=env.job_name or "ddp-trainer",
         rdzv_backend="static",
         rdzv_endpoint=f"{env.master_addr}:{env.master_port}",
-        rdzv_configs={"rank": env.node_rank, "timeout": int(config.init_timeout)},
+        rdzv_configs={"rank": env.pod_rank, "timeout": int(config.init_timeout)},
         rdzv_timeout=int(config.init_timeout),
         max_restarts=0,  # the operator restarts the whole gang; a local restart would split it
         monitor_interval=0.1,

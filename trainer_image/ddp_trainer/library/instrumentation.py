@@ -17,9 +17,9 @@ the gradient collectives, and data, communication and compute outside them) in o
 (so every rank must call ``step()`` once per step, at the step's end), and rank 0 names the rank the
 others wait for, the job's slowdown because of it and the phase it lost its time in
 (``ddp_straggler_rank``, ``ddp_straggler_slowdown``, ``ddp_straggler_phase``;
-``ddp_trainer.straggler``). With ``DDP_STALL_TIMEOUT_SECONDS`` set (the
+``ddp_trainer.library.straggler``). With ``DDP_STALL_TIMEOUT_SECONDS`` set (the
 operator sets it from ``runPolicy.stallTimeoutSeconds``) a watch thread writes every thread's stack
-to stderr once no step has completed for 3/4 of it (``ddp_trainer.stall``).
+to stderr once no step has completed for 3/4 of it (``ddp_trainer.library.stall``).
 """
 
 from __future__ import annotations
@@ -34,11 +34,19 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from ddp_trainer.library.stall import STALL_ENV, StallWatch
+from ddp_trainer.library.straggler import (
+    History,
+    Straggler,
+    Window,
+    attribute,
+    pack,
+    parse_stall_timeout,
+    unpack,
+)
+from ddp_trainer.library.sync import LoggerAverages, SyncRecorder, SyncSettings, attach_recorder
+from ddp_trainer.library.teardown import active_session, release_group_defaults
 from ddp_trainer.metrics import MetricsEndpoint, RankMetrics, create_rank_metrics, open_endpoint
-from ddp_trainer.stall import STALL_ENV, StallWatch
-from ddp_trainer.straggler import History, Straggler, Window, attribute, pack, parse_stall_timeout, unpack
-from ddp_trainer.sync import LoggerAverages, SyncRecorder, SyncSettings, attach_recorder
-from ddp_trainer.teardown import active_session, release_group_defaults
 
 # Steps between two exchanges of the ranks' step parts (one allreduce of 7 floats per rank).
 DEFAULT_EXCHANGE_EVERY = 10
@@ -222,7 +230,7 @@ class Instrumentation:
 
         A :func:`ddp_trainer.process_group_session` calls it on its way out; call it yourself before
         ``destroy_process_group()`` otherwise: a group that something still holds outlives its
-        destruction, and its threads can then abort the process at exit (see ``ddp_trainer.teardown``).
+        destruction, and its threads can then abort the process at exit (see ``ddp_trainer.library.teardown``).
         Calling it again does nothing.
         """
         if self.closed:

@@ -8,7 +8,7 @@ from typing import Final
 
 # Set by the pod's supervisor for its workers (through its forkserver's environment): the round's
 # rank 0 supervisor serves the workers' store at MASTER_ADDR:MASTER_PORT, and rank 0's worker joins it
-# instead of serving one there itself (ddp_trainer.supervisor.serve_workers_store).
+# instead of serving one there itself (ddp_trainer.supervisor.inplace.serve_workers_store).
 AGENT_SERVES_STORE_ENV: Final = "DDP_AGENT_SERVES_STORE"
 
 

@@ -1,6 +1,6 @@
 """The one place that makes a TCP store: torch's public ``TCPStore``, on whichever torch is installed.
 
-A store that serves on a listening socket we made (``ddp_trainer.addresses.loopback_listener``) needs a
+A store that serves on a listening socket we made (``ddp_trainer.supervisor.addresses.loopback_listener``) needs a
 server that takes one: torch 2.15's default (libuv) server does, torch 2.6's refuses it and only its
 legacy server (``use_libuv=False``, a public argument) takes one. :func:`tcp_store` tries the default first and falls back
 once the installed torch says it cannot, so the newest torch keeps its default server.

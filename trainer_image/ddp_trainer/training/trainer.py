@@ -23,12 +23,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
-from ddp_trainer import resize
-from ddp_trainer.addresses import AGENT_SERVES_STORE_ENV, loopback_listener
-from ddp_trainer.checkpoint import complete_checkpoints, load_newest_checkpoint, save_checkpoint
 from ddp_trainer.config import ConfigError, DistEnv, TrainConfig, metrics_port_error, resolve_backend
 from ddp_trainer.control import StopFlag, Watchdog
-from ddp_trainer.determinism import seed_step, settle_buckets
 from ddp_trainer.exitcodes import (
     EXIT_BAD_CONFIG,
     EXIT_OK,
@@ -37,12 +33,9 @@ from ddp_trainer.exitcodes import (
     PeerLostError,
     exit_code_for,
 )
-from ddp_trainer.faults import InjectedExitError, inject, misshape, send_delay
-from ddp_trainer.health import mark_joined, pod_is_new
-from ddp_trainer.health_check import check_links
-from ddp_trainer.library import Instrumentation, instrument
-from ddp_trainer.membership import LeftReason, Membership
-from ddp_trainer.membership import current as current_membership
+from ddp_trainer.library.health import mark_joined, pod_is_new
+from ddp_trainer.library.instrumentation import Instrumentation, instrument
+from ddp_trainer.library.teardown import THREADS_OUTLIVED_GROUP, GroupSession, process_group_session
 from ddp_trainer.metrics import (
     MetricsEndpoint,
     create_health_metrics,
@@ -51,11 +44,18 @@ from ddp_trainer.metrics import (
     resumed_timestamp_gauge,
 )
 from ddp_trainer.progress import FinalResult, Progress, format_status_line
-from ddp_trainer.resume import KEPT_SECONDS_FIELD as KEPT
-from ddp_trainer.resume import PROGRESS_DIR_ENV, StepBook
-from ddp_trainer.stores import tcp_store
-from ddp_trainer.teardown import THREADS_OUTLIVED_GROUP, GroupSession, process_group_session
-from ddp_trainer.workloads import Workload, build_workload
+from ddp_trainer.supervisor.addresses import AGENT_SERVES_STORE_ENV, loopback_listener
+from ddp_trainer.supervisor.membership import LeftReason, Membership
+from ddp_trainer.supervisor.membership import current as current_membership
+from ddp_trainer.supervisor.resume import KEPT_SECONDS_FIELD as KEPT
+from ddp_trainer.supervisor.resume import PROGRESS_DIR_ENV, StepBook
+from ddp_trainer.supervisor.stores import tcp_store
+from ddp_trainer.training import resize
+from ddp_trainer.training.checkpoint import complete_checkpoints, load_newest_checkpoint, save_checkpoint
+from ddp_trainer.training.determinism import seed_step, settle_buckets
+from ddp_trainer.training.faults import InjectedExitError, inject, misshape, send_delay
+from ddp_trainer.training.health_check import check_links
+from ddp_trainer.training.workloads import Workload, build_workload
 
 
 @dataclass(frozen=True)
@@ -382,7 +382,7 @@ class Trainer:
         return EXIT_OK
 
     def _check_health(self) -> None:
-        """The gang health check (DDP_HEALTH_CHECK, ddp_trainer.health), when a member is new to the group.
+        """The gang health check (DDP_HEALTH_CHECK, ddp_trainer.library.health), when a member is new to the group.
 
         Every run of a worker forms a group and passes here, before its first step: a job's start, a
         recreated gang, and every in-place round. A round re-formed of the same pods (a worker restarted
@@ -438,7 +438,7 @@ class Trainer:
 
     def _plan(self, place: _Place, samples: int, batches_per_epoch: int) -> int:
         """Map a checkpoint's place in the epoch to this group's world size (an elastic job's resize,
-        ddp_trainer.resize); returns the step the loop ends at.
+        ddp_trainer.training.resize); returns the step the loop ends at.
 
         The learning rate stays as it is: with fewer ranks the effective batch size is smaller.
         """
@@ -463,7 +463,7 @@ class Trainer:
         )
 
     def _book_resume(self, step: int, state: dict[str, Any] | None) -> None:
-        """The resume bookkeeping (ddp_trainer.resume) starts at ``step``, from ``state`` if any."""
+        """The resume bookkeeping (ddp_trainer.supervisor.resume) starts at ``step``, from ``state`` if any."""
         self.book.resumed(step, state)
         if self.kept_gauge is not None:
             self.kept_gauge.set(self.book.kept_seconds)
@@ -762,8 +762,8 @@ def _next_round(
         env,
         rank=round_.rank,
         world_size=round_.world_size,
-        nnodes=round_.members,
-        node_rank=round_.group_rank,
+        pods=round_.members,
+        pod_rank=round_.group_rank,
         master_addr=round_.master_addr,
         master_port=round_.master_port,
     )

@@ -1,6 +1,6 @@
 """In-place restarts, the pure part: who failed, whether to restart, and what the last restart cost.
 
-Every pod runs our supervisor (``ddp_trainer.supervisor``); when a worker or a pod is lost, every
+Every pod runs our supervisor (``ddp_trainer.supervisor.inplace``); when a worker or a pod is lost, every
 pod's supervisor joins a new round of the launchers' rendezvous and the survivors re-form in place.
 What has to be decided the same way on every pod is decided here, from plain values, without torch:
 
@@ -40,10 +40,10 @@ HealthyRestart = Literal["grow", "restart", "budget-spent"]
 
 
 def node_addr(pod_rank: int, order_key: str | None = None) -> str:
-    """This pod's sort key in the rendezvous (``ddp_trainer.rendezvous``), which ranks a round's pods by
+    """This pod's sort key in the rendezvous (``ddp_trainer.supervisor.rendezvous``), which ranks a round's pods by
     sorting their keys as strings: ``10`` would sort before ``2``, so a fixed-width rank makes the sort
     follow ``NODE_RANK``. A job whose ranks follow the topology brings the operator's
-    ``order_key`` instead (``ddp_trainer.rank_order``), which ends with the same fixed-width rank, so the
+    ``order_key`` instead (``ddp_trainer.supervisor.rank_order``), which ends with the same fixed-width rank, so the
     sort follows the topology and the pod rank breaks ties. The launcher gives the workers MASTER_ADDR
     itself, so this address never has to resolve.
     """

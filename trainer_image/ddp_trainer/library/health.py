@@ -1,7 +1,7 @@
 """The gang health check, the pure part: how long to measure, what the timings mean, who is slow.
 
 Before the first training step, and when a group re-forms with a member new to it (a replacement pod,
-an elastic grow), the ranks measure their links (``ddp_trainer.health_check`` runs the collectives;
+an elastic grow), the ranks measure their links (``ddp_trainer.training.health_check`` runs the collectives;
 docs/trainer.md, "Health check"):
 
 - **all-reduce bus bandwidth**: a few ``all_reduce`` calls on one buffer after a warm-up. An

@@ -24,7 +24,12 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from ddp_trainer.graph_data import NodeGraph, ProductsLikeShape, generate_products_like, load_ogb_node_dataset
+from ddp_trainer.training.graph_data import (
+    NodeGraph,
+    ProductsLikeShape,
+    generate_products_like,
+    load_ogb_node_dataset,
+)
 
 DROPOUT: Final = 0.5
 

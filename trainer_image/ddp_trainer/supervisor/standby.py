@@ -26,7 +26,7 @@ from typing import Final
 
 from ddp_trainer.config import STANDBY_FILE_ENV, DistEnv
 from ddp_trainer.progress import launcher_status_line
-from ddp_trainer.rank_order import read_key
+from ddp_trainer.supervisor.rank_order import read_key
 
 # How often the file is read while no assignment is in it: the kubelet's rewrite is the slower part.
 POLL_SECONDS: Final = 0.05
@@ -43,20 +43,20 @@ class Assignment:
     budget: int  # DDP_RESTART_BUDGET for it, as the operator computed it for a new pod of that rank
 
 
-def parse_assignment(text: str, nnodes: int) -> Assignment:
-    """``rank=<K> budget=<B>`` with 0 <= K < ``nnodes``; raises BadAssignmentError otherwise."""
+def parse_assignment(text: str, pods: int) -> Assignment:
+    """``rank=<K> budget=<B>`` with 0 <= K < ``pods``; raises BadAssignmentError otherwise."""
     match = _ASSIGNMENT.match(text.strip())
     if match is None:
         raise BadAssignmentError(f"{STANDBY_FILE_ENV} holds {text.strip()!r}, not 'rank=<K> budget=<B>'")
     rank, budget = int(match.group(1)), int(match.group(2))
-    if rank >= nnodes:
-        raise BadAssignmentError(f"{STANDBY_FILE_ENV} assigns rank {rank}, but the job has {nnodes} pod(s)")
+    if rank >= pods:
+        raise BadAssignmentError(f"{STANDBY_FILE_ENV} assigns rank {rank}, but the job has {pods} pod(s)")
     return Assignment(rank=rank, budget=budget)
 
 
 def wait_for_assignment(
     path: Path,
-    nnodes: int,
+    pods: int,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Assignment:
     """The assignment once the file holds one. No deadline: a standby waits as long as the job trains,
@@ -64,7 +64,7 @@ def wait_for_assignment(
     while True:
         text = read_key(path)
         if text is not None:
-            return parse_assignment(text, nnodes)
+            return parse_assignment(text, pods)
         sleep(POLL_SECONDS)
 
 
@@ -72,7 +72,7 @@ def assigned_env(env: DistEnv, assignment: Assignment) -> DistEnv:
     """This pod's place in the job once assigned: pod ``assignment.rank`` with its budget."""
     return replace(
         env,
-        node_rank=assignment.rank,
+        pod_rank=assignment.rank,
         rank=assignment.rank * env.nproc_per_node,
         local_rank=0,
         restart_budget=assignment.budget,
@@ -96,7 +96,7 @@ def serve_as_standby(env: DistEnv, sleep: Callable[[float], None] = time.sleep) 
     previous = signal.signal(signal.SIGTERM, released)
     print(launcher_status_line("standby", {"file": env.standby_file}), flush=True)
     try:
-        assignment = wait_for_assignment(Path(env.standby_file), env.nnodes, sleep=sleep)
+        assignment = wait_for_assignment(Path(env.standby_file), env.pods, sleep=sleep)
     except ReleasedError as why:
         print(launcher_status_line("released", {"signal": why}), flush=True)
         return None

@@ -1,4 +1,4 @@
-"""The gang health check, the collectives (the arithmetic and the verdict: ``ddp_trainer.health``).
+"""The gang health check, the collectives (the arithmetic and the verdict: ``ddp_trainer.library.health``).
 
 Every rank of the group must call :func:`check_links` together: it runs collectives and point-to-point
 messages on the default process group. It uses buffers of zeros, never a random draw, and nothing of
@@ -15,7 +15,7 @@ from typing import Final
 import torch
 import torch.distributed as dist
 
-from ddp_trainer.health import HealthResult, iterations_within, judge, ring_rounds
+from ddp_trainer.library.health import HealthResult, iterations_within, judge, ring_rounds
 
 # Tags of the ping-pong's two messages.
 _PING: Final = 1

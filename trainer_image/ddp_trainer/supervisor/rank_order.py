@@ -5,7 +5,7 @@ The operator writes a bound pod's key into the pod's annotation ``ddp.dev/rank-o
 volume shows it to the launcher as the file ``DDP_RANK_ORDER_FILE``. The pod is bound, and may be
 running, before the key exists, and the kubelet rewrites the file when the annotation arrives, so the
 launcher waits for it. The key is opaque here: the rendezvous ranks a round's members by sorting
-their descriptors, whose address is the key (``ddp_trainer.restarts.node_addr``); what the key holds
+their descriptors, whose address is the key (``ddp_trainer.supervisor.restarts.node_addr``); what the key holds
 is the operator's (``ddp_operator.policies.topology.order_key``).
 """
 

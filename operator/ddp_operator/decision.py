@@ -30,9 +30,7 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from ddp_operator.observe import PodObservation
-from ddp_operator.policies import kueue as kueue_policy
 from ddp_operator.policies import standby as standby_policy
-from ddp_operator.policies.kueue import KueueActions
 from ddp_operator.progress.tracker import STRAGGLER_WINDOW_SECONDS
 
 REASON_CREATED: Final = "Created"
@@ -58,6 +56,11 @@ REASON_RECOVERED: Final = "Recovered"
 # apiserver (the job trains on without them).
 REASON_STANDBY_YIELDED: Final = "StandbyYielded"
 REASON_STANDBY_NOT_CREATED: Final = "StandbyNotCreated"
+
+
+# While waiting for old pods to go (an attempt's, or a lost pod Kueue still counts), look again this
+# often even without pod events.
+RESTART_POLL_SECONDS: Final = 5.0
 
 
 @dataclass(frozen=True)
@@ -147,13 +150,32 @@ def lost_now(pods: Sequence[PodObservation]) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class KueueActions:
+    """What the executor does to Kueue's view of a job's group (policies/kueue.py decides it)."""
+
+    # Pods of old attempts whose Kueue finalizer the operator removes, because Kueue would count them
+    # in the group and delete the next attempt's pods as excess.
+    release_pods: tuple[str, ...] = ()
+    # Of those, the ones whose deletion no kubelet confirms: deleted at once (grace 0) so they stop
+    # counting (the pod GC does the same for a node that is gone).
+    force_delete_pods: tuple[str, ...] = ()
+    # The pod annotated retriable-in-group "false" when the job failed for good, so Kueue frees the quota.
+    mark_unretriable: tuple[str, ...] = ()
+    # Delete the group's Kueue Workload (a suspended job gives its quota back; resuming queues again).
+    release_group: bool = False
+
+
+NO_KUEUE_ACTIONS: Final = KueueActions()
+
+
+@dataclass(frozen=True)
 class Decision:
     """What to do next for one job, grouped by what the executor touches."""
 
     report: Report
     create: Creates = Creates()
     delete: Deletes = Deletes()
-    kueue: KueueActions = kueue_policy.NONE
+    kueue: KueueActions = NO_KUEUE_ACTIONS
     requeue_after: float | None = None
     # Seconds until the failures seen in the live attempt are judged (TimingRules' decision window;
     # 0: judged now); None: no failure waits. Only the operator's debug line shows it.

@@ -18,12 +18,11 @@ pod was deleted under the job and fails its rank.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
-from functools import cached_property
 from typing import Any, Final, Literal
 
-from ddp_operator import builders, kueue, names, ranks, standbys
+from ddp_operator import builders, names, standbys
 from ddp_operator.decision import (
     DEFAULT_TIMING,
     REASON_CREATED,
@@ -31,16 +30,12 @@ from ddp_operator.decision import (
     REASON_POD_CREATE_FORBIDDEN,
     REASON_POD_REPLACED,
     REASON_QUEUED,
-    REASON_RECOVERED,
-    REASON_RESIZED,
-    REASON_RESTARTED_IN_PLACE,
     REASON_RESUMED,
     REASON_RUNNING,
     REASON_SCHEDULED,
-    REASON_STRAGGLER,
-    REASON_STRAGGLER_NOT_REPLACED,
     REASON_STRAGGLER_REPLACED,
     REASON_SUSPENDED,
+    RESTART_POLL_SECONDS,
     CreateRefusal,
     Creates,
     Decision,
@@ -55,11 +50,11 @@ from ddp_operator.kueue import QueueObservation, queued_message
 from ddp_operator.observe import PodObservation, format_time, int_field, parse_time, superseded
 from ddp_operator.policies import (
     accounting,
-    budget,
     creation,
     deadline,
     elastic,
     recovery,
+    registry,
     replacement,
     restart_events,
     stall,
@@ -67,27 +62,28 @@ from ddp_operator.policies import (
     success,
     ttl,
 )
+from ddp_operator.policies import attempt as attempt_policy
 from ddp_operator.policies import kueue as kueue_policy
-from ddp_operator.policies.attempt import judge_attempt
-from ddp_operator.policies.failure import (
-    REASON_BACKOFF,
-    REASON_STALLED,
-    RankFailure,
-    failure_of,
-    judge_failures,
+from ddp_operator.policies.budget import launcher_budget
+from ddp_operator.policies.failure import failure_of
+from ddp_operator.policies.rule import (
+    LIVE,
+    RESTARTING,
+    Attempt,
+    Finish,
+    Hold,
+    Outcome,
+    Phase,
+    ReplaceAlone,
+    Restart,
 )
-from ddp_operator.policies.kueue import KueueActions
-from ddp_operator.progress.render import shown_straggler
-from ddp_operator.progress.tracker import ProgressObservation, StragglerSighting, persistence_left
+from ddp_operator.progress.tracker import ProgressObservation
 from ddp_operator.spec import JobSpec
 from ddp_operator.status import (
-    Counts,
     Transition,
     build_status,
-    condition_ended_at,
     condition_message,
     condition_reason,
-    condition_time,
     conditions,
     count_pods,
     failed_status,
@@ -100,16 +96,8 @@ _STOP_REASONS: Final = frozenset(
     | {deadline.REASON_STARTUP_TIMEOUT, success.REASON_HUNG_AFTER_TRAINING}
     | {REASON_POD_CREATE_FORBIDDEN, REASON_INVALID_SPEC}
 )
-# While waiting for the old attempt's pods to go, look again this often even without pod events.
-RESTART_POLL_SECONDS: Final = 5.0
 
 _WARNING_PHASES: Final = frozenset({names.PHASE_RESTARTING, names.PHASE_FAILED})
-# The Event of each notice policies.restart_events.restart_notice gives.
-_RESTART_NOTICE_REASONS: Final = {
-    "resized": REASON_RESIZED,
-    "in-place": REASON_RESTARTED_IN_PLACE,
-    "recovered": REASON_RECOVERED,
-}
 
 
 def _decision(
@@ -138,16 +126,11 @@ def _creates(job: JobSpec, attempt: int, ranks: tuple[int, ...], restarts: int) 
     return Creates(
         attempt=attempt,
         ranks=ranks,
-        restart_budget=budget.launcher_budget(job, restarts),
+        restart_budget=launcher_budget(job, restarts),
         service=bool(ranks),
         pvc=bool(ranks) and job.checkpoint is not None,
         network_policy=bool(ranks) and job.network_policy.enabled,
     )
-
-
-def _min_wait(*waits: float | None) -> float | None:
-    present = [max(0.0, w) for w in waits if w is not None]
-    return min(present) if present else None
 
 
 def _owned(job: JobSpec, pods: Sequence[PodObservation]) -> list[PodObservation]:
@@ -283,224 +266,19 @@ def _start_attempt(
     )
 
 
-# --- a live attempt: an ordered list of rules, like the policy table in docs/restarts.md -------------
+# --- a live attempt: the rules of policies/registry.py in their order, then the phase the pods show ---
 
 
-@dataclass(frozen=True)
-class _LiveAttempt:
-    """What the rules of a live attempt (Pending, Starting, Running) read, gathered once: each derived
-    fact is a cached_property, computed the first time a rule asks."""
-
-    job: JobSpec
-    old: Mapping[str, Any]
-    now: datetime
-    pods: Sequence[PodObservation]  # every pod of this job object
-    current: Sequence[PodObservation]  # the pods of the attempt in status
-    stale: Sequence[PodObservation]  # pods of other attempts, or of ranks beyond replicas
-    attempt: int
-    restarts: int
-    to_create: tuple[int, ...]
-    failures: Sequence[RankFailure]
-    rules: TimingRules = DEFAULT_TIMING
-    progress: ProgressObservation | None = None  # of this attempt only
-    queue: QueueObservation | None = None  # Kueue's view of the job's group, when read
-    # In-place restarts rank 0 reported since the last decision (already in ``restarts``), and the
-    # new status.lastRestart they make; the job's goodput from the same read.
-    accounting: accounting.RestartAccounting = accounting.NOTHING_NEW
-    goodput: float | None = None
-    # status.ranksCreated after this decision: this attempt once every rank's pod has been observed.
-    ranks_created: int | None = None
-
-    @cached_property
-    def counts(self) -> Counts:
-        return count_pods(self.current)
-
-    @cached_property
-    def kueue_gated(self) -> int:
-        """Rank pods of this attempt Kueue still gates: the group is not admitted (yet, or again)."""
-        return sum(1 for p in self.current if p.kueue_gated and not p.deleting)
-
-    @cached_property
-    def all_running(self) -> bool:
-        return len(self.current) == self.job.replicas and all(
-            p.running or p.trainer_succeeded for p in self.current
-        )
-
-    @cached_property
-    def running(self) -> list[PodObservation]:
-        return [p for p in self.current if (p.running or p.trainer_succeeded) and not p.deleting]
-
-    @cached_property
-    def can_train(self) -> bool:
-        """Every rank's pod runs; an elastic job's group once enough run (policies.elastic)."""
-        if self.job.elastic is None:
-            return self.all_running
-        return elastic.can_train(self.job.elastic, self.running)
-
-    @cached_property
-    def group_replicas(self) -> int | None:
-        """An elastic job's pods in the training group, as rank 0's launcher last said."""
-        if self.job.elastic is None or self.progress is None:
-            return None
-        return elastic.group_replicas(self.progress.restart)
-
-    @cached_property
-    def resizes(self) -> tuple[int | None, bool]:
-        """status.elastic.resizes after this read, and whether the group resized (policies.elastic)."""
-        if self.job.elastic is None or self.progress is None:
-            return None, False
-        return elastic.resizes(self.progress.restart, self.old.get("elastic"))
-
-    @cached_property
-    def active_left(self) -> float | None:
-        return deadline.seconds_left(
-            parse_time(self.old.get("startTime")), self.job.run_policy.active_deadline_seconds, self.now
-        )
-
-    @cached_property
-    def shown_progress(self) -> Mapping[str, Any] | None:
-        """status.progress: the newest read of this attempt, else what status already shows of it."""
-        if self.progress is not None and self.progress.status:
-            return self.progress.status
-        old = self.old.get("progress")
-        return old if isinstance(old, Mapping) and self.old.get("attempt") == self.attempt else None
-
-    @cached_property
-    def sighting(self) -> StragglerSighting | None:
-        return self.progress.straggler if self.progress is not None else None
-
-    @cached_property
-    def straggler_left(self) -> float | None:
-        """Seconds until the slowest rank has been slow for the straggler window; 0: it has."""
-        return persistence_left(self.sighting, self.rules.straggler_window_seconds, self.now)
-
-    def pod_of(self, rank: int | None) -> PodObservation | None:
-        """The pod that hosts global rank ``rank`` now (ranks.pod_of_rank), None without one."""
-        if rank is None or self.progress is None:
-            return None
-        read, elastic_job = self.progress.rank_pods, self.job.elastic is not None
-        return ranks.pod_of_rank(rank, read, self.current, self.job.nproc_per_node, elastic_job)
-
-    @cached_property
-    def straggler_pod(self) -> PodObservation | None:
-        return self.pod_of(self.sighting.rank if self.sighting is not None else None)
-
-    @cached_property
-    def straggler_verdict(self) -> straggler.StragglerVerdict:
-        """runPolicy.stragglerPolicy on the straggler and the last health check (policies.straggler)."""
-        policy, replaced = self.job.run_policy.straggler, straggler.replaced_so_far(self.old)
-        check = self.progress.health if self.progress is not None else None
-        check_pod = self.pod_of(check.slow_rank if check is not None else None)
-        return straggler.verdict(
-            policy,
-            self.sighting,
-            self.straggler_pod,
-            self.now,
-            replaced,
-            check,
-            check_pod,
-            rank0=recovery.rendezvous_apart(self.job),
-            shrinkable=elastic.can_shrink(self.job.elastic, self.running),
-        )
-
-    @cached_property
-    def stall_clock(self) -> tuple[int | None, datetime | None]:
-        """The stall limit and its clock's start (policies.stall.clock), plus an elastic allowance."""
-        if self.progress is None:
-            return None, None
-        # A pod's start (or a replacement's creation, or a standby given its rank) changes the group:
-        # the clock starts again there.
-        started = [p.assigned_at or p.started_at or p.created_at for p in self.current]
-        spec, progress = self.job.elastic, self.progress
-        return stall.clock(
-            self.job.run_policy.stall_timeout_seconds, progress.step_seconds, progress.step_changed_at,
-            progress.group_changed_at, *started,
-            allowance=0 if spec is None else elastic.stall_allowance(spec, self.current),
-        )  # fmt: skip
-
-    @cached_property
-    def stall_left(self) -> float | None:
-        """Seconds until no new synchronized step for the stall limit is a stall; None: not watched."""
-        progress = self.progress
-        if progress is None or progress.finished:
-            return None  # a finished group cannot stall
-        # A fixed-size job's pod not running (a replacement still starting) is the startup deadline's to
-        # judge. An elastic group trains on the pods that run: one that cannot be placed is outside the
-        # round and holds nothing up, so the round is watched while it can train.
-        if not (self.can_train if self.job.elastic is not None else all(p.running for p in self.current)):
-            return None
-        limit, since = self.stall_clock
-        return stall.seconds_left(limit, progress.step, since, self.now)
-
-    @cached_property
-    def stall_verdict_left(self) -> float | None:
-        """Seconds until the stall is judged (policies.stall.verdict_left); None: not watched."""
-        read_at = self.progress.rank_steps_read_at if self.progress is not None else None
-        return stall.verdict_left(self.stall_left, read_at, self.now)
-
-    @cached_property
-    def decision_window_left(self) -> float | None:
-        """Seconds until a failed attempt is judged; 0: now; None: nothing failed.
-
-        Judged at once when every rank reported its end (or its pod is gone); otherwise once the
-        window has passed since the first failure was seen.
-        """
-        if not self.failures:
-            return None
-        ended = [p for p in self.current if p.ended_badly]
-        if not ended:
-            return 0.0  # only pods that vanished (deleted under the job): nothing is left to report
-        if all(p.reported_end for p in self.current):
-            return 0.0  # every rank that still has a pod has told its story
-        seen = [p.failure_seen_at or p.finished_at or p.deleted_at or self.now for p in ended]
-        first_seen = min(seen)
-        left = self.rules.decision_window_seconds - (self.now - first_seen).total_seconds()
-        return max(left, 0.0)
-
-    @cached_property
-    def startup_left(self) -> float | None:
-        """Seconds left to start every rank; None once the attempt ran or without a startup deadline.
-
-        Time spent queued by Kueue does not count: the deadline runs from the attempt's first pod, or
-        from when the job left the Queued phase if that was later (docs/scheduling.md). An elastic job
-        that ran is held to it again while its group cannot train (fewer than minReplicas pods run).
-        """
-        if self.kueue_gated:
-            return None
-        if self.old.get("phase") == names.PHASE_RUNNING:
-            return self.below_min_left
-        if self.can_train:
-            return None
-        created = [p.created_at for p in self.current if p.created_at is not None]
-        since = min(created) if created else None
-        # Leaving the queue now (the status still says Queued), or when the Queued condition turned False.
-        queued_now = self.old.get("phase") == names.PHASE_QUEUED
-        admitted = self.now if queued_now else condition_ended_at(self.old, names.PHASE_QUEUED)
-        if since is not None and admitted is not None and admitted > since:
-            since = admitted
-        return deadline.seconds_left(since, self.job.run_policy.startup_deadline_seconds, self.now)
-
-    @cached_property
-    def below_min_left(self) -> float | None:
-        """An elastic job below minReplicas: seconds left of startupDeadlineSeconds, counted from the
-        loss that took it there (docs/elastic.md); None while it can train, or for a fixed-size job."""
-        if self.job.elastic is None or self.can_train:
-            return None
-        since = elastic.below_min_since(
-            self.old.get("lastRestart"), self.attempt, condition_time(self.old, names.PHASE_RUNNING)
-        )
-        return deadline.seconds_left(since, self.job.run_policy.startup_deadline_seconds, self.now)
-
-
-def _live_attempt(
+def _observe(
     job: JobSpec,
     old: Mapping[str, Any],
     pods: Sequence[PodObservation],
     now: datetime,
-    rules: TimingRules = DEFAULT_TIMING,
+    timing: TimingRules = DEFAULT_TIMING,
     observed: ProgressObservation | None = None,
     queue: QueueObservation | None = None,
-) -> _LiveAttempt:
+) -> Attempt:
+    """The observation every rule of the attempt in status reads (policies/rule.py)."""
     attempt = int_field(old.get("attempt"), 0)
     replaced = superseded(pods)
     stale = [p for p in pods if p.attempt != attempt or (p.rank or 0) >= job.replicas or p in replaced]
@@ -517,7 +295,12 @@ def _live_attempt(
         else accounting.NOTHING_NEW
     )
     report = progress.restart if progress is not None else None
-    return _LiveAttempt(
+    running = [p for p in current if (p.running or p.trainer_succeeded) and not p.deleting]
+    if job.elastic is None:
+        can_train = len(current) == job.replicas and all(p.running or p.trainer_succeeded for p in current)
+    else:
+        can_train = elastic.can_train(job.elastic, running)
+    return Attempt(
         job=job,
         old=old,
         now=now,
@@ -528,7 +311,10 @@ def _live_attempt(
         restarts=int_field(old.get("restarts"), 0) + read.added,
         to_create=to_create,
         failures=[*failures, *missing],
-        rules=rules,
+        running=running,
+        can_train=can_train,
+        kueue_gated=sum(1 for p in current if p.kueue_gated and not p.deleting),
+        timing=timing,
         progress=progress,
         queue=queue if job.kueue is not None else None,
         accounting=read,
@@ -539,23 +325,44 @@ def _live_attempt(
     )
 
 
-def _finish(live: _LiveAttempt, phase: str, reason: str, message: str) -> Decision:
-    """The attempt ends the job: Succeeded or Failed, with the cleanup that comes with it."""
-    change = Transition(
+def _shown_progress(live: Attempt) -> Mapping[str, Any] | None:
+    """status.progress: the newest read of this attempt, else what status already shows of it."""
+    if live.progress is not None and live.progress.status:
+        return live.progress.status
+    old = live.old.get("progress")
+    return old if isinstance(old, Mapping) and live.old.get("attempt") == live.attempt else None
+
+
+def _transition(live: Attempt, phase: str, reason: str, message: str, **changed: Any) -> Transition:
+    """The one status change of a live attempt's decision: what every outcome writes, from the
+    observation, and ``changed``: the fields this outcome writes otherwise (status.Transition's)."""
+    shared = Transition(
         phase=phase,
         reason=reason,
         message=message,
-        # A finished job has no ready ranks: what is left is being cleaned up or has ended.
-        counts=replace(live.counts, ready=0),
+        counts=count_pods(live.current),
         attempt=live.attempt,
         restarts=live.restarts,
         start_time=live.old.get("startTime") or format_time(live.now),
-        completion_time=format_time(live.now),
-        # The last progress read stays: how far the job got.
-        progress=live.shown_progress,
+        progress=_shown_progress(live),
         last_restart=live.accounting.record,
         goodput=live.goodput,
         ranks_created=live.ranks_created,
+    )
+    return replace(shared, **changed)
+
+
+def _finish(live: Attempt, outcome: Finish) -> Decision:
+    """The attempt ends the job: Succeeded or Failed, with the cleanup that comes with it."""
+    change = _transition(
+        live,
+        outcome.phase,
+        outcome.reason,
+        outcome.message,
+        # A finished job has no ready ranks: what is left is being cleaned up or has ended. The last
+        # progress read stays: how far the job got.
+        counts=replace(count_pods(live.current), ready=0),
+        completion_time=format_time(live.now),
     )
     cleanup = _cleanup(live.job, build_status(live.job, live.old, change, live.now), live.pods, live.now)
     return _decision(
@@ -570,27 +377,17 @@ def _finish(live: _LiveAttempt, phase: str, reason: str, message: str) -> Decisi
     )
 
 
-def _restart(
-    live: _LiveAttempt,
-    reason: str,
-    message: str,
-    counted: bool = True,
-    failure: RankFailure | None = None,
-    hung: tuple[str, ...] = (),
-) -> Decision:
-    """Tear the gang down; the next attempt is created once none of its pods is alive.
-
-    ``counted``: the retry spends backoffLimit (status.restarts); a preemption does not
-    (status.preemptions). ``failure``: the one that decided, for status.lastRestart. ``hung``: pods
-    whose processes stopped answering, deleted without a grace period they cannot use.
-    """
+def _restart(live: Attempt, outcome: Restart) -> Decision:
+    """Tear the gang down; the next attempt is created once none of its pods is alive. A retry spends
+    backoffLimit (status.restarts) unless it is a preemption (status.preemptions)."""
+    failure = outcome.failure
     preemptions = int_field(live.old.get("preemptions"), 0)
     in_place = live.job.run_policy.restart_mode == recovery.MODE_IN_PLACE
     note = (
         recovery.fallback_note(live.failures, rank0=recovery.rendezvous_apart(live.job)) if in_place else ""
     )
     record = accounting.new_record(
-        cause=reason,
+        cause=outcome.reason,
         mode=accounting.MODE_WHOLE_GANG,
         attempt=live.attempt,
         failure_time=datetime.fromtimestamp(failure.finish_key, UTC) if failure else live.now,
@@ -598,19 +395,18 @@ def _restart(
         exit_code=failure.exit_code if failure else None,
         note=note,
     )
-    change = Transition(
-        phase=names.PHASE_RESTARTING,
-        reason=reason,
-        message=message,
-        counts=live.counts,
-        attempt=live.attempt,
-        restarts=live.restarts + (1 if counted else 0),
-        preemptions=preemptions if counted else preemptions + 1,
+    change = _transition(
+        live,
+        names.PHASE_RESTARTING,
+        outcome.reason,
+        outcome.message,
+        restarts=live.restarts + (1 if outcome.counted else 0),
+        preemptions=preemptions if outcome.counted else preemptions + 1,
         start_time=live.old.get("startTime"),
+        progress=None,
         last_restart=record,
-        goodput=live.goodput,
-        ranks_created=live.ranks_created,
     )
+    hung = outcome.hung
     return _decision(
         live.job,
         live.old,
@@ -622,143 +418,76 @@ def _restart(
     )
 
 
-def _rule_judged(live: _LiveAttempt) -> Decision | None:
-    """A failure restarts the gang or fails the job; every rank exited 0: the job succeeded.
+# A pod replaced alone: lost, or a straggler's (runPolicy.stragglerPolicy Replace).
+_REPLACED_REASONS: Final = {False: REASON_POD_REPLACED, True: REASON_STRAGGLER_REPLACED}
 
-    A failure is judged only once the decision window closed: the first failure seen is not always
-    the first that happened.
-    """
-    if live.decision_window_left:
-        return None
-    verdict = judge_attempt(
-        live.job.restart_policy,
-        live.job.run_policy.backoff_limit,
-        live.restarts,
+
+def _replace_alone(live: Attempt, outcome: ReplaceAlone) -> Decision:
+    """New pods for the outcome's ranks alone (policies.replacement.replace_pods); the survivors restart
+    in place and wait for them on the rendezvous's next round. A straggler's replacement spends no
+    backoffLimit (nothing failed), and the job avoids its node from now on (policies.straggler)."""
+    slow_node = outcome.slow_node
+    plan = replacement.replace_pods(
+        live.job,
+        outcome.ranks,
+        outcome.failure,
+        outcome.cause,
         live.attempt,
-        live.job.replicas,
-        live.failures,
-        success.succeeded_ranks(live.current),
-        elastic_min=live.job.elastic.min_replicas if live.job.elastic is not None else None,
-        running_ranks=frozenset(p.rank for p in live.current if p.rank is not None and p.running),
-        finish_grace_left=success.finish_grace_left(live.current, live.now),
+        live.restarts,
+        live.old.get("lastRestart"),
+        live.accounting.record,
+        live.old.get("podReplacements"),
+        (p.replacement for p in live.pods),
+        charged=slow_node is None,
     )
-    if verdict.outcome == "retry":
-        return _restart(live, verdict.reason, verdict.message, verdict.counted, verdict.failure)
-    if verdict.outcome == "failed":
-        return _finish(live, names.PHASE_FAILED, verdict.reason, verdict.message)
-    if verdict.outcome == "succeeded":
-        return _finish(live, names.PHASE_SUCCEEDED, verdict.reason, verdict.message)
-    return None
-
-
-def _rule_active_deadline(live: _LiveAttempt) -> Decision | None:
-    limit = live.job.run_policy.active_deadline_seconds
-    left = live.active_left
-    if limit is None or left is None or left > 0:
-        return None
-    return _finish(
-        live, names.PHASE_FAILED, deadline.REASON_DEADLINE, deadline.active_deadline_message(limit)
-    )
-
-
-def _rule_startup_deadline(live: _LiveAttempt) -> Decision | None:
-    limit = live.job.run_policy.startup_deadline_seconds
-    left = live.startup_left
-    if limit is None or left is None or left > 0:
-        return None
-    reason, message = deadline.classify_startup(live.current, live.job.replicas, limit)
-    if live.below_min_left is not None and live.job.elastic is not None:
-        message = (
-            f"fewer than spec.elastic.minReplicas ({live.job.elastic.min_replicas}) pods run, so the group "
-            f"cannot train: {message}"
-        )
-    return _finish(live, names.PHASE_FAILED, reason, message)
-
-
-def _rule_stalled(live: _LiveAttempt) -> Decision | None:
-    """No synchronized step for the stall limit (stallTimeoutSeconds, or the job's own pace): the gang
-    is hung; retried like a lost peer. Under InPlace, pods whose metrics stopped answering (frozen,
-    wedged) are lost pods: replaced alone unless rank 0's is among them (policies.recovery)."""
-    left = live.stall_verdict_left
-    if left is None or left > 0 or live.progress is None:
-        return None
-    limit = live.stall_clock[0] or 0
-    # Each pod of the round by its first global rank (ranks.py: an elastic round's own numbering).
-    by_rank = ranks.first_ranks(
-        live.progress.rank_pods, live.current, live.job.nproc_per_node, live.job.elastic is not None
-    )
-    nodes = {rank: p.node for rank, p in by_rank.items()}
-    stalled, detail = stall.stalled(limit, live.progress.step, live.progress.rank_steps, nodes, live.now)
-    silent = [by_rank[r] for r in stall.silent_ranks(live.progress.rank_steps, nodes)]
-    verdict = judge_failures(
-        live.job.restart_policy, live.job.run_policy.backoff_limit, live.restarts, [stalled], live.attempt
-    )
-    if not verdict.retry:
-        return _finish(live, names.PHASE_FAILED, verdict.reason, f"{detail}; {verdict.message}")
-    alone = recovery.replaceable_hung(
-        live.job.run_policy.restart_mode,
-        [p.rank for p in silent],
-        queued=live.job.kueue is not None,
-        rank0=recovery.rendezvous_apart(live.job),
-    )
-    if alone is not None:
-        # The pods that stopped answering take no SIGTERM: deleted at once, their ranks replaced alone.
-        hung = Deletes(hung_pods=tuple(p.name for p in silent))
-        return _replace_alone(live, alone, stalled, REASON_STALLED, detail, hung)
-    message = f"{detail}; {verdict.message}"
-    return _restart(live, REASON_STALLED, message, failure=stalled, hung=tuple(p.name for p in silent))
-
-
-def _rule_root_image_refused(live: _LiveAttempt) -> Decision | None:
-    """A rank the kubelet will never start (runAsNonRoot, a root image): fail now, naming the fix."""
-    refused = next((p for p in sorted(live.current, key=lambda p: p.rank or 0) if p.refuses_root_image), None)
-    if refused is None:
-        return None
+    limit = live.job.run_policy.backoff_limit
+    spent = f"restart {plan.restarts} of {limit}" if slow_node is None else "no restart spent"
     message = (
-        f"rank {refused.rank}'s trainer cannot start: {refused.waiting_message}; rank pods run with "
-        "securityContext.runAsNonRoot (the operator's default): use an image whose USER is a numeric "
-        "non-root id, or set spec.template.spec.securityContext.runAsUser"
+        f"{outcome.what} in attempt {live.attempt}: replaced by "
+        + ", ".join(names.pod_name(live.job.name, rank, live.attempt, n) for rank, n in plan.replacements)
+        + f"; the other ranks restart in place ({spent})"
     )
-    return _finish(live, names.PHASE_FAILED, REASON_INVALID_SPEC, message)
-
-
-def _straggler(live: _LiveAttempt) -> tuple[Mapping[str, Any] | None, tuple[PhaseEvent, ...]]:
-    """status.straggler (progress.render.shown_straggler), and its Warning when the rank is new."""
-    before = live.old.get("straggler")
-    window = live.rules.straggler_window_seconds
-    sighting = live.sighting
-    if sighting is not None and not straggler.measured(sighting, live.straggler_pod):
-        sighting = None  # the windows of the pod it replaced: a replacement is not named for them
-    named, notice = shown_straggler(sighting, live.straggler_left, live.straggler_pod, before, window)
-    notices: tuple[PhaseEvent, ...] = ()
-    if notice is not None:
-        notices = (PhaseEvent(type="Warning", reason=REASON_STRAGGLER, message=notice),)
-    shown, held = straggler.with_note(named, before, live.straggler_verdict.held)
-    if held is not None:
-        notices += (PhaseEvent(type="Warning", reason=REASON_STRAGGLER_NOT_REPLACED, message=held),)
-    return shown, notices
-
-
-def _rule_straggler(live: _LiveAttempt) -> Decision | None:
-    """runPolicy.stragglerPolicy Replace: the straggler's pod, slow for long enough, is replaced alone
-    away from its node, without spending backoffLimit (policies.straggler)."""
-    pod, what = live.straggler_verdict.replace, live.straggler_verdict.text
-    if pod is None or pod.rank is None:
-        return None
-    slow = RankFailure(rank=pod.rank, finish_key=live.now.timestamp())
-    deletes = Deletes(pods=(pod.name,))
-    return _replace_alone(
-        live, (pod.rank,), slow, REASON_STRAGGLER_REPLACED, what, deletes, slow_node=pod.node
+    slow_status = {} if slow_node is None else straggler.status_after(live.old, slow_node)
+    change = _transition(
+        live,
+        str(live.old.get("phase") or names.PHASE_RUNNING),
+        str(condition_reason(live.old) or REASON_RUNNING),
+        condition_message(live.old, str(live.old.get("phase"))) or message,
+        restarts=plan.restarts,
+        last_restart=plan.record,
+        pod_replacements=plan.pod_replacements,
+        **slow_status,
+    )
+    return _decision(
+        live.job,
+        live.old,
+        change,
+        live.now,
+        create=Creates(
+            attempt=live.attempt, replacements=plan.replacements, restart_budget=plan.restart_budget
+        ),
+        delete=outcome.delete,
+        kueue=outcome.kueue,
+        notices=(
+            PhaseEvent(type="Warning", reason=_REPLACED_REASONS[slow_node is not None], message=message),
+        ),
     )
 
 
-def _rule_progress(live: _LiveAttempt) -> Decision:
-    """Nothing ended the attempt: Pending, Starting or Running, and the ranks still to create."""
+def _hold(live: Attempt, outcome: Hold) -> Decision:
+    """Nothing changes but what goes to Kueue first; looked at again after the outcome's wait."""
+    return Decision(
+        report=Report(dict(live.old), changed=False), kueue=outcome.kueue, requeue_after=outcome.look_after
+    )
+
+
+def _progress(live: Attempt) -> Decision:
+    """No rule decided: Pending, Queued, Starting or Running, and the ranks still to create."""
     job, attempt, current = live.job, live.attempt, live.current
     if live.can_train or live.old.get("phase") == names.PHASE_RUNNING:
         phase, reason = names.PHASE_RUNNING, REASON_RUNNING
         message = _running_message(live)
-    elif live.kueue_gated and job.kueue is not None:
+    elif live.facts(kueue_policy.queued) and job.kueue is not None:
         phase, reason = names.PHASE_QUEUED, REASON_QUEUED
         message = queued_message(live.kueue_gated, job.replicas, attempt, live.queue, job.kueue.queue_name)
     elif len(current) == job.replicas and all(p.scheduled or p.running for p in current):
@@ -772,236 +501,69 @@ def _rule_progress(live: _LiveAttempt) -> Decision:
         # Same phase: keep the message of the transition, so conditions do not churn per pod event.
         # (Queued follows what Kueue says, which the executor reads at most every few seconds.)
         message = condition_message(live.old, phase) or message
-    straggler, notices = _straggler(live)
-    change = Transition(
-        phase=phase,
-        reason=reason,
-        message=message,
-        counts=live.counts,
-        attempt=attempt,
-        restarts=live.restarts,
-        start_time=live.old.get("startTime") or format_time(live.now),
-        progress=live.shown_progress,
-        straggler=straggler,
-        last_restart=live.accounting.record,
-        goodput=live.goodput,
-        group_replicas=live.group_replicas,
-        resizes=live.resizes[0],
-        ranks_created=live.ranks_created,
+    shown_straggler, notices = straggler.report(live)
+    resizes, resized = _resizes(live)
+    change = _transition(
+        live,
+        phase,
+        reason,
+        message,
+        straggler=shown_straggler,
+        group_replicas=(
+            elastic.group_replicas(live.progress.restart)
+            if job.elastic is not None and live.progress is not None
+            else None
+        ),
+        resizes=resizes,
     )
+    limit = job.run_policy.backoff_limit
     return _decision(
         job,
         live.old,
         change,
         live.now,
         delete=Deletes(pods=deletable(live.stale), lost_pods=lost_now(live.stale)),
-        kueue=_release_replaced(live, [p for p in live.stale if p.attempt == attempt]),
-        create=_creates(job, attempt, live.to_create, live.restarts),
-        notices=notices + _restart_notices(live),
-        restart_measured=live.accounting.measured,
-        requeue_after=_min_wait(
-            live.active_left,
-            live.startup_left,
-            live.decision_window_left,
-            live.stall_verdict_left,
-            success.finish_grace_left(live.current, live.now),
-            live.straggler_left,
-            live.straggler_verdict.left,
-            # While queued, what Kueue says changes without a pod event: look again now and then.
-            kueue.QUEUED_POLL_SECONDS if phase == names.PHASE_QUEUED else None,
+        kueue=kueue_policy.release_replaced(
+            job.kueue is not None,
+            [p for p in live.stale if p.attempt == attempt],
+            live.now,
+            live.timing.unconfirmed_deletion_seconds,
         ),
+        create=_creates(job, attempt, live.to_create, live.restarts),
+        notices=notices
+        + restart_events.notice_events(live.accounting, live.restarts, limit, resized=resized),
+        restart_measured=live.accounting.measured,
     )
 
 
-def _running_message(live: _LiveAttempt) -> str:
+def _resizes(live: Attempt) -> tuple[int | None, bool]:
+    """status.elastic.resizes after this read, and whether the group resized (policies.elastic)."""
+    if live.job.elastic is None or live.progress is None:
+        return None, False
+    return elastic.resizes(live.progress.restart, live.old.get("elastic"))
+
+
+def _running_message(live: Attempt) -> str:
     job, attempt = live.job, live.attempt
     if job.elastic is None:
         return f"all {job.replicas} rank(s) of attempt {attempt} are running (world size {job.world_size})"
     return elastic.running_message(job.elastic, len(live.running), job.replicas, attempt)
 
 
-def _restart_notices(live: _LiveAttempt) -> tuple[PhaseEvent, ...]:
-    """The Event of what this read says of restarts (policies.restart_events.restart_notice), if any."""
-    notice = restart_events.restart_notice(
-        live.accounting, live.restarts, live.job.run_policy.backoff_limit, resized=live.resizes[1]
-    )
-    if notice is None:
-        return ()
-    kind: Literal["Normal", "Warning"] = "Warning" if notice.warning else "Normal"
-    return (PhaseEvent(type=kind, reason=_RESTART_NOTICE_REASONS[notice.kind], message=notice.text),)
+def _outcome(live: Attempt, phase: Phase) -> Outcome | None:
+    """The first outcome of the rules asked in ``phase``, in the registry's order."""
+    for rule in registry.rules(phase):
+        outcome = rule.outcome(live)
+        if outcome is not None:
+            return outcome
+    return None
 
 
-def _rule_replace_lost(live: _LiveAttempt) -> Decision | None:
-    """InPlace: a lost pod (deleted, evicted, its node gone) is replaced alone (rank 0's too, unless
-    policies.recovery.rendezvous_apart says no); its peers restart in place and wait for the new pod on
-    the rendezvous's next round."""
-    mode, rank0 = live.job.run_policy.restart_mode, recovery.rendezvous_apart(live.job)
-    ranks = recovery.replaceable_ranks(mode, live.failures, rank0=rank0, replicas=live.job.replicas)
-    if ranks is None:
-        return None
-    verdict = judge_failures(
-        live.job.restart_policy, live.job.run_policy.backoff_limit, live.restarts, live.failures, live.attempt
-    )
-    if not verdict.retry:
-        return None  # the judge fails the job, with the same verdict
-    lost = [p for p in live.pods if p.attempt == live.attempt and p.rank in ranks]
-    counted = kueue_policy.still_counted(lost) if live.job.kueue is not None else []
-    if counted:
-        # Kueue still counts the lost pod in the group and would delete its replacement as excess:
-        # release it first (its finalizer goes once it ended), then replace (docs/scheduling.md).
-        return Decision(
-            report=Report(dict(live.old), changed=False),
-            kueue=kueue_policy.release_stale(counted, live.now, live.rules.unconfirmed_deletion_seconds),
-            requeue_after=RESTART_POLL_SECONDS,
-        )
-    return _replace_alone(
-        live,
-        ranks,
-        verdict.failure,
-        verdict.reason,
-        verdict.failure.describe(),
-        Deletes(pods=deletable([p for p in lost if p.terminal]), lost_pods=lost_now(lost)),
-        _release_replaced(live, lost),
-    )
-
-
-# A pod replaced alone: lost, or a straggler's (runPolicy.stragglerPolicy Replace).
-_REPLACED_REASONS: Final = {False: REASON_POD_REPLACED, True: REASON_STRAGGLER_REPLACED}
-
-
-def _replace_alone(
-    live: _LiveAttempt,
-    ranks: Sequence[int],
-    failure: RankFailure,
-    cause: str,
-    what: str,
-    delete: Deletes,
-    kueue_actions: KueueActions = kueue_policy.NONE,
-    *,
-    slow_node: str | None = None,
-) -> Decision:
-    """New pods for ``ranks`` alone (policies.replacement.replace_pods); the survivors restart in place and
-    wait for them on the rendezvous's next round. ``what``: what happened, for the Event. ``slow_node``:
-    a straggler's replacement (policies.straggler): nothing failed, so no backoffLimit is spent, and the
-    job avoids that node from now on."""
-    plan = replacement.replace_pods(
-        live.job,
-        ranks,
-        failure,
-        cause,
-        live.attempt,
-        live.restarts,
-        live.old.get("lastRestart"),
-        live.accounting.record,
-        live.old.get("podReplacements"),
-        (p.replacement for p in live.pods),
-        charged=slow_node is None,
-    )
-    budget = (
-        f"restart {plan.restarts} of {live.job.run_policy.backoff_limit}"
-        if slow_node is None
-        else "no restart spent"
-    )
-    message = (
-        f"{what} in attempt {live.attempt}: replaced by "
-        + ", ".join(names.pod_name(live.job.name, rank, live.attempt, n) for rank, n in plan.replacements)
-        + f"; the other ranks restart in place ({budget})"
-    )
-    slow_status = {} if slow_node is None else straggler.status_after(live.old, slow_node)
-    change = Transition(
-        phase=str(live.old.get("phase") or names.PHASE_RUNNING),
-        reason=str(condition_reason(live.old) or REASON_RUNNING),
-        message=condition_message(live.old, str(live.old.get("phase"))) or message,
-        counts=live.counts,
-        attempt=live.attempt,
-        restarts=plan.restarts,
-        start_time=live.old.get("startTime") or format_time(live.now),
-        progress=live.shown_progress,
-        last_restart=plan.record,
-        goodput=live.goodput,
-        pod_replacements=plan.pod_replacements,
-        ranks_created=live.ranks_created,
-        **slow_status,
-    )
-    return _decision(
-        live.job,
-        live.old,
-        change,
-        live.now,
-        create=Creates(
-            attempt=live.attempt, replacements=plan.replacements, restart_budget=plan.restart_budget
-        ),
-        delete=delete,
-        kueue=kueue_actions,
-        notices=(
-            PhaseEvent(type="Warning", reason=_REPLACED_REASONS[slow_node is not None], message=message),
-        ),
-        requeue_after=_min_wait(live.active_left, live.stall_verdict_left),
-    )
-
-
-def _release_replaced(live: _LiveAttempt, pods: Sequence[PodObservation]) -> KueueActions:
-    """Replaced pods of a Kueue group go once they have ended: Kueue's finalizer would keep them."""
-    if live.job.kueue is None:
-        return kueue_policy.NONE
-    return kueue_policy.release_stale(pods, live.now, live.rules.unconfirmed_deletion_seconds)
-
-
-def _rule_in_place_budget(live: _LiveAttempt) -> Decision | None:
-    """The launchers restarted the gang in place more often than backoffLimit allows: the job fails."""
-    limit = live.job.run_policy.backoff_limit
-    if not live.accounting.added or budget.restarts_left(limit, live.restarts) >= 0:
-        return None
-    record = live.accounting.record or {}
-    message = (
-        f"{restart_events.describe(record, live.restarts, limit)}; backoffLimit {limit} exceeded "
-        f"after {live.restarts} restart(s)"
-    )
-    return _finish(live, names.PHASE_FAILED, REASON_BACKOFF, message)
-
-
-def _rule_restart_stuck(live: _LiveAttempt) -> Decision | None:
-    """Restarting longer than startupDeadlineSeconds: the next attempt could not even be created."""
-    limit = live.job.run_policy.startup_deadline_seconds
-    since = condition_time(live.old, names.PHASE_RESTARTING)
-    left = deadline.seconds_left(since, limit, live.now)
-    if limit is None or left is None or left > 0:
-        return None
-    waiting = sorted(p.name for p in live.pods if not p.terminal)
-    message = (
-        f"attempt {live.attempt + 1} could not start within startupDeadlineSeconds ({limit}s): "
-        f"{len(waiting)} pod(s) of earlier attempts still terminating ({', '.join(waiting[:5])})"
-    )
-    return _finish(live, names.PHASE_FAILED, deadline.REASON_STARTUP_TIMEOUT, message)
-
-
-def _restarting(
-    job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime, rules: TimingRules
-) -> Decision:
-    """Between attempts the deadlines still hold; otherwise start the next attempt when it may."""
-    live = _live_attempt(job, old, pods, now, rules)
-    for rule in (_rule_active_deadline, _rule_restart_stuck):
-        decision = rule(live)
-        if decision is not None:
-            return decision
-    started = _start_attempt(job, old, pods, now, live.attempt + 1, rules)
-    since = condition_time(old, names.PHASE_RESTARTING)
-    stuck_left = deadline.seconds_left(since, job.run_policy.startup_deadline_seconds, now)
-    requeue = _min_wait(started.requeue_after, live.active_left, stuck_left)
-    return replace(started, requeue_after=requeue)
-
-
-# In order: the first rule that ends the attempt wins; the last always answers.
-_LIVE_RULES: Final = (
-    _rule_replace_lost,
-    _rule_judged,
-    _rule_in_place_budget,
-    _rule_active_deadline,
-    _rule_startup_deadline,
-    _rule_root_image_refused,
-    _rule_stalled,
-    _rule_straggler,
-)
+def _next_look(live: Attempt, phase: Phase, *waits: float | None) -> float | None:
+    """The earliest of ``waits`` and of every rule's next look (none below 0); None: nothing is due."""
+    looks = [*waits, *(rule.look(live) for rule in registry.rules(phase))]
+    present = [max(0.0, w) for w in looks if w is not None]
+    return min(present) if present else None
 
 
 def _live(
@@ -1009,19 +571,41 @@ def _live(
     old: Mapping[str, Any],
     pods: Sequence[PodObservation],
     now: datetime,
-    rules: TimingRules,
+    timing: TimingRules,
     observed: ProgressObservation | None,
     queue: QueueObservation | None = None,
 ) -> Decision:
-    live = _live_attempt(job, old, pods, now, rules, observed, queue)
-    for rule in _LIVE_RULES:
-        decision = rule(live)
-        if decision is not None:
-            break
+    live = _observe(job, old, pods, now, timing, observed, queue)
+    outcome = _outcome(live, LIVE)
+    if isinstance(outcome, Finish):
+        decision = _finish(live, outcome)
+    elif isinstance(outcome, Restart):
+        decision = _restart(live, outcome)
     else:
-        decision = _rule_progress(live)
-    read_at = stall.read_due(live.stall_left, live.now)  # the read a stall is judged on
-    return replace(decision, judged_in=live.decision_window_left, read_every_pod_at=read_at)
+        # The attempt goes on: looked at again when the first rule needs to.
+        if isinstance(outcome, ReplaceAlone):
+            decision = _replace_alone(live, outcome)
+        elif isinstance(outcome, Hold):
+            decision = _hold(live, outcome)
+        else:
+            decision = _progress(live)
+        decision = replace(decision, requeue_after=_next_look(live, LIVE, decision.requeue_after))
+    judged_in = live.facts(attempt_policy.judging).window_left
+    read_at = stall.read_due(live.facts(stall.watch).left, live.now)  # the read a stall is judged on
+    return replace(decision, judged_in=judged_in, read_every_pod_at=read_at)
+
+
+def _restarting(
+    job: JobSpec, old: Mapping[str, Any], pods: Sequence[PodObservation], now: datetime, timing: TimingRules
+) -> Decision:
+    """Between attempts the rules asked while Restarting still hold (the deadlines); otherwise start the
+    next attempt when it may."""
+    live = _observe(job, old, pods, now, timing)
+    outcome = _outcome(live, RESTARTING)
+    if isinstance(outcome, Finish):
+        return _finish(live, outcome)
+    started = _start_attempt(job, old, pods, now, live.attempt + 1, timing)
+    return replace(started, requeue_after=_next_look(live, RESTARTING, started.requeue_after))
 
 
 def decide(

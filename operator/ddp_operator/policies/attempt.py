@@ -12,7 +12,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from ddp_operator.policies import failure, success
+from ddp_operator import names
+from ddp_operator.policies import failure, rule, success
+from ddp_operator.policies.rule import Attempt, Finish, Restart, Rule
 
 Outcome = Literal["running", "succeeded", "retry", "failed"]
 
@@ -80,3 +82,70 @@ def judge_attempt(
             "succeeded", success.REASON_SUCCEEDED, success.success_message(replicas, attempt)
         )
     return STILL_RUNNING
+
+
+# ---- the rule ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Judging:
+    """When the attempt is judged: ``window_left``, seconds until its failures are (0: now; None:
+    nothing failed); ``finish_grace_left``, those the ranks still running may take after rank 0's
+    trainer exited 0 (success.finish_grace_left)."""
+
+    window_left: float | None
+    finish_grace_left: float | None
+
+
+def judging(live: Attempt) -> Judging:
+    """Judged at once when every rank reported its end (or its pod is gone); otherwise once the
+    decision window has passed since the first failure was seen: the first failure seen is not always
+    the first that happened."""
+    return Judging(_window_left(live), success.finish_grace_left(live.current, live.now))
+
+
+def _window_left(live: Attempt) -> float | None:
+    if not live.failures:
+        return None
+    ended = [p for p in live.current if p.ended_badly]
+    if not ended:
+        return 0.0  # only pods that vanished (deleted under the job): nothing is left to report
+    if all(p.reported_end for p in live.current):
+        return 0.0  # every rank that still has a pod has told its story
+    seen = [p.failure_seen_at or p.finished_at or p.deleted_at or live.now for p in ended]
+    left = live.timing.decision_window_seconds - (live.now - min(seen)).total_seconds()
+    return max(left, 0.0)
+
+
+def _judged(live: Attempt, facts: Judging) -> rule.Outcome | None:
+    """A failure restarts the gang or fails the job; every rank exited 0: the job succeeded."""
+    if facts.window_left:
+        return None
+    job = live.job
+    verdict = judge_attempt(
+        job.restart_policy,
+        job.run_policy.backoff_limit,
+        live.restarts,
+        live.attempt,
+        job.replicas,
+        live.failures,
+        success.succeeded_ranks(live.current),
+        elastic_min=job.elastic.min_replicas if job.elastic is not None else None,
+        running_ranks=frozenset(p.rank for p in live.current if p.rank is not None and p.running),
+        finish_grace_left=facts.finish_grace_left,
+    )
+    if verdict.outcome == "retry":
+        return Restart(verdict.reason, verdict.message, verdict.counted, verdict.failure)
+    if verdict.outcome == "failed":
+        return Finish(names.PHASE_FAILED, verdict.reason, verdict.message)
+    if verdict.outcome == "succeeded":
+        return Finish(names.PHASE_SUCCEEDED, verdict.reason, verdict.message)
+    return None
+
+
+def _judging_look(live: Attempt, facts: Judging) -> float | None:
+    looks = [left for left in (facts.window_left, facts.finish_grace_left) if left is not None]
+    return min(looks) if looks else None
+
+
+RULES: Final = (Rule("judged", 20, judging, _judged, _judging_look),)

@@ -11,30 +11,16 @@ Pure: pod observations in, ``KueueActions`` out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
+from typing import Final
 
 from ddp_operator import names
+from ddp_operator.decision import NO_KUEUE_ACTIONS, KueueActions
+from ddp_operator.kueue import QUEUED_POLL_SECONDS
 from ddp_operator.observe import PodObservation
+from ddp_operator.policies.rule import Attempt, Rule
 
-
-@dataclass(frozen=True)
-class KueueActions:
-    """What the executor does to Kueue's view of a job's group."""
-
-    # Pods of old attempts whose Kueue finalizer the operator removes, because Kueue would count them
-    # in the group and delete the next attempt's pods as excess.
-    release_pods: tuple[str, ...] = ()
-    # Of those, the ones whose deletion no kubelet confirms: deleted at once (grace 0) so they stop
-    # counting (the pod GC does the same for a node that is gone).
-    force_delete_pods: tuple[str, ...] = ()
-    # The pod annotated retriable-in-group "false" when the job failed for good, so Kueue frees the quota.
-    mark_unretriable: tuple[str, ...] = ()
-    # Delete the group's Kueue Workload (a suspended job gives its quota back; resuming queues again).
-    release_group: bool = False
-
-
-NONE = KueueActions()
+NONE = NO_KUEUE_ACTIONS
 
 
 def release_stale(
@@ -51,6 +37,14 @@ def release_stale(
     ]
     release = sorted(p.name for p in held if p.kueue_finalizer and (p.terminal or p in overdue))
     return KueueActions(release_pods=tuple(release), force_delete_pods=tuple(sorted(p.name for p in overdue)))
+
+
+def release_replaced(
+    queued: bool, pods: Sequence[PodObservation], now: datetime, unconfirmed_deletion_seconds: float
+) -> KueueActions:
+    """Replaced pods of a Kueue group (``queued``) go once they have ended: Kueue's finalizer would
+    keep them."""
+    return release_stale(pods, now, unconfirmed_deletion_seconds) if queued else NONE
 
 
 def still_counted(stale: Sequence[PodObservation]) -> list[PodObservation]:
@@ -75,3 +69,21 @@ def suspend(queued: bool, pods: Sequence[PodObservation]) -> KueueActions:
     """Kueue keeps a group's quota while its pods are gone, waiting for replacements: a suspended job
     gives it back by ending the group (Kueue's Workload), and queues again when resumed."""
     return KueueActions(release_group=queued and any(p.kueue_finalizer for p in pods))
+
+
+# ---- the rule ------------------------------------------------------------------------------------
+
+
+def queued(live: Attempt) -> bool:
+    """Kueue holds the attempt's gang: some of its pods are gated and it has not trained yet (the
+    phase the progress of a live attempt then shows is Queued)."""
+    started = live.can_train or live.old.get("phase") == names.PHASE_RUNNING
+    return not started and bool(live.kueue_gated) and live.job.kueue is not None
+
+
+def _queued_look(live: Attempt, held: bool) -> float | None:
+    # What Kueue says changes without a pod event: look again now and then.
+    return QUEUED_POLL_SECONDS if held else None
+
+
+RULES: Final = (Rule("queued", 90, queued, lambda live, held: None, _queued_look),)

@@ -25,7 +25,9 @@ from typing import Final
 # callers that predate the split (`ddpjob run`'s runner, tests of other tiers): new code imports them
 # from their own modules.
 from ddp_operator import names
+from ddp_operator.decision import RESTART_POLL_SECONDS, Deletes, deletable, lost_now
 from ddp_operator.observe import PodObservation
+from ddp_operator.policies import kueue
 from ddp_operator.policies.accounting import MODE_IN_PLACE as MODE_IN_PLACE
 from ddp_operator.policies.accounting import MODE_POD_REPLACED as MODE_POD_REPLACED
 from ddp_operator.policies.accounting import MODE_WHOLE_GANG as MODE_WHOLE_GANG
@@ -35,10 +37,17 @@ from ddp_operator.policies.accounting import account as account
 from ddp_operator.policies.accounting import lost_seconds as lost_seconds
 from ddp_operator.policies.accounting import resize as resize
 from ddp_operator.policies.budget import launcher_budget as launcher_budget
-from ddp_operator.policies.failure import REASON_EVICTED, REASON_POD_DELETED, REASON_PREEMPTED, RankFailure
+from ddp_operator.policies.failure import (
+    REASON_EVICTED,
+    REASON_POD_DELETED,
+    REASON_PREEMPTED,
+    RankFailure,
+    judge_failures,
+)
 from ddp_operator.policies.restart_events import describe as describe
 from ddp_operator.policies.restart_events import describe_lost as describe_lost
 from ddp_operator.policies.restart_events import restart_notice as restart_notice
+from ddp_operator.policies.rule import Attempt, Hold, Outcome, ReplaceAlone, Rule, never
 from ddp_operator.spec import JobSpec
 
 # A pod that went away with its process (not a process that failed inside a live pod): the only kind
@@ -117,3 +126,40 @@ def stores_to_delete(pods: Sequence[PodObservation], phase: str | None, attempt:
             p.name for p in pods if p.rendezvous and not p.deleting and not (live and p.attempt == attempt)
         )
     )
+
+
+# ---- the rule ------------------------------------------------------------------------------------
+
+
+def lost_ranks(live: Attempt) -> tuple[int, ...] | None:
+    """The ranks whose lost pods are replaced alone (``replaceable_ranks``), None: not this rule's."""
+    job = live.job
+    rank0 = rendezvous_apart(job)
+    return replaceable_ranks(job.run_policy.restart_mode, live.failures, rank0=rank0, replicas=job.replicas)
+
+
+def _replace_lost(live: Attempt, ranks: tuple[int, ...] | None) -> Outcome | None:
+    """InPlace: a lost pod (deleted, evicted, its node gone) is replaced alone (rank 0's too, unless
+    ``rendezvous_apart`` says no); its peers restart in place and wait for the new pod on the
+    rendezvous's next round."""
+    if ranks is None:
+        return None
+    job = live.job
+    verdict = judge_failures(
+        job.restart_policy, job.run_policy.backoff_limit, live.restarts, live.failures, live.attempt
+    )
+    if not verdict.retry:
+        return None  # the judge fails the job, with the same verdict
+    lost = [p for p in live.pods if p.attempt == live.attempt and p.rank in ranks]
+    queued, unconfirmed = job.kueue is not None, live.timing.unconfirmed_deletion_seconds
+    counted = kueue.still_counted(lost) if queued else []
+    if counted:
+        # Kueue still counts the lost pod in the group and would delete its replacement as excess:
+        # release it first (its finalizer goes once it ended), then replace (docs/scheduling.md).
+        return Hold(kueue.release_stale(counted, live.now, unconfirmed), RESTART_POLL_SECONDS)
+    delete = Deletes(pods=deletable([p for p in lost if p.terminal]), lost_pods=lost_now(lost))
+    release = kueue.release_replaced(queued, lost, live.now, unconfirmed)
+    return ReplaceAlone(ranks, verdict.failure, verdict.reason, verdict.failure.describe(), delete, release)
+
+
+RULES: Final = (Rule("replace_lost", 10, lost_ranks, _replace_lost, never),)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
+from ddp_operator.decision import REASON_RECOVERED, REASON_RESIZED, REASON_RESTARTED_IN_PLACE, PhaseEvent
 from ddp_operator.policies.accounting import (
     CAUSE_MEMBER_JOINED,
     LOST_PHASES,
@@ -99,3 +100,22 @@ def restart_notice(
     if accounting.measured is not None:
         return RestartNotice("recovered", warning=False, text=text)
     return None
+
+
+# The Event of each notice restart_notice gives.
+_NOTICE_REASONS: Final = {
+    "resized": REASON_RESIZED,
+    "in-place": REASON_RESTARTED_IN_PLACE,
+    "recovered": REASON_RECOVERED,
+}
+
+
+def notice_events(
+    accounting: RestartAccounting, restarts: int, backoff_limit: int, *, resized: bool
+) -> tuple[PhaseEvent, ...]:
+    """The Event of what a read says of restarts (``restart_notice``), if any."""
+    notice = restart_notice(accounting, restarts, backoff_limit, resized=resized)
+    if notice is None:
+        return ()
+    kind: Literal["Normal", "Warning"] = "Warning" if notice.warning else "Normal"
+    return (PhaseEvent(type=kind, reason=_NOTICE_REASONS[notice.kind], message=notice.text),)

@@ -15,10 +15,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Final
 
-from ddp_operator.policies.failure import REASON_STALLED, RankFailure
+from ddp_operator import names, ranks
+from ddp_operator.decision import Deletes
+from ddp_operator.policies import elastic, recovery
+from ddp_operator.policies.failure import REASON_STALLED, RankFailure, judge_failures
+from ddp_operator.policies.rule import Attempt, Finish, Outcome, ReplaceAlone, Restart, Rule
 
 # The ranks named in the message: enough to point at the culprit without listing a whole job.
 NAMED_RANKS = 3
@@ -143,3 +148,74 @@ def stalled(
     if where:
         detail += f"; furthest behind: {where}"
     return failure, detail
+
+
+# ---- the operator's rule -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Watch:
+    """A live attempt's stall watch: the limit and its clock's start (``clock``, with an elastic
+    allowance), seconds until no new step is a stall (``left``) and until it is judged
+    (``verdict_left``); None: not watched."""
+
+    limit: int | None = None
+    since: datetime | None = None
+    left: float | None = None
+    verdict_left: float | None = None
+
+
+def watch(live: Attempt) -> Watch:
+    progress = live.progress
+    if progress is None:
+        return Watch()
+    # A pod's start (or a replacement's creation, or a standby given its rank) changes the group:
+    # the clock starts again there.
+    started = [p.assigned_at or p.started_at or p.created_at for p in live.current]
+    spec = live.job.elastic
+    watched, since = clock(
+        live.job.run_policy.stall_timeout_seconds, progress.step_seconds, progress.step_changed_at,
+        progress.group_changed_at, *started,
+        allowance=0 if spec is None else elastic.stall_allowance(spec, live.current),
+    )  # fmt: skip
+    # A finished group cannot stall. A fixed-size job's pod not running (a replacement still starting)
+    # is the startup deadline's to judge. An elastic group trains on the pods that run: one that cannot
+    # be placed is outside the round and holds nothing up, so the round is watched while it can train.
+    trains = live.can_train if spec is not None else all(p.running for p in live.current)
+    if progress.finished or not trains:
+        return Watch(watched, since)
+    left = seconds_left(watched, progress.step, since, live.now)
+    return Watch(watched, since, left, verdict_left(left, progress.rank_steps_read_at, live.now))
+
+
+def _stalled(live: Attempt, facts: Watch) -> Outcome | None:
+    """No synchronized step for the stall limit (stallTimeoutSeconds, or the job's own pace): the gang
+    is hung; retried like a lost peer. Under InPlace, pods whose metrics stopped answering (frozen,
+    wedged) are lost pods: replaced alone unless rank 0's is among them (policies.recovery)."""
+    progress, job = live.progress, live.job
+    if facts.verdict_left is None or facts.verdict_left > 0 or progress is None:
+        return None
+    # Each pod of the round by its first global rank (ranks.py: an elastic round's own numbering).
+    by_rank = ranks.first_ranks(progress.rank_pods, live.current, job.nproc_per_node, job.elastic is not None)
+    nodes = {rank: p.node for rank, p in by_rank.items()}
+    failure, detail = stalled(facts.limit or 0, progress.step, progress.rank_steps, nodes, live.now)
+    silent = [by_rank[r] for r in silent_ranks(progress.rank_steps, nodes)]
+    verdict = judge_failures(
+        job.restart_policy, job.run_policy.backoff_limit, live.restarts, [failure], live.attempt
+    )
+    if not verdict.retry:
+        return Finish(names.PHASE_FAILED, verdict.reason, f"{detail}; {verdict.message}")
+    hung = tuple(p.name for p in silent)
+    alone = recovery.replaceable_hung(
+        job.run_policy.restart_mode,
+        [p.rank for p in silent],
+        queued=job.kueue is not None,
+        rank0=recovery.rendezvous_apart(job),
+    )
+    if alone is not None:
+        # The pods that stopped answering take no SIGTERM: deleted at once, their ranks replaced alone.
+        return ReplaceAlone(alone, failure, REASON_STALLED, detail, Deletes(hung_pods=hung))
+    return Restart(REASON_STALLED, f"{detail}; {verdict.message}", failure=failure, hung=hung)
+
+
+RULES: Final = (Rule("stalled", 70, watch, _stalled, lambda live, facts: facts.verdict_left),)

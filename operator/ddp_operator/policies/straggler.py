@@ -21,10 +21,21 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from ddp_operator import ranks
+from ddp_operator.decision import (
+    REASON_STRAGGLER,
+    REASON_STRAGGLER_NOT_REPLACED,
+    REASON_STRAGGLER_REPLACED,
+    Deletes,
+    PhaseEvent,
+)
 from ddp_operator.observe import API_TIME_RESOLUTION_SECONDS, PodObservation
+from ddp_operator.policies import elastic, recovery
+from ddp_operator.policies.failure import RankFailure
+from ddp_operator.policies.rule import Attempt, Outcome, ReplaceAlone, Rule
 from ddp_operator.progress.exposition import HealthCheck
-from ddp_operator.progress.render import describe_slow_rank
-from ddp_operator.progress.tracker import StragglerSighting
+from ddp_operator.progress.render import describe_slow_rank, shown_straggler
+from ddp_operator.progress.tracker import StragglerSighting, persistence_left
 from ddp_operator.spec import STRAGGLER_MOVES, STRAGGLER_SHRINK, StragglerPolicy
 
 # The rendezvous' host: its pod is not replaced alone (policies.recovery), so neither for slowness.
@@ -257,3 +268,83 @@ def avoid_term(avoided: Iterable[str]) -> dict[str, Any] | None:
     if expression is None:
         return None
     return {"weight": AVOID_WEIGHT, "preference": {"matchExpressions": [expression]}}
+
+
+# ---- the rule ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sighted:
+    """The slowest rank as the progress reads name it (None: none above the threshold), seconds until
+    it has been slow for the straggler window (``left``; 0: it has), the pod that hosts it, and
+    runPolicy.stragglerPolicy's verdict on it."""
+
+    sighting: StragglerSighting | None
+    left: float | None
+    pod: PodObservation | None
+    verdict: StragglerVerdict
+
+
+def _pod_of(live: Attempt, rank: int | None) -> PodObservation | None:
+    """The pod that hosts global rank ``rank`` now (ranks.pod_of_rank), None without one."""
+    if rank is None or live.progress is None:
+        return None
+    read, elastic_job = live.progress.rank_pods, live.job.elastic is not None
+    return ranks.pod_of_rank(rank, read, live.current, live.job.nproc_per_node, elastic_job)
+
+
+def sighted(live: Attempt) -> Sighted:
+    sighting = live.progress.straggler if live.progress is not None else None
+    left = persistence_left(sighting, live.timing.straggler_window_seconds, live.now)
+    pod = _pod_of(live, sighting.rank if sighting is not None else None)
+    check = live.progress.health if live.progress is not None else None
+    judged = verdict(
+        live.job.run_policy.straggler,
+        sighting,
+        pod,
+        live.now,
+        replaced_so_far(live.old),
+        check,
+        _pod_of(live, check.slow_rank if check is not None else None),
+        rank0=recovery.rendezvous_apart(live.job),
+        shrinkable=elastic.can_shrink(live.job.elastic, live.running),
+    )
+    return Sighted(sighting, left, pod, judged)
+
+
+def report(live: Attempt) -> tuple[Mapping[str, Any] | None, tuple[PhaseEvent, ...]]:
+    """status.straggler (progress.render.shown_straggler), and its Warnings: the rank is new, or its
+    pod may not be replaced."""
+    facts = live.facts(sighted)
+    before = live.old.get("straggler")
+    sighting = facts.sighting
+    if sighting is not None and not measured(sighting, facts.pod):
+        sighting = None  # the windows of the pod it replaced: a replacement is not named for them
+    window = live.timing.straggler_window_seconds
+    named, notice = shown_straggler(sighting, facts.left, facts.pod, before, window)
+    notices: tuple[PhaseEvent, ...] = ()
+    if notice is not None:
+        notices = (PhaseEvent(type="Warning", reason=REASON_STRAGGLER, message=notice),)
+    shown, held = with_note(named, before, facts.verdict.held)
+    if held is not None:
+        notices += (PhaseEvent(type="Warning", reason=REASON_STRAGGLER_NOT_REPLACED, message=held),)
+    return shown, notices
+
+
+def _replace(live: Attempt, facts: Sighted) -> Outcome | None:
+    """runPolicy.stragglerPolicy Replace: the straggler's pod, slow for long enough, is replaced alone
+    away from its node, without spending backoffLimit."""
+    pod = facts.verdict.replace
+    if pod is None or pod.rank is None:
+        return None
+    slow = RankFailure(rank=pod.rank, finish_key=live.now.timestamp())
+    what, deletes = facts.verdict.text, Deletes(pods=(pod.name,))
+    return ReplaceAlone((pod.rank,), slow, REASON_STRAGGLER_REPLACED, what, deletes, slow_node=pod.node)
+
+
+def _look(live: Attempt, facts: Sighted) -> float | None:
+    looks = [left for left in (facts.left, facts.verdict.left) if left is not None]
+    return min(looks) if looks else None
+
+
+RULES: Final = (Rule("straggler", 80, sighted, _replace, _look),)

@@ -538,7 +538,7 @@ def _mount_checkpoint(
     affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(term)
 
 
-# A standby's env has no rank of its own: these come from its assignment (ddp_trainer.standby).
+# A standby's env has no rank of its own: these come from its assignment (ddp_trainer.supervisor.standby).
 STANDBY_FILE_ENV: Final = "DDP_STANDBY_FILE"
 _RANK_ENV: Final = frozenset({"NODE_RANK", "PET_NODE_RANK", "RANK", "LOCAL_RANK"})
 # A rank but 0 builds a standby's spec (rank 0's own fields, its checkpoint mount, are added only

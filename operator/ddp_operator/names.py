@@ -171,7 +171,7 @@ def standby_pod_name(job: str, attempt: int, number: int) -> str:
 
 
 def assignment(rank: int, budget: int) -> str:
-    """The value of ANNOTATION_ASSIGNMENT (the trainer's ddp_trainer.standby parses it)."""
+    """The value of ANNOTATION_ASSIGNMENT (the trainer's ddp_trainer.supervisor.standby parses it)."""
     return f"rank={rank} budget={budget}"
 
 

@@ -265,14 +265,19 @@ def test_the_budget_ends_the_second_failure_with_the_workers_code(gangs: Gangs, 
     assert "spent its restart budget (1); exiting 137" in pods[1].stderr
 
 
-def rendezvous_pod(gangs: Gangs) -> dict[str, str]:
+def rendezvous_store(gangs: Gangs, port: int, tag: str = "rendezvous") -> TrainerProcess:
     """The operator's rendezvous pod on loopback: its own program (builders.RENDEZVOUS_STORE_PROGRAM) in a
-    process of its own; returns the pods' variables that point them at it, as the operator sets them."""
-    port = free_port()
-    store = gangs.start(
-        "rendezvous", {}, [str(port)], program=[PYTHON, "-c", builders.RENDEZVOUS_STORE_PROGRAM]
-    )
+    process of its own, serving on ``port``."""
+    store = gangs.start(tag, {}, [str(port)], program=[PYTHON, "-c", builders.RENDEZVOUS_STORE_PROGRAM])
     store.wait_for_stdout(r"^rendezvous store serving on port ")
+    return store
+
+
+def rendezvous_pod(gangs: Gangs) -> dict[str, str]:
+    """A rendezvous pod (``rendezvous_store``); returns the pods' variables that point them at it, as the
+    operator sets them."""
+    port = free_port()
+    rendezvous_store(gangs, port)
     return {"DDP_RENDEZVOUS_ENDPOINT": f"127.0.0.1:{port}", "POD_IP": "127.0.0.1"}
 
 
@@ -337,6 +342,72 @@ def test_a_killed_worker_of_an_elastic_job_is_replaced_and_the_survivors_keep_th
     digests = {rank: digest for pod in pods for rank, digest in pod.digests().items()}
     assert digests == dict.fromkeys(range(3), uninterrupted_digest(gangs))
     assert samples(scrapes[0], "ddp_last_restart_steps_redone") == {"0": 0.0}, scrapes[0]
+
+
+@pytest.mark.parametrize(
+    "store_back_first",
+    [True, False],
+    ids=["store-back-then-a-worker-killed", "a-worker-killed-while-no-store-answers"],
+)
+def test_the_rendezvous_pod_lost_is_one_more_lost_pod(
+    gangs: Gangs, tmp_path: Path, store_back_first: bool
+) -> None:
+    """The rendezvous pod's store is SIGKILLed mid-training and a new, empty one comes up behind the same
+    address (the operator's replacement pod behind the same DNS name): the group trains on meanwhile,
+    every supervisor reconnects and seeds the new store with the gang's counts, and a worker killed
+    later (or while no store answers yet) is replaced in place as with the first store: one restart,
+    the survivors keep their processes, the new worker's state comes from a survivor, nothing is
+    redone, and the parameters are the uninterrupted run's."""
+    port = free_port()
+    first = rendezvous_store(gangs, port)
+    env = {**IN_PLACE, "DDP_RENDEZVOUS_ENDPOINT": f"127.0.0.1:{port}", "POD_IP": "127.0.0.1"}
+    pods = gangs.pods(3, 1, in_place_args(tmp_path / "ckpt", "--metrics-linger", "120"), env=env)
+    pods[0].wait_for_stdout(r"^progress step=35 ")
+    first.end()  # the rendezvous pod lost: SIGKILL
+    if store_back_first:
+        rendezvous_store(gangs, port, "rendezvous-again")
+        for pod in pods:
+            pod.wait_for_stdout(r"^launcher event=store-relinked pod=\d+ restarts=0 ")
+        killed = kill_worker(pods[2], rank=2)
+    else:
+        for pod in pods:  # every supervisor found its store gone
+            pod.wait_for_stdout(r"^launcher event=store-lost ")
+        killed = kill_worker(pods[2], rank=2)
+        for pod in pods[:2]:  # the survivors left the broken group while no store answers
+            pod.wait_for_stdout(r"^launcher event=left ")
+        rendezvous_store(gangs, port, "rendezvous-again")
+    scrapes = finish(pods)
+    assert_one_restart_in_order(pods, killed)
+    assert assert_survivors_kept_their_processes(pods, {killed_pid(pods[2], 2)}) == 2
+    match = pods[0].wait_for_stdout(r"^resumed step=(\d+) epoch=\d+ from=(\w+)")
+    assert int(match.group(1)) >= 35 and match.group(2) == "peer", describe(pods)
+    digests = {rank: digest for pod in pods for rank, digest in pod.digests().items()}
+    assert digests == dict.fromkeys(range(3), uninterrupted_digest(gangs))
+    assert samples(scrapes[0], "ddp_last_restart_steps_redone") == {"0": 0.0}, scrapes[0]
+    for rank, text in enumerate(scrapes):
+        assert samples(text, "ddp_group_restarts_total") == {str(rank): 1.0}
+
+
+def test_a_pod_lost_with_the_rendezvous_pod_is_replaced_alone(gangs: Gangs, tmp_path: Path) -> None:
+    """Two pods lost: the rendezvous pod's store and pod 1, both SIGKILLed. The replacement pod comes up
+    first and the new store after it, so the new pod may join the empty store's first round before any
+    survivor has seeded it; it moves on to the survivors' round, receives their state, and the group
+    ends with the uninterrupted run's parameters, the survivors in their own processes."""
+    port = free_port()
+    first = rendezvous_store(gangs, port)
+    env = {**IN_PLACE, "DDP_RENDEZVOUS_ENDPOINT": f"127.0.0.1:{port}", "POD_IP": "127.0.0.1"}
+    pods = gangs.pods(3, 1, in_place_args(tmp_path / "ckpt", "--metrics-linger", "120"), env=env)
+    pods[0].wait_for_stdout(r"^progress step=35 ")
+    first.end()
+    pods[1].end()
+    survivors = [pods[0], pods[2]]
+    for survivor in survivors:
+        survivor.wait_for_stdout(r"^launcher event=stopped ")
+    replacement = gangs.again(pods[1], "pod1-again")
+    rendezvous_store(gangs, port, "rendezvous-again")
+    assert all(pod.process.poll() is None for pod in survivors), describe(pods)
+    rejoined_exactly(gangs, [pods[0], replacement, pods[2]])
+    assert assert_survivors_kept_their_processes(survivors) == 2
 
 
 def rejoined_exactly(gangs: Gangs, ended: list[TrainerProcess]) -> list[str]:

@@ -137,7 +137,7 @@ def affinity_term(job: JobSpec) -> dict[str, Any] | None:
 
 # ---- the rank order -------------------------------------------------------------------------------
 
-# The width of the pod rank in an order key: the launcher's own (ddp_trainer.restarts.NODE_RANK_DIGITS).
+# The width of the pod rank in an order key: the launcher's own (ddp_trainer.supervisor.restarts.NODE_RANK_DIGITS).
 RANK_DIGITS: Final = 6
 # Separates an order key's fields: never in a label value nor a node name, so every key of one domain
 # (and of one node) shares a prefix no key of another has, and a sort keeps each together.

@@ -51,7 +51,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Final, TypeVar
 
-from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]  # public, re-exported implicitly
+from torch.distributed import DistError, PrefixStore, Store, TCPStore  # type: ignore[attr-defined]  # public, re-exported implicitly
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousConnectionError
 
@@ -61,6 +61,7 @@ from ddp_trainer.exitcodes import EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED, first_f
 from ddp_trainer.progress import launcher_status_line
 from ddp_trainer.supervisor import worker_forkserver
 from ddp_trainer.supervisor.addresses import AGENT_SERVES_STORE_ENV, loopback_listener
+from ddp_trainer.supervisor.gang_store import Connect, WaitingWatch, reconnect, set_if_absent
 from ddp_trainer.supervisor.membership import Round
 from ddp_trainer.supervisor.rank_order import RankOrderMissingError, wait_for_key
 from ddp_trainer.supervisor.rendezvous import RoundsRendezvous
@@ -206,6 +207,7 @@ class Supervisor:
         exit_dir: Path,
         progress_dir: Path,
         ledger: RestartLedger,
+        connect: Connect | None = None,
     ) -> None:
         self._env = env
         self._config = config
@@ -233,8 +235,18 @@ class Supervisor:
         self._round_store: Store | None = None
         self._restarts = 0
         self._grows = 0
+        self._resizes = 0
         self._members = 0
         self._signal: int | None = None
+        # Where the store is the rendezvous pod's: how to reach the one that replaces it, the look at
+        # the pods waiting that never blocks the watch, and a reconnect under way (gang_store).
+        self._connect = connect
+        self._watcher = (
+            WaitingWatch(connect, handler.waiting_key, MONITOR_INTERVAL)
+            if connect is not None and isinstance(handler, RoundsRendezvous)
+            else None
+        )
+        self._relinking: _Relinking | None = None
 
     @property
     def stopped(self) -> bool:
@@ -300,7 +312,14 @@ class Supervisor:
         """Join the next complete round this pod can train in; returns this pod's rank in it, its
         members, and where its workers' store is (address, port)."""
         while True:
-            info = self._interruptible(self._handler.next_rendezvous)
+            try:
+                if self._watcher is not None and self._watcher.lost:
+                    raise RendezvousConnectionError("the rendezvous store did not answer a look")
+                info = self._interruptible(self._handler.next_rendezvous)
+            except RendezvousConnectionError as lost:
+                if not self._relink(lost):
+                    raise
+                continue
             reformed = time.time()
             store, group_rank, members = info.store, info.rank, info.world_size
             problem = rank_mismatch(self._pod_rank, group_rank, self._elastic, self._ordered)
@@ -330,7 +349,7 @@ class Supervisor:
         # Rank 0 sets the grows and resizes before the restarts, and a get waits for its key: all are there.
         self._restarts = int(store.get(RESTARTS_KEY))
         self._grows = int(store.get(GROWS_KEY))
-        resizes = int(store.get(RESIZES_KEY))
+        resizes = self._resizes = int(store.get(RESIZES_KEY))
         self._members = members
         self._round_store = store
         write_restarts(self._progress_dir, self._restarts)
@@ -484,7 +503,7 @@ class Supervisor:
                         # What the worker would have exited with, had it not kept its process: the
                         # restart's cause (PeerLost) in the gang's books.
                         failure = Failure(pod_rank=self._pod_rank, global_rank=rank, exit_code=code, time=at)
-                        _push(_books(self._gang_store, self._restarts), FAILURES_KEY, failure.encode())
+                        self._write_books(FAILURES_KEY, failure.encode())
                 return _Outcome()
             self._end_blocked()
             if self._pod_waiting() and not any(w.asked_to_leave for w in self._workers.values()):
@@ -492,13 +511,76 @@ class Supervisor:
             time.sleep(MONITOR_INTERVAL)
 
     def _pod_waiting(self) -> bool:
-        """Whether a pod waits to join the next round. A store that cannot be reached says no: it is
-        gone with the pod that hosted it (rank 0's, at the job's end), and this pod's workers then
-        finish or lose their peers, which decides instead."""
+        """Whether a pod waits to join the next round. A store that cannot be reached says no: where it
+        is the rendezvous pod's, the supervisor reconnects to its replacement meanwhile (and then looks
+        there); where it was hosted by rank 0's pod, it is gone with that pod (at the job's end), and
+        this pod's workers then finish or lose their peers, which decides instead."""
+        if self._watcher is not None:
+            self._follow_store()
+            return self._watcher.waiting > 0
         try:
             return self._handler.num_nodes_waiting() > 0
         except RendezvousConnectionError:
             return False
+
+    # --- the rendezvous store lost and started anew (gang_store) ---------------------------------
+    def _follow_store(self) -> None:
+        """While the group trains: once a look found the store lost, reconnect in the background; once
+        a new store answers, go on with it (in this thread, which alone uses the handler)."""
+        assert self._watcher is not None and self._connect is not None
+        if self._relinking is None:
+            if self._watcher.lost and self._members > 0:
+                _status("store-lost", pod=self._pod_rank, time=f"{time.time():.6f}")
+                self._relinking = _Relinking(self._connect, self._init_timeout, lambda: self.stopped)
+            return
+        if self._relinking.done:
+            store, self._relinking = self._relinking.store, None
+            if store is not None:
+                self._adopt(store)
+
+    def _relink(self, lost: Exception) -> bool:
+        """The store failed a request (``lost``): wait for its replacement, up to the init timeout, and
+        go on with it; False where the store has no replacement (this job hosts none) or none came."""
+        if self._connect is None:
+            return False
+        if self._relinking is None:
+            _status("store-lost", pod=self._pod_rank, time=f"{time.time():.6f}")
+            log(f"the rendezvous store failed ({lost}); waiting for its replacement")
+            self._relinking = _Relinking(self._connect, self._init_timeout, lambda: self.stopped)
+        relinking = self._relinking
+        self._interruptible(relinking.wait)
+        self._relinking = None
+        if relinking.store is None:
+            return False
+        self._adopt(relinking.store)
+        return True
+
+    def _adopt(self, store: Store) -> None:
+        """Go on with a store that answers again: seed what it lacks of what this pod holds (a new
+        store knows no round; every survivor holds the same counts, the first write wins)."""
+        if self._members > 0:
+            set_if_absent(store, ROUNDS_TOTAL_KEY, str(self._restarts + 1))
+            set_if_absent(store, GROWS_TOTAL_KEY, str(self._grows))
+            set_if_absent(store, RESIZES_TOTAL_KEY, str(self._resizes))
+            set_if_absent(_books(store, self._restarts), MEMBERS_KEY, str(self._members))
+        assert isinstance(self._handler, RoundsRendezvous)
+        self._handler.adopt(store)
+        self._gang_store = store
+        if self._watcher is not None:
+            self._watcher.relinked()
+        _status("store-relinked", pod=self._pod_rank, restarts=self._restarts, time=f"{time.time():.6f}")
+
+    def _write_books(self, key: str, value: str) -> None:
+        """Add to the gang's books of the current round; a store lost meanwhile is reconnected to first
+        (a record that cannot be written is only a poorer record: the restart goes on)."""
+        try:
+            _push(_books(self._gang_store, self._restarts), key, value)
+            return
+        except DistError as lost:
+            if not self._relink(lost):
+                log(f"the restart's books lost a line ({key}): the rendezvous store is gone")
+                return
+        _push(_books(self._gang_store, self._restarts), key, value)
 
     def _failed(self, failed: dict[int, int]) -> _Outcome:
         seen = time.time()
@@ -523,7 +605,7 @@ class Supervisor:
             return _Outcome(code=code)
         if self._round_store is not None:
             failure = Failure(pod_rank=self._pod_rank, global_rank=rank, exit_code=code, time=seen)
-            _push(_books(self._gang_store, self._restarts), FAILURES_KEY, failure.encode())
+            self._write_books(FAILURES_KEY, failure.encode())
         return _Outcome()
 
     def _pod_waits(self) -> None:
@@ -607,7 +689,7 @@ class Supervisor:
         _status("stopped", pod=self._pod_rank, time=f"{stopped:.6f}")
         if self._round_store is not None:
             line = f"{self._pod_rank} {stopped:.6f} {'-' if steps is None else steps} {int(bool(kept))}"
-            _push(_books(self._gang_store, self._restarts), STOPPED_KEY, line)
+            self._write_books(STOPPED_KEY, line)
         return None
 
     # --- ending ----------------------------------------------------------------------------------
@@ -632,6 +714,27 @@ class Supervisor:
         failed = {w.rank: int(w.code) for w in self._workers.values() if w.code not in (None, 0)}
         found = first_failure(failed, read_exit_records(self._exit_dir))
         return found[1] if found is not None else 128 + signum
+
+
+class _Relinking:
+    """A reconnect to the rendezvous store in a thread of its own (gang_store.reconnect)."""
+
+    def __init__(self, connect: Connect, timeout: timedelta, stopped: Callable[[], bool]) -> None:
+        self.store: Store | None = None
+        deadline = time.monotonic() + timeout.total_seconds()
+
+        def target() -> None:
+            self.store = reconnect(connect, timeout, deadline, stopped)
+
+        self._thread = threading.Thread(target=target, name="ddp-store-reconnect", daemon=True)
+        self._thread.start()
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        self._thread.join()
 
 
 def _kill(process: BaseProcess) -> None:
@@ -686,7 +789,7 @@ def serve_workers_store(host: str, timeout: timedelta) -> TCPStore:
     return tcp_store(host, 0, is_master=True, timeout=timeout, listen_fd=loopback_listener(host, 0))
 
 
-def rendezvous_handler(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHandler, Store]:
+def rendezvous_handler(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHandler, Store, Connect | None]:
     """The launchers' rendezvous (ddp_trainer.supervisor.rendezvous) and its store: the job's rendezvous pod at
     DDP_RENDEZVOUS_ENDPOINT (every supervisor a client, waiting up to the init timeout for it to
     listen), or, without one, the store NODE_RANK 0's supervisor hosts at MASTER_ADDR:MASTER_PORT."""
@@ -715,7 +818,14 @@ def rendezvous_handler(env: DistEnv, config: TrainConfig) -> tuple[RendezvousHan
         last_call=float(env.replacement_wait) if env.elastic else 0.0,
         store_info=(host, port),
     )
-    return handler, store
+    # The rendezvous pod's store may be replaced (gang_store); a store this pod hosts goes with it.
+    connect: Connect | None = None
+    if not is_host:
+
+        def connect(timeout: timedelta) -> Store:
+            return tcp_store(host, port, is_master=False, timeout=timeout)
+
+    return handler, store, connect
 
 
 def _order_key(env: DistEnv, timeout: float) -> str | None:
@@ -746,7 +856,7 @@ def run_in_place(
 ) -> int:
     """Run this pod's supervisor until the job ends; returns the pod's exit code."""
     try:
-        handler, gang_store = rendezvous_handler(env, config)
+        handler, gang_store, connect = rendezvous_handler(env, config)
     except RankOrderMissingError as missing:
         log(f"{missing}; exiting {EXIT_PEER_LOST}")
         return EXIT_PEER_LOST
@@ -759,6 +869,7 @@ def run_in_place(
         exit_dir=exit_dir,
         progress_dir=progress_dir,
         ledger=ledger,
+        connect=connect if env.rendezvous_endpoint is not None else None,
     )
     close_rendezvous = True
     try:

@@ -62,6 +62,10 @@ BEATS_MISSED: Final = 2
 # How long the completing member waits for a descriptor whose ticket was taken and not yet written (a
 # member between its two requests); one still missing then is a member lost in between.
 DESCRIPTOR_WAIT_SECONDS: Final = 2.0
+# How often a waiting member looks whether its round was left behind: a rendezvous store started anew
+# (its pod lost) is seeded with the survivors' next round, and a member that joined the new store's
+# round 0 before that moves on to it (ddp_trainer.supervisor.gang_store).
+MOVED_CHECK_SECONDS: Final = 1.0
 
 
 class SupersededError(RendezvousError):
@@ -173,10 +177,24 @@ class RoundsRendezvous(RendezvousHandler):
         return True
 
     def num_nodes_waiting(self) -> int:
-        if self._round is None:
+        key = self.waiting_key()
+        if key is None:
             return 0
         with _store_failures():
-            return int(self._store.add(self._key(f"r{self._round + 1}/joins"), 0))
+            return int(self._store.add(key, 0))
+
+    def waiting_key(self) -> str | None:
+        """The counter of the pods that joined the round after this member's (None before its first)."""
+        return None if self._round is None else self._key(f"r{self._round + 1}/joins")
+
+    # ---- a store started anew ---------------------------------------------------------------------
+
+    def adopt(self, store: Store) -> None:
+        """Go on with ``store``, which replaces a lost one: the next round is the one after this member's,
+        set there unless a member set it first (every survivor was in the same round)."""
+        self._store = store
+        if self._round is not None:
+            store.compare_set(self._key("open"), "", str(self._round + 1))
 
     def next_rendezvous(self) -> RendezvousInfo:
         with _store_failures():
@@ -198,6 +216,9 @@ class RoundsRendezvous(RendezvousHandler):
             finally:
                 if beats is not None:
                     beats.stop()
+            if result is None:  # the round was left behind: the store was started anew
+                number = max(number + 1, self._open())
+                continue
             rank = place(result, me)
             if rank is None:  # is a newer pod of this rank in it?
                 rank = place(result, me, self._descriptors(number, [int(t) for t in result.split(",")]))
@@ -220,8 +241,9 @@ class RoundsRendezvous(RendezvousHandler):
         key = self._key("open")
         return int(self._store.get(key)) if self._store.check([key]) else 0
 
-    def _await(self, number: int, me: Member, deadline: float) -> str:
-        """The round's result, completing it when this member's ticket can."""
+    def _await(self, number: int, me: Member, deadline: float) -> str | None:
+        """The round's result, completing it when this member's ticket can; None when the newest round
+        is past this one while it has no result (a store started anew, seeded by the survivors)."""
         result_key, done_key = self._key(f"r{number}/result"), self._key(f"r{number}/done")
         last_call: _LastCall | None = None
         if me.ticket >= self._fewest:
@@ -247,8 +269,11 @@ class RoundsRendezvous(RendezvousHandler):
                 # Fewer than the fewest still beat: wait on, and the next member to join calls again.
                 last_call = None
             until = min(deadline, last_call.at) if last_call is not None else deadline
+            until = min(until, now + MOVED_CHECK_SECONDS)
             with contextlib.suppress(DistStoreError):  # the deadline or the last call came: above
                 self._store.wait([done_key], timedelta(seconds=max(until - now, 0.001)))
+            if not self._store.check([result_key]) and self._open() > number:
+                return None
         return bytes(self._store.get(result_key)).decode()
 
     def _complete(self, number: int, members: Sequence[Member]) -> None:

@@ -198,13 +198,14 @@ RENDEZVOUS_KEPT_FIELDS: Final = (
 )
 
 
-def build_rendezvous_pod(job: JobSpec, attempt: int) -> dict[str, Any] | None:
+def build_rendezvous_pod(job: JobSpec, attempt: int, name: str | None = None) -> dict[str, Any] | None:
     """The attempt's rendezvous pod (docs/restarts.md, "No rank is special"): the c10d store every
     rank's launcher meets at, in a pod that is no rank's, so the store outlives any rank's pod. It runs
     the trainer container's image, under the template's pod security context and placement fields, and
     is reached at ``names.rendezvous_addr`` (the headless Service publishes it with the attempt's pods;
     the NetworkPolicy admits the job's own pods to it). None for a job without one
-    (policies.recovery.rendezvous_apart)."""
+    (policies.recovery.rendezvous_apart). ``name``: a replacement's (policies.rendezvous), else the
+    attempt's first."""
     if not recovery.rendezvous_apart(job):
         return None
     template_spec: Mapping[str, Any] = job.template.get("spec") or {}
@@ -240,7 +241,7 @@ def build_rendezvous_pod(job: JobSpec, attempt: int) -> dict[str, Any] | None:
     context.setdefault("seccompProfile", {"type": "RuntimeDefault"})
     _add_tolerations(pod_spec)
     labels = names.rendezvous_labels(job.name, job.uid, attempt)
-    metadata = _metadata(job, names.rendezvous_pod_name(job.name, attempt), labels)
+    metadata = _metadata(job, name or names.rendezvous_pod_name(job.name, attempt), labels)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 

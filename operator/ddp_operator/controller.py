@@ -489,6 +489,9 @@ class Controller:
         if decision.create.promotions:
             decision = await self._promote(key, job, decision)
 
+        if decision.create.rendezvous and not (decision.create.ranks or decision.create.replacements):
+            # A lost rendezvous pod replaced alone: the ranks and the attempt's children are there.
+            await self._create_rendezvous(key, state, job, decision)
         if decision.create.ranks or decision.create.replacements or decision.create.standbys:
             refusal = await self._create_attempt(key, state, job, decision)
             if refusal is not None:
@@ -738,6 +741,25 @@ class Controller:
         await self._create_standbys(key, state, job, decision, accept, on_result)
         return None
 
+    async def _create_rendezvous(
+        self, key: JobKey, state: JobState, job: JobSpec, decision: Decision
+    ) -> None:
+        """The attempt's rendezvous pod alone (policies.rendezvous); an error retries the reconcile."""
+        store = builders.build_rendezvous_pod(job, decision.create.attempt, decision.create.rendezvous)
+        if store is None:
+            return
+
+        def accept(wanted: Mapping[str, Any], existing: Mapping[str, Any]) -> bool:
+            return ownership.is_ours(wanted, existing, job.uid)
+
+        report = await self.api.create_children(
+            [store], accept, on_result=lambda pod, _: self.pods.remember(pod)
+        )
+        if isinstance(report.error, ForeignObjectExists):
+            self._foreign(key, state, job, report.error)
+        elif report.error is not None:
+            raise report.error
+
     async def _create_standbys(
         self,
         key: JobKey,
@@ -880,11 +902,12 @@ def _pod_child(labels: Mapping[str, Any]) -> str:
 def _rank_pods(job: JobSpec, decision: Decision, patch: Mapping[str, Any] | None) -> list[JsonDict]:
     """The attempt's missing ranks and the replacements of lost pods, each with the gang's restart budget,
     kept off the nodes the job moved away from (the status the decision writes records them); first the
-    attempt's rendezvous pod, where the job has one, with the attempt's own ranks (a replacement joins a
-    store that exists: creating it again would only cost an API call)."""
+    attempt's rendezvous pod where the decision creates one (policies.rendezvous: the attempt's first,
+    or the replacement of a lost one)."""
     attempt, budget = decision.create.attempt, decision.create.restart_budget
     avoid = straggler.avoided_nodes(decision.report.status)
-    store = builders.build_rendezvous_pod(job, attempt) if decision.create.ranks else None
+    name = decision.create.rendezvous
+    store = builders.build_rendezvous_pod(job, attempt, name) if name is not None else None
     pods = [store] if store is not None else []
     pods += [
         builders.build_rank_pod(

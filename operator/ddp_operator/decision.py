@@ -56,6 +56,7 @@ REASON_RECOVERED: Final = "Recovered"
 # apiserver (the job trains on without them).
 REASON_STANDBY_YIELDED: Final = "StandbyYielded"
 REASON_STANDBY_NOT_CREATED: Final = "StandbyNotCreated"
+REASON_RENDEZVOUS_REPLACED: Final = "RendezvousReplaced"
 
 
 # While waiting for old pods to go (an attempt's, or a lost pod Kueue still counts), look again this
@@ -124,6 +125,9 @@ class Creates:
     # creates; and the numbers of the attempt's new standby pods, created with the other pods.
     promotions: tuple[standby_policy.Promotion, ...] = ()
     standbys: tuple[int, ...] = ()
+    # The attempt's rendezvous pod to create (policies.rendezvous): its first, or one that replaces a
+    # lost one; created before the ranks, which meet at it.
+    rendezvous: str | None = None
     service: bool = False
     pvc: bool = False
     network_policy: bool = False

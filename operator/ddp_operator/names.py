@@ -180,10 +180,12 @@ def pod_hostname(job: str, rank: int) -> str:
     return f"{job}-{rank}"
 
 
-def rendezvous_pod_name(job: str, attempt: int) -> str:
-    """The rendezvous pod of one attempt: ``<job>-rdzv-<attempt>``. A rank pod's name ends in two
-    numbers, so no rank pod of any job has this name."""
-    return f"{job}-rdzv-{attempt}"
+def rendezvous_pod_name(job: str, attempt: int, replacement: int = 0) -> str:
+    """The rendezvous pod of one attempt: ``<job>-rdzv-<attempt>``, and ``<job>-rdzv-<attempt>r<n>`` for
+    the n-th that replaced a lost one (policies.rendezvous). A rank pod's name ends in two numbers, so
+    no rank pod of any job has this name."""
+    base = f"{job}-rdzv-{attempt}"
+    return f"{base}r{replacement}" if replacement > 0 else base
 
 
 def rendezvous_hostname(job: str) -> str:

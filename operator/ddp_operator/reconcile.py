@@ -55,6 +55,7 @@ from ddp_operator.policies import (
     elastic,
     recovery,
     registry,
+    rendezvous,
     replacement,
     restart_events,
     stall,
@@ -631,11 +632,8 @@ def decide(
     decision = _decide(job, old, _ours(job, pods), now, refusal, rules, observed, queue)
     # The standby pods (no rank's until one takes a lost pod's, so not in _ours): policies.standby.
     decision = standbys.with_standbys(job, decision, _owned(job, pods), now, standby_held_until)
-    # The rendezvous pods (no rank's, so not in _ours) go with the attempt they served.
-    doomed = recovery.stores_to_delete(
-        _owned(job, pods), decision.phase, decision.report.status.get("attempt")
-    )
-    return replace(decision, delete=replace(decision.delete, pods=decision.delete.pods + doomed))
+    # The rendezvous pods (no rank's, so not in _ours): the live attempt's, a lost one replaced alone.
+    return rendezvous.with_rendezvous(job, decision, old, _owned(job, pods))
 
 
 def _decide(

@@ -124,6 +124,8 @@ class _Written:
     elastic: dict[str, int] | None = None
     # Where the ranks landed (policies.topology); observed and written by the controller, kept here.
     topology: dict[str, Any] | None = None
+    # The attempt's rendezvous pod (policies.rendezvous records it as it creates one; kept here).
+    rendezvous_pod: str | None = None
 
     def as_status(self) -> dict[str, Any]:
         values = ((key, getattr(self, name)) for name, key in _FIELD_KEYS)
@@ -196,6 +198,7 @@ def build_status(job: JobSpec, old: Mapping[str, Any], change: Transition, now: 
         or None,
         elastic=shown_elastic,
         topology=old.get("topology") if job.scheduling.topology is not None else None,
+        rendezvous_pod=old.get("rendezvousPod") if isinstance(old.get("rendezvousPod"), str) else None,
     ).as_status()
 
 

@@ -48,8 +48,12 @@ def with_every_field() -> dict[str, Any]:
         resizes=1,
         ranks_created=2,
     )
-    # The placement is the controller's observation, carried by the build (policies.topology).
-    placed = {"topology": {"key": "rack", "path": "PodGroup", "domains": [], "ringCrossings": 0}}
+    # The placement is the controller's observation, carried by the build (policies.topology), and the
+    # rendezvous pod policies.rendezvous recorded, carried the same way.
+    placed = {
+        "topology": {"key": "rack", "path": "PodGroup", "domains": [], "ringCrossings": 0},
+        "rendezvousPod": "job-rdzv-2r1",
+    }
     job = dataclasses.replace(
         elastic_job(1, 3), scheduling=SchedulingSpec(topology=TopologySpec(key="rack", required=True))
     )

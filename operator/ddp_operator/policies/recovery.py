@@ -24,9 +24,7 @@ from typing import Final
 # Besides the modes, names that moved to the other recovery modules stay importable from here for the
 # callers that predate the split (`ddpjob run`'s runner, tests of other tiers): new code imports them
 # from their own modules.
-from ddp_operator import names
 from ddp_operator.decision import RESTART_POLL_SECONDS, Deletes, deletable, lost_now
-from ddp_operator.observe import PodObservation
 from ddp_operator.policies import kueue
 from ddp_operator.policies.accounting import MODE_IN_PLACE as MODE_IN_PLACE
 from ddp_operator.policies.accounting import MODE_POD_REPLACED as MODE_POD_REPLACED
@@ -114,18 +112,6 @@ def fallback_note(failures: Sequence[RankFailure], *, rank0: bool = False) -> st
     if not rank0 and any(f.rank == RENDEZVOUS_RANK and is_lost_pod(f) for f in failures):
         return "rank 0's pod was lost, and it hosted the job's store (the job has no rendezvous pod): the whole gang is recreated"
     return ""
-
-
-def stores_to_delete(pods: Sequence[PodObservation], phase: str | None, attempt: object) -> tuple[str, ...]:
-    """Rendezvous pods (``pods``: the job's own) that have no live attempt to serve: an earlier
-    attempt's, and every one once the job restarts its gang, is suspended or has finished (a store holds
-    nothing a finished job needs, whatever cleanPodPolicy keeps)."""
-    live = phase in names.LIVE_PHASES and isinstance(attempt, int)
-    return tuple(
-        sorted(
-            p.name for p in pods if p.rendezvous and not p.deleting and not (live and p.attempt == attempt)
-        )
-    )
 
 
 # ---- the rule ------------------------------------------------------------------------------------

@@ -1,0 +1,166 @@
+"""The rendezvous pod (policies.rendezvous, docs/restarts.md "No rank is special"): which one the attempt
+has, a lost one replaced alone under a new name, and which ones go; decide() with it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.unit.kube_factories import at, job_spec, observe, pod, with_run_policy
+from tests.unit.test_reconcile import live_status
+
+from ddp_operator import names
+from ddp_operator.decision import REASON_RENDEZVOUS_REPLACED
+from ddp_operator.policies import rendezvous
+from ddp_operator.policies.rendezvous import RendezvousPlan
+from ddp_operator.reconcile import decide
+
+pytestmark = pytest.mark.unit
+
+
+def store_pod(attempt: int = 0, replacement: int = 0, **state: Any) -> dict[str, Any]:
+    """A rendezvous pod as the apiserver returns it: no rank, the rendezvous role."""
+    made = pod(0, attempt, **state)
+    made["metadata"]["name"] = names.rendezvous_pod_name("mnist", attempt, replacement)
+    made["metadata"]["labels"] = names.rendezvous_labels(
+        "mnist", made["metadata"]["ownerReferences"][0]["uid"], attempt
+    )
+    made["status"]["containerStatuses"][0]["name"] = names.RENDEZVOUS_CONTAINER
+    return made
+
+
+@pytest.mark.parametrize(
+    ("phase", "attempt", "stores", "recorded", "expected"),
+    [
+        pytest.param(
+            "Running",
+            0,
+            [store_pod()],
+            None,
+            RendezvousPlan(record="mnist-rdzv-0"),
+            id="serving-nothing-to-do",
+        ),
+        pytest.param(
+            "Pending",
+            0,
+            [],
+            None,
+            RendezvousPlan(create="mnist-rdzv-0", record="mnist-rdzv-0"),
+            id="not-seen-yet-created-by-name-a-409-if-it-exists",
+        ),
+        pytest.param(
+            "Running",
+            0,
+            [store_pod(deleting_at=10)],
+            None,
+            RendezvousPlan(
+                create="mnist-rdzv-0r1", record="mnist-rdzv-0r1", lost=("mnist-rdzv-0", "it was deleted")
+            ),
+            id="deleted-replaced-alone-under-a-new-name",
+        ),
+        pytest.param(
+            "Running",
+            0,
+            [store_pod(exit_code=0)],
+            None,
+            RendezvousPlan(
+                create="mnist-rdzv-0r1",
+                record="mnist-rdzv-0r1",
+                delete=("mnist-rdzv-0",),
+                lost=("mnist-rdzv-0", "its store ended (the pod Succeeded)"),
+            ),
+            id="its-store-ended-replaced-and-the-ended-pod-deleted",
+        ),
+        pytest.param(
+            "Running",
+            0,
+            [store_pod(deleting_at=10), store_pod(replacement=1, deleting_at=40)],
+            "mnist-rdzv-0r1",
+            RendezvousPlan(
+                create="mnist-rdzv-0r2", record="mnist-rdzv-0r2", lost=("mnist-rdzv-0r1", "it was deleted")
+            ),
+            id="the-replacement-lost-too-the-next-number",
+        ),
+        pytest.param(
+            "Running",
+            0,
+            [store_pod(deleting_at=10)],
+            "mnist-rdzv-0r1",
+            RendezvousPlan(create="mnist-rdzv-0r1", record="mnist-rdzv-0r1"),
+            id="recorded-replacement-not-in-the-cache-yet-never-a-second-number",
+        ),
+        pytest.param(
+            "Running",
+            1,
+            [store_pod(0), store_pod(1)],
+            "mnist-rdzv-0r1",
+            RendezvousPlan(record="mnist-rdzv-1", delete=("mnist-rdzv-0",)),
+            id="a-new-attempt-its-own-first-and-the-old-one-goes",
+        ),
+        pytest.param(
+            "Restarting",
+            0,
+            [store_pod()],
+            None,
+            RendezvousPlan(delete=("mnist-rdzv-0",)),
+            id="the-gang-restarts-its-store-goes",
+        ),
+        pytest.param(
+            "Succeeded",
+            0,
+            [store_pod(), store_pod(replacement=1, deleting_at=5)],
+            "mnist-rdzv-0",
+            RendezvousPlan(delete=("mnist-rdzv-0",)),
+            id="finished-every-store-goes-none-deleted-twice",
+        ),
+    ],
+)
+def test_the_plan(
+    phase: str, attempt: int, stores: list[dict[str, Any]], recorded: str | None, expected: RendezvousPlan
+) -> None:
+    assert rendezvous.plan(job_spec(), phase, attempt, observe(*stores), recorded) == expected
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param({"replicas": 1}, id="one-pod-hosts-its-own-store"),
+        pytest.param(with_run_policy(restartMode="Recreate"), id="recreate-meets-at-rank-0"),
+    ],
+)
+def test_a_job_without_a_rendezvous_pod_never_gets_one(spec: dict[str, Any]) -> None:
+    assert rendezvous.plan(job_spec(**spec), "Running", 0, [], None) == RendezvousPlan()
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        pytest.param("mnist-rdzv-0", 0, id="first"),
+        pytest.param("mnist-rdzv-0r3", 3, id="third-replacement"),
+        pytest.param("mnist-rdzv-1r1", None, id="another-attempt"),
+        pytest.param("mnist-rdzv-0r", None, id="no-number"),
+        pytest.param("mnist-rdzv-0r01", None, id="not-a-name-we-make"),
+    ],
+)
+def test_replacement_numbers(name: str, expected: int | None) -> None:
+    assert rendezvous.replacement_number("mnist", 0, name) == expected
+
+
+def test_decide_replaces_a_deleted_rendezvous_pod_alone() -> None:
+    """The ranks train on: no rank pod is created or deleted, no restart counted, and the Event says so."""
+    pods = observe(pod(0), pod(1), store_pod(deleting_at=10))
+    decision = decide(job_spec(), live_status(), pods, at(30))
+    assert decision.create.rendezvous == "mnist-rdzv-0r1"
+    assert (decision.create.ranks, decision.create.replacements, decision.delete.pods) == ((), (), ())
+    assert decision.report.status["rendezvousPod"] == "mnist-rdzv-0r1" and decision.report.changed
+    assert (decision.phase, decision.report.status["restarts"]) == ("Running", 0)
+    [event] = decision.events
+    assert (event.type, event.reason) == ("Warning", REASON_RENDEZVOUS_REPLACED)
+    assert "mnist-rdzv-0 was lost (it was deleted)" in event.message
+
+
+def test_decide_leaves_a_serving_rendezvous_pod_and_its_status_alone() -> None:
+    pods = observe(pod(0), pod(1), store_pod())
+    decision = decide(job_spec(), live_status(), pods, at(30))
+    assert decision.create.rendezvous is None and decision.events == ()
+    assert "rendezvousPod" not in decision.report.status

@@ -243,6 +243,71 @@ def test_a_process_failure_restarts_the_gang_in_place(
         _assert_ranks_followed_the_keys(cluster, namespace, job, status, rank0_log.text())
 
 
+def test_the_rendezvous_pods_loss_is_one_more_lost_pod(
+    cluster: suite.ExternalCluster,
+    checkpoint_storage: str | None,  # noqa: F811 (the suite's fixtures)
+    operator_release: str,  # noqa: F811
+    restricted_namespace: str,  # noqa: F811
+) -> None:
+    """No pod is special, the rendezvous pod included: deleted mid-training, it is replaced alone behind
+    the same name while the ranks train on (no rank pod is recreated, no restart counted), and every
+    pod's supervisor goes on with the new store. A worker killed after that restarts the group in place
+    through it: the survivors keep their processes, nothing is redone, and the job succeeds."""
+    namespace, job = restricted_namespace, "rdzv-lost"
+    manifest = suite.digits_job(
+        job,
+        "--throttle-ms",
+        "60",
+        "--checkpoint-every",
+        "20",
+        "--epochs",
+        "30",
+        storage_class=checkpoint_storage,
+    )
+    cluster.apply_json(manifest, "-n", namespace)
+    pods, rank0_log = _started_with_a_checkpoint(cluster, namespace, job)
+    before = _pod_uids(cluster, namespace, job)
+    ranks = sorted(before)
+    step = int((suite.job_status(cluster, namespace, job).get("progress") or {}).get("step") or 0)
+    cluster.kubectl_run("delete", "pod", f"{job}-rdzv-0", "-n", namespace, "--wait=false")
+    replacement = f"{job}-rdzv-0r1"
+    suite.wait_for(
+        f"{replacement} running", lambda: _phase(cluster, namespace, replacement) == "Running", timeout=300
+    )
+
+    def relinked(pod: str) -> bool:
+        logs = cluster.kubectl_run("logs", "-n", namespace, pod, "-c", "trainer").stdout
+        return any(line.get("event") == "store-relinked" for line in suite.status_lines(logs, "launcher"))
+
+    for pod in ranks:
+        suite.wait_for(f"{pod}'s supervisor on the new store", lambda pod=pod: relinked(pod), timeout=120)
+    # The group trained through the loss: its steps moved on, and no restart was counted for it.
+    suite.wait_for("steps moving", lambda: _steps_move(cluster, namespace, job, step), timeout=60)
+    status = suite.job_status(cluster, namespace, job)
+    assert (status.get("restarts", 0), status.get("rendezvousPod")) == (0, replacement), status
+    events = cluster.kubectl_run(
+        "get", "events", "-n", namespace, "--field-selector", "reason=RendezvousReplaced", "-o", "name"
+    ).stdout
+    assert events.strip(), "no RendezvousReplaced Event"
+    victim = next(p["metadata"]["name"] for p in pods if p["metadata"]["labels"]["ddp.dev/rank"] == "1")
+    _kill_worker(cluster, namespace, victim)
+    status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
+    assert _pod_uids(cluster, namespace, job) == before, "no rank pod was created or deleted"
+    record = _assert_recovered(status, rank0_log.text(), "InPlace", "ExitCode")
+    assert (record.get("rank"), record.get("exitCode")) == (1, 137), record
+    # Rank 0's worker kept its process through the restart (its supervisor's second round kept it).
+    rounds = [
+        line for line in suite.status_lines(rank0_log.text(), "launcher") if line.get("event") == "started"
+    ]
+    assert len(rounds) == 2 and rounds[1].get("kept") == "0", rounds
+    assert rounds[0]["workers"] == rounds[1]["workers"], rounds
+
+
+def _phase(cluster: suite.ExternalCluster, namespace: str, pod: str) -> str | None:
+    found = cluster.kubectl_run("get", "pod", pod, "-n", namespace, "-o", "json", check=False)
+    return json.loads(found.stdout).get("status", {}).get("phase") if found.returncode == 0 else None
+
+
 def _assert_ranks_followed_the_keys(
     cluster: suite.ExternalCluster, namespace: str, job: str, status: dict[str, Any], rank0_logs: str
 ) -> None:

@@ -10,6 +10,7 @@ with jitter, a lost node reports nothing).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,61 @@ def test_losing_rank_0s_pod_replaces_it_alone_and_the_rendezvous_pod_stays(
     assert kube.json("get", "pod", "host-rdzv-0", "-n", namespace)["metadata"]["uid"] == store, (
         "the rendezvous pod outlives rank 0's"
     )
+
+
+def running_pod(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    found = kube.run("get", "pod", name, "-n", namespace, "-o", "json", check=False)
+    pod: dict[str, Any] | None = json.loads(found.stdout) if found.returncode == 0 else None
+    return pod if pod and pod.get("status", {}).get("phase") == "Running" else None
+
+
+@pytest.mark.parametrize("how", ["deleted", "node-lost"])
+def test_a_lost_rendezvous_pod_is_replaced_alone_and_the_ranks_keep_their_pods(
+    kube: Kube,
+    local_cluster: LocalCluster,
+    namespace: str,
+    tmp_path: Path,
+    operators: list[OperatorProcess],
+    how: str,
+) -> None:
+    """No pod is special, the rendezvous pod included (docs/restarts.md): deleted, or on a node that
+    stops reporting (its deletion never confirmed), it is replaced alone under a new name behind the
+    same hostname; no rank pod on another node is touched, no restart is counted, and the Event says so."""
+    job = ddpjob("rdzv", replicas=2, pod_spec={**QUICK_EVICTION, **ONE_RANK_PER_NODE})
+    before = uids(started(kube, namespace, tmp_path, operators, job))
+    store = kube.json("get", "pod", "rdzv-rdzv-0", "-n", namespace)
+    node = store["spec"]["nodeName"]
+    if how == "deleted":
+        delete_pod(kube, namespace, "rdzv-rdzv-0")
+    else:
+        local_cluster.lose_node(node)
+    try:
+        new = wait_for(
+            "rdzv-rdzv-0r1 running", lambda: running_pod(kube, namespace, "rdzv-rdzv-0r1"), timeout=90
+        )
+        assert new["spec"]["hostname"] == "rdzv-rdzv" and new["spec"]["subdomain"] == "rdzv"
+        assert new["metadata"]["labels"][names.LABEL_ATTEMPT] == "0"
+        kept = {
+            rank: uid
+            for rank, uid in before.items()
+            if kube.json("get", "pod", f"rdzv-{rank}-0", "-n", namespace)["spec"]["nodeName"] != node
+        }
+        assert kept, "a rank pod runs on another node than the store's"
+        now = {pod_rank(p): p["metadata"]["uid"] for p in kube.live_pods(namespace, "rdzv")}
+        assert {rank: now.get(rank) for rank in kept} == kept, "the ranks elsewhere keep their pods"
+        status = wait_phase(kube, namespace, "rdzv", "Running")
+        assert (status["attempt"], status.get("restarts", 0), status["rendezvousPod"]) == (
+            0,
+            0,
+            "rdzv-rdzv-0r1",
+        )
+        replaced_events = [
+            e for e in kube.events_for(namespace, "rdzv") if e["reason"] == "RendezvousReplaced"
+        ]
+        assert len(replaced_events) == 1 and "rdzv-rdzv-0 was lost" in replaced_events[0]["message"]
+    finally:
+        if how == "node-lost":
+            local_cluster.restore_node(node)
 
 
 def test_the_rendezvous_pod_goes_with_its_attempt(

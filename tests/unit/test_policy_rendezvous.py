@@ -36,58 +36,77 @@ def store_pod(attempt: int = 0, replacement: int = 0, **state: Any) -> dict[str,
             "Running",
             0,
             [store_pod()],
+            "mnist-rdzv-0",
+            RendezvousPlan(),
+            id="serving-and-recorded-nothing-to-do",
+        ),
+        pytest.param(
+            "Running",
+            0,
+            [store_pod()],
             None,
             RendezvousPlan(record="mnist-rdzv-0"),
-            id="serving-nothing-to-do",
+            id="seen-the-first-time-recorded",
         ),
         pytest.param(
             "Pending",
             0,
             [],
             None,
-            RendezvousPlan(create="mnist-rdzv-0", record="mnist-rdzv-0"),
-            id="not-seen-yet-created-by-name-a-409-if-it-exists",
+            RendezvousPlan(create="mnist-rdzv-0"),
+            id="never-seen-created-by-name-a-409-if-it-exists",
         ),
         pytest.param(
             "Running",
             0,
             [store_pod(deleting_at=10)],
-            None,
-            RendezvousPlan(
-                create="mnist-rdzv-0r1", record="mnist-rdzv-0r1", lost=("mnist-rdzv-0", "it was deleted")
-            ),
+            "mnist-rdzv-0",
+            RendezvousPlan(create="mnist-rdzv-0r1"),
             id="deleted-replaced-alone-under-a-new-name",
         ),
         pytest.param(
             "Running",
             0,
+            [],
+            "mnist-rdzv-0",
+            RendezvousPlan(create="mnist-rdzv-0r1"),
+            id="gone-from-the-cluster-replaced-too-never-its-own-name-again",
+        ),
+        pytest.param(
+            "Running",
+            0,
             [store_pod(exit_code=0)],
-            None,
-            RendezvousPlan(
-                create="mnist-rdzv-0r1",
-                record="mnist-rdzv-0r1",
-                delete=("mnist-rdzv-0",),
-                lost=("mnist-rdzv-0", "its store ended (the pod Succeeded)"),
-            ),
+            "mnist-rdzv-0",
+            RendezvousPlan(create="mnist-rdzv-0r1", delete=("mnist-rdzv-0",)),
             id="its-store-ended-replaced-and-the-ended-pod-deleted",
         ),
         pytest.param(
             "Running",
             0,
-            [store_pod(deleting_at=10), store_pod(replacement=1, deleting_at=40)],
-            "mnist-rdzv-0r1",
+            [store_pod(deleting_at=10), store_pod(replacement=1)],
+            "mnist-rdzv-0",
             RendezvousPlan(
-                create="mnist-rdzv-0r2", record="mnist-rdzv-0r2", lost=("mnist-rdzv-0r1", "it was deleted")
+                record="mnist-rdzv-0r1", replaced=("mnist-rdzv-0", "mnist-rdzv-0r1", "it was deleted")
             ),
-            id="the-replacement-lost-too-the-next-number",
+            id="the-replacement-seen-recorded-and-the-event",
         ),
         pytest.param(
             "Running",
             0,
-            [store_pod(deleting_at=10)],
+            [store_pod(replacement=1)],
+            "mnist-rdzv-0",
+            RendezvousPlan(
+                record="mnist-rdzv-0r1", replaced=("mnist-rdzv-0", "mnist-rdzv-0r1", "it was deleted")
+            ),
+            id="the-replacement-seen-after-the-lost-one-left-the-cache",
+        ),
+        pytest.param(
+            "Running",
+            0,
+            [store_pod(replacement=1, deleting_at=40)],
             "mnist-rdzv-0r1",
-            RendezvousPlan(create="mnist-rdzv-0r1", record="mnist-rdzv-0r1"),
-            id="recorded-replacement-not-in-the-cache-yet-never-a-second-number",
+            RendezvousPlan(create="mnist-rdzv-0r2"),
+            id="the-replacement-lost-too-the-next-number",
         ),
         pytest.param(
             "Running",
@@ -147,20 +166,23 @@ def test_replacement_numbers(name: str, expected: int | None) -> None:
 
 
 def test_decide_replaces_a_deleted_rendezvous_pod_alone() -> None:
-    """The ranks train on: no rank pod is created or deleted, no restart counted, and the Event says so."""
-    pods = observe(pod(0), pod(1), store_pod(deleting_at=10))
-    decision = decide(job_spec(), live_status(), pods, at(30))
+    """The ranks train on: no rank pod is created or deleted, no restart counted; once the replacement
+    is seen, the status records it and the Event says what happened."""
+    recorded = live_status(rendezvousPod="mnist-rdzv-0")
+    decision = decide(job_spec(), recorded, observe(pod(0), pod(1), store_pod(deleting_at=10)), at(30))
     assert decision.create.rendezvous == "mnist-rdzv-0r1"
     assert (decision.create.ranks, decision.create.replacements, decision.delete.pods) == ((), (), ())
-    assert decision.report.status["rendezvousPod"] == "mnist-rdzv-0r1" and decision.report.changed
-    assert (decision.phase, decision.report.status["restarts"]) == ("Running", 0)
-    [event] = decision.events
+    assert (decision.phase, decision.report.status["restarts"], decision.events) == ("Running", 0, ())
+    seen = decide(job_spec(), recorded, observe(pod(0), pod(1), store_pod(replacement=1)), at(31))
+    assert seen.create.rendezvous is None
+    assert seen.report.status["rendezvousPod"] == "mnist-rdzv-0r1" and seen.report.changed
+    [event] = seen.events
     assert (event.type, event.reason) == ("Warning", REASON_RENDEZVOUS_REPLACED)
-    assert "mnist-rdzv-0 was lost (it was deleted)" in event.message
+    assert "mnist-rdzv-0 was lost (it was deleted); mnist-rdzv-0r1 replaces it" in event.message
 
 
 def test_decide_leaves_a_serving_rendezvous_pod_and_its_status_alone() -> None:
-    pods = observe(pod(0), pod(1), store_pod())
-    decision = decide(job_spec(), live_status(), pods, at(30))
+    recorded = live_status(rendezvousPod="mnist-rdzv-0")
+    decision = decide(job_spec(), recorded, observe(pod(0), pod(1), store_pod()), at(30))
     assert decision.create.rendezvous is None and decision.events == ()
-    assert "rendezvousPod" not in decision.report.status
+    assert decision.report.status["rendezvousPod"] == "mnist-rdzv-0" and decision.delete.pods == ()

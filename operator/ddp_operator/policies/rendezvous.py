@@ -30,14 +30,14 @@ STATUS_KEY: Final = "rendezvousPod"
 
 @dataclass(frozen=True)
 class RendezvousPlan:
-    """``create``: the rendezvous pod to create (again: a 409 means it exists); ``record``: the name
-    status.rendezvousPod holds after this decision; ``delete``: rendezvous pods to delete; ``lost``:
-    the pod ``create`` replaces, and why (for the Event), when one was lost."""
+    """``create``: the rendezvous pod to create (again: a 409 means it exists); ``record``: what
+    status.rendezvousPod says after this decision (None: unchanged); ``delete``: rendezvous pods to
+    delete; ``replaced``: (lost pod, its replacement, how it was lost) once the replacement is seen."""
 
     create: str | None = None
     record: str | None = None
     delete: tuple[str, ...] = ()
-    lost: tuple[str, str] | None = None
+    replaced: tuple[str, str, str] | None = None
 
 
 NO_PLAN: Final = RendezvousPlan()
@@ -53,8 +53,11 @@ def replacement_number(job: str, attempt: int, name: str) -> int | None:
     return int(tail) if tail != name and tail.isdigit() and not tail.startswith("0") else None
 
 
-def why_lost(pod: PodObservation) -> str | None:
-    """How a rendezvous pod was lost (deleted, its node gone, its store ended), None while it serves."""
+def why_lost(pod: PodObservation | None) -> str | None:
+    """How a rendezvous pod was lost (deleted, its node gone, its store ended, gone from the cluster),
+    None while it serves."""
+    if pod is None:
+        return "it was deleted"
     if pod.node_lost:
         return "its node stopped reporting"
     if pod.deleting:
@@ -68,35 +71,46 @@ def plan(
     job: JobSpec, phase: str | None, attempt: object, pods: Sequence[PodObservation], recorded: object
 ) -> RendezvousPlan:
     """The rendezvous pods' part of a decision: ``pods`` are the job object's own, ``recorded`` what
-    status.rendezvousPod said before it. Only a live attempt (Queued to Running) of a job whose store
-    is apart has one; the pods of earlier attempts, and every one once the attempt is no longer live,
-    go (a store holds nothing a finished job needs, whatever cleanPodPolicy keeps)."""
+    status.rendezvousPod said before it: the newest of the attempt's rendezvous pods the operator has
+    seen. Only a live attempt (Queued to Running) of a job whose store is apart has one; the pods of
+    earlier attempts, and every one once the attempt is no longer live, go (a store holds nothing a
+    finished job needs, whatever cleanPodPolicy keeps).
+
+    The newest seen is the one that serves; once it is lost (or gone: a pod it recorded and no longer
+    sees), the next number replaces it. A pod not seen yet is created by name, which costs only a 409
+    where it exists, so a replacement never gets a second number while the cache has not shown it."""
     stores = [p for p in pods if p.rendezvous]
     live = phase in names.LIVE_PHASES and isinstance(attempt, int) and rendezvous_apart(job)
     if not live or not isinstance(attempt, int):
         return RendezvousPlan(delete=_deletable(stores, keep=None))
-    number = replacement_number(job.name, attempt, recorded) if isinstance(recorded, str) else None
-    current = names.rendezvous_pod_name(job.name, attempt, number or 0)
-    seen = next((p for p in stores if p.name == current), None)
-    why = why_lost(seen) if seen is not None else None
-    if why is None:
-        # Not seen: created (again) by name, which costs only a 409 where it exists (created a moment
-        # ago, not in the cache yet); a pod whose deletion completed has freed its name.
-        create = current if seen is None else None
-        return RendezvousPlan(create=create, record=current, delete=_deletable(stores, keep=current))
-    new = names.rendezvous_pod_name(job.name, attempt, (number or 0) + 1)
-    return RendezvousPlan(create=new, record=new, delete=_deletable(stores, keep=new), lost=(current, why))
+    numbered = {n: p for p in stores if (n := replacement_number(job.name, attempt, p.name)) is not None}
+    before = replacement_number(job.name, attempt, recorded) if isinstance(recorded, str) else None
+    newest = max([*numbered, *([] if before is None else [before])], default=None)
+    record = names.rendezvous_pod_name(job.name, attempt, newest) if newest is not None else None
+    replaced = None
+    if before is not None and newest is not None and newest > before:
+        lost = names.rendezvous_pod_name(job.name, attempt, before)
+        replaced = (lost, record or "", why_lost(numbered.get(before)) or "it was replaced")
+    target = 0 if newest is None else newest
+    if newest is not None and why_lost(numbered.get(newest)) is not None:
+        target = newest + 1
+    name = names.rendezvous_pod_name(job.name, attempt, target)
+    return RendezvousPlan(
+        create=None if target in numbered else name,
+        record=record if record != recorded else None,
+        delete=_deletable(stores, keep=name),
+        replaced=replaced,
+    )
 
 
 def _deletable(stores: Sequence[PodObservation], keep: str | None) -> tuple[str, ...]:
     return tuple(sorted(p.name for p in stores if p.name != keep and not p.deleting))
 
 
-def replaced_message(job: str, lost: tuple[str, str], new: str) -> str:
+def replaced_message(job: str, lost: str, new: str, why: str) -> str:
     """The RendezvousReplaced Event's text."""
-    pod, why = lost
     return (
-        f"the rendezvous pod {pod} was lost ({why}); {new} replaces it behind the same name "
+        f"the rendezvous pod {lost} was lost ({why}); {new} replaces it behind the same name "
         f"({names.rendezvous_hostname(job)}): the ranks train on, and each pod's supervisor reconnects "
         "to the new store when it next needs it (no restart, no backoffLimit spent)"
     )
@@ -110,14 +124,12 @@ def with_rendezvous(
     status = decision.report.status
     found = plan(job, decision.phase, status.get("attempt"), pods, old.get(STATUS_KEY))
     report = decision.report
-    # No record says the attempt's first: only a replacement changes what the status holds.
-    attempt = status.get("attempt")
-    first = names.rendezvous_pod_name(job.name, attempt) if isinstance(attempt, int) else None
-    if found.record is not None and status.get(STATUS_KEY, first) != found.record:
+    if found.record is not None:
         report = replace(report, status={**status, STATUS_KEY: found.record}, changed=True)
     events = decision.events
-    if found.lost is not None and found.create is not None:
-        message = replaced_message(job.name, found.lost, found.create)
+    if found.replaced is not None:
+        lost, new, why = found.replaced
+        message = replaced_message(job.name, lost, new, why)
         events += (PhaseEvent(type="Warning", reason=REASON_RENDEZVOUS_REPLACED, message=message),)
     return replace(
         decision,

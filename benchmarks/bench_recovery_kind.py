@@ -20,6 +20,10 @@ Three modes (docs/restarts.md), each on a digits job of 2 ranks with a checkpoin
   standby;
 - ``freeze``: every process of rank 1's container SIGSTOPped from the node, no standby: found by the
   operator's stall limit, then replaced by a new pod;
+- ``rendezvous-lost``: the rendezvous pod deleted mid-training, then, once every pod's supervisor goes on
+  with its replacement, rank 1's worker SIGKILLed as in ``in-place``: the figure is that restart's, met
+  in the new store; ``relinked`` is from the deletion to the last supervisor on the new store, and the
+  run checks that the ranks kept training meanwhile and that no rank pod was recreated;
 - ``standby-freeze``: every process of rank 1's container SIGSTOPped from the node (a hang), with a
   standby: found by the operator's stall limit (no ``stallTimeoutSeconds``), then taken by the standby.
   Its figure includes the detection (``--cluster`` names the kind cluster, for the node's container).
@@ -73,6 +77,7 @@ MODES = (
     "standby-hard-kill",
     "standby-freeze",
     "freeze",
+    "rendezvous-lost",
 )
 # The modes that fail rank 0's pod (the others fail rank 1).
 RANK_0_MODES = frozenset({"rank-0-replaced", "elastic-rank-0-replaced", "standby-rank-0-replaced"})
@@ -90,6 +95,8 @@ class Run:
     # Whether the survivor's workers kept their processes (the same PIDs in its next round's
     # `launcher event=started` line); None where the survivor's pod is not the same after the failure.
     survivors_kept: bool | None = None
+    # rendezvous-lost: from the rendezvous pod's deletion to the last supervisor on its replacement.
+    relinked_s: float | None = None
 
 
 @dataclass
@@ -191,7 +198,7 @@ def fail(kube: Kube, job: str, mode: str, cluster: str) -> float:
         for p in pods
         if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
     )
-    if mode == "in-place":
+    if mode in ("in-place", "rendezvous-lost"):
         # The worker its launcher started last (`launcher event=started workers=RANK:PID`).
         logs = kube.run("logs", "-n", NAMESPACE, victim, "-c", "trainer")
         started = [
@@ -239,6 +246,48 @@ def standby_ready(kube: Kube, job: str) -> bool | None:
     return None
 
 
+def rank_pod_uids(kube: Kube, job: str) -> set[str]:
+    pods = kube.json("get", "pods", "-n", NAMESPACE, "-l", f"ddp.dev/job-name={job},ddp.dev/rank")["items"]
+    return {p["metadata"]["uid"] for p in pods if not p["metadata"].get("deletionTimestamp")}
+
+
+def lose_the_rendezvous_pod(kube: Kube, job: str) -> float:
+    """Delete the job's serving rendezvous pod; return once every rank's supervisor logged that it goes on
+    with the replacement (`launcher event=store-relinked`), the seconds that took. The ranks must have
+    trained meanwhile and no rank pod may have been recreated."""
+    uid = kube.json("get", "ddpjob", job, "-n", NAMESPACE)["metadata"]["uid"]
+    selector = f"ddp.dev/job-uid={uid},ddp.dev/role=rendezvous"
+    stores = [
+        p["metadata"]["name"]
+        for p in kube.json("get", "pods", "-n", NAMESPACE, "-l", selector)["items"]
+        if not p["metadata"].get("deletionTimestamp")
+    ]
+    pods, steps = rank_pod_uids(kube, job), rank0_metrics(kube, job).get("ddp_sync_steps_total", 0)
+    relinks_before = {rank: relinks(kube, job, rank) for rank in (0, 1)}
+    kube.run("delete", "pod", stores[0], "-n", NAMESPACE, "--wait=false")
+    deleted = time.time()
+    for rank in (0, 1):
+        wait_for(
+            f"rank {rank} on the new store",
+            lambda rank=rank: relinks(kube, job, rank) > relinks_before[rank] or None,
+        )
+    relinked = time.time() - deleted
+    if rank0_metrics(kube, job).get("ddp_sync_steps_total", 0) <= steps:
+        raise AssertionError("the ranks stopped training while the rendezvous pod was replaced")
+    if rank_pod_uids(kube, job) != pods:
+        raise AssertionError("a rank pod was recreated for the rendezvous pod's loss")
+    return relinked
+
+
+def relinks(kube: Kube, job: str, rank: int) -> int:
+    pods = kube.json("get", "pods", "-n", NAMESPACE, "-l", f"ddp.dev/job-name={job},ddp.dev/rank={rank}")
+    live = [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+    if not live:
+        return 0
+    logs = kube.run("logs", "-n", NAMESPACE, live[0]["metadata"]["name"], "-c", "trainer", check=False)
+    return sum(1 for line in logs.splitlines() if line.startswith("launcher event=store-relinked "))
+
+
 def one_failure(kube: Kube, job: str, mode: str, restarts_before: int, cluster: str) -> Run:
     # Trained and checkpointed since the last resume: a few seconds of steps.
     def training() -> bool | None:
@@ -249,6 +298,7 @@ def one_failure(kube: Kube, job: str, mode: str, restarts_before: int, cluster: 
     if mode.startswith("standby"):
         wait_for("a standby waiting, ready", lambda: standby_ready(kube, job))
     survivor_rank = 1 if mode in RANK_0_MODES else 0
+    relinked = lose_the_rendezvous_pod(kube, job) if mode == "rendezvous-lost" else None
     before = started_workers(kube, job, survivor_rank)
     failed_at = fail(kube, job, mode, cluster)
 
@@ -287,6 +337,7 @@ def one_failure(kube: Kube, job: str, mode: str, restarts_before: int, cluster: 
         operator_resumed_s=number("resumedSeconds"),
         steps_redone=int(record["stepsRedone"]) if "stepsRedone" in record else None,
         survivors_kept=kept,
+        relinked_s=relinked,
     )
 
 
@@ -320,8 +371,8 @@ def _median(values: Sequence[float | None]) -> float | None:
 def table(results: dict[str, list[Run]]) -> str:
     whole = _median([r.resumed_s for r in results.get("whole-gang", [])])
     lines = [
-        "| mode | runs | failure to training again (median s) | vs whole gang | survivors stopped | group re-formed | operator's resumedSeconds | steps redone | survivor's workers kept their PIDs |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| mode | runs | failure to training again (median s) | vs whole gang | survivors stopped | group re-formed | operator's resumedSeconds | steps redone | survivor's workers kept their PIDs | rendezvous pod replaced, supervisors relinked (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mode, runs in results.items():
         resumed = _median([r.resumed_s for r in runs])
@@ -334,7 +385,8 @@ def table(results: dict[str, list[Run]]) -> str:
             f"| {mode} | {len(runs)} | {fmt(resumed)} | {ratio} | {fmt(_median([r.stopped_s for r in runs]))} | "
             f"{fmt(_median([r.reformed_s for r in runs]))} | {fmt(_median([r.operator_resumed_s for r in runs]))} | "
             f"{fmt(_median([float(r.steps_redone) if r.steps_redone is not None else None for r in runs]))} | "
-            f"{sum(1 for r in runs if r.survivors_kept)}/{sum(1 for r in runs if r.survivors_kept is not None)} |"
+            f"{sum(1 for r in runs if r.survivors_kept)}/{sum(1 for r in runs if r.survivors_kept is not None)} | "
+            f"{fmt(_median([r.relinked_s for r in runs]))} |"
         )
     return "\n".join(lines)
 

@@ -383,7 +383,7 @@ def _restart(live: Attempt, outcome: Restart) -> Decision:
     backoffLimit (status.restarts) unless it is a preemption (status.preemptions)."""
     failure = outcome.failure
     preemptions = int_field(live.old.get("preemptions"), 0)
-    in_place = live.job.run_policy.restart_mode == recovery.MODE_IN_PLACE
+    in_place = live.job.run_policy.restart_mode == accounting.MODE_IN_PLACE
     note = (
         recovery.fallback_note(live.failures, rank0=recovery.rendezvous_apart(live.job)) if in_place else ""
     )

@@ -12,8 +12,8 @@ from tests.unit.test_reconcile import live_status
 
 from ddp_operator import builders, gang
 from ddp_operator.decision import Decision
-from ddp_operator.policies import recovery
-from ddp_operator.policies.recovery import GroupRestartReport
+from ddp_operator.policies import restart_events
+from ddp_operator.policies.accounting import GroupRestartReport, account, resize
 from ddp_operator.progress.tracker import ProgressObservation
 from ddp_operator.reconcile import decide
 from ddp_operator.spec import DEFAULT_REPLACEMENT_WAIT_SECONDS, JobSpec, SpecError, parse_job
@@ -192,10 +192,10 @@ def _report(
 def test_grows_do_not_count_against_backoff_limit(
     last: dict[str, Any] | None, report: GroupRestartReport, added: int, sizes: tuple[int, int] | None
 ) -> None:
-    accounting = recovery.account(last, 0, report)
+    accounting = account(last, 0, report)
     assert accounting.added == added
     assert accounting.record is not None
-    assert recovery.resize(accounting.record) == sizes
+    assert resize(accounting.record) == sizes
 
 
 @pytest.mark.parametrize(
@@ -214,7 +214,7 @@ def test_grows_do_not_count_against_backoff_limit(
     ],
 )
 def test_a_resize_says_from_what_to_what(record: dict[str, Any], words: str) -> None:
-    assert words in recovery.describe(record, 1, 3)
+    assert words in restart_events.describe(record, 1, 3)
 
 
 # --- decisions ---------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from tests.unit.kube_factories import RUNNING_STATUS, at, job_spec, observe, pod
 
-from ddp_operator.policies.recovery import GroupRestartReport
+from ddp_operator.policies.accounting import GroupRestartReport
 from ddp_operator.progress import render, tracker
 from ddp_operator.progress.exposition import PodScrape, reduce_text
 from ddp_operator.reconcile import decide

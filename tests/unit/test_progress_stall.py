@@ -10,7 +10,7 @@ import pytest
 from tests.unit.kube_factories import RUNNING_STATUS, at, job_spec, observe, pod, with_run_policy
 
 from ddp_operator.policies import recovery, stall
-from ddp_operator.policies.recovery import GroupRestartReport
+from ddp_operator.policies.accounting import GroupRestartReport
 from ddp_operator.progress.exposition import PodScrape, reduce_text
 from ddp_operator.progress.tracker import ProgressObservation, ProgressTracker, stepped_at
 from ddp_operator.reconcile import decide

@@ -12,7 +12,7 @@ from tests.unit.test_elastic import elastic_object
 from tests.unit.test_reconcile import live_status
 
 from ddp_operator.decision import Decision
-from ddp_operator.policies.recovery import GroupRestartReport
+from ddp_operator.policies.accounting import GroupRestartReport
 from ddp_operator.progress.tracker import ProgressObservation
 from ddp_operator.reconcile import decide
 from ddp_operator.spec import JobSpec, parse_job

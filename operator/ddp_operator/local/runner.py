@@ -28,9 +28,12 @@ from ddp_operator.local.plan import Host, LocalAddresses, PlanError, ProcessSpec
 from ddp_operator.local.ports import free_ports
 from ddp_operator.local.scrape import Scraper
 from ddp_operator.local.supervisor import Exit, Gang
-from ddp_operator.policies import failure, recovery, stall, success
+from ddp_operator.policies import failure, stall, success
+from ddp_operator.policies.accounting import account, lost_seconds
 from ddp_operator.policies.attempt import AttemptVerdict, judge_attempt
+from ddp_operator.policies.budget import launcher_budget
 from ddp_operator.policies.deadline import REASON_DEADLINE
+from ddp_operator.policies.restart_events import describe_lost, restart_notice
 from ddp_operator.progress.render import (
     RankResult,
     accuracy_note,
@@ -164,14 +167,14 @@ class LocalJobRunner:
         """In-place restarts rank 0's pod reports: counted and printed, as the operator's Events say them."""
         rank_zero = tracker.latest.get(0)
         report = rank_zero.restart if rank_zero is not None else None
-        accounting = recovery.account(self._last_restart, self.attempt, report)
+        accounting = account(self._last_restart, self.attempt, report)
         if accounting.record is None:
             return
-        self.lost = recovery.lost_seconds(self.lost, self._last_restart, accounting.record)
+        self.lost = lost_seconds(self.lost, self._last_restart, accounting.record)
         self._last_restart = accounting.record
         self.restarts += accounting.added
         limit = self.job.run_policy.backoff_limit
-        notice = recovery.restart_notice(accounting, self.restarts, limit, resized=False)
+        notice = restart_notice(accounting, self.restarts, limit, resized=False)
         if notice is not None:
             self.console.note(
                 f"{'restarted in place' if notice.kind == 'in-place' else 'recovered'}: {notice.text}"
@@ -194,7 +197,7 @@ class LocalJobRunner:
         master_port, *metrics_ports = free_ports(1 + self.job.replicas)
         specs = []
         for rank in range(self.job.replicas):
-            budget = recovery.launcher_budget(self.job, self.restarts)
+            budget = launcher_budget(self.job, self.restarts)
             pod = builders.build_rank_pod(self.job, rank, attempt, restart_budget=budget)
             addresses = LocalAddresses(master_port, metrics_ports[rank], str(checkpoint_dir))
             specs.append(
@@ -459,7 +462,7 @@ class LocalJobRunner:
         if (accuracy := accuracy_note(result.results)) is not None:
             extra.append(accuracy)
         if self.lost:
-            extra.append(f"lost to in-place restarts: {recovery.describe_lost(self.lost)}")
+            extra.append(f"lost to in-place restarts: {describe_lost(self.lost)}")
         outcome = result.outcome
         if result.reason:
             outcome += f" ({result.reason})"

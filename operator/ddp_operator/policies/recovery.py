@@ -21,20 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-# Besides the modes, names that moved to the other recovery modules stay importable from here for the
-# callers that predate the split (`ddpjob run`'s runner, tests of other tiers): new code imports them
-# from their own modules.
 from ddp_operator.decision import RESTART_POLL_SECONDS, Deletes, deletable, lost_now
 from ddp_operator.policies import kueue
-from ddp_operator.policies.accounting import MODE_IN_PLACE as MODE_IN_PLACE
-from ddp_operator.policies.accounting import MODE_POD_REPLACED as MODE_POD_REPLACED
-from ddp_operator.policies.accounting import MODE_WHOLE_GANG as MODE_WHOLE_GANG
-from ddp_operator.policies.accounting import RECOVERY_MODES as RECOVERY_MODES
-from ddp_operator.policies.accounting import GroupRestartReport as GroupRestartReport
-from ddp_operator.policies.accounting import account as account
-from ddp_operator.policies.accounting import lost_seconds as lost_seconds
-from ddp_operator.policies.accounting import resize as resize
-from ddp_operator.policies.budget import launcher_budget as launcher_budget
+from ddp_operator.policies.accounting import MODE_IN_PLACE
 from ddp_operator.policies.failure import (
     REASON_EVICTED,
     REASON_POD_DELETED,
@@ -42,9 +31,6 @@ from ddp_operator.policies.failure import (
     RankFailure,
     judge_failures,
 )
-from ddp_operator.policies.restart_events import describe as describe
-from ddp_operator.policies.restart_events import describe_lost as describe_lost
-from ddp_operator.policies.restart_events import restart_notice as restart_notice
 from ddp_operator.policies.rule import Attempt, Hold, Outcome, ReplaceAlone, Rule, never
 from ddp_operator.spec import JobSpec
 

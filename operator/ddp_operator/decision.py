@@ -17,8 +17,8 @@ object) on create as success:
 - delete the DDPJob when ``delete.job`` (TTL);
 - call ``decide`` again after ``requeue_after`` seconds when it is set (deadlines, TTL, restarts).
 
-The reasons below are the operator's own Event and condition reasons; a policy's reasons live with
-the policy (policies/failure.py, policies/deadline.py). docs/api.md lists them all
+The reasons below are every Event and condition reason, the operator's and its policies' (which
+policy gives each is said beside it): one home, so docs/api.md's tables are checked against one list
 (tests/unit/test_events_documented.py ties the two).
 """
 
@@ -57,6 +57,24 @@ REASON_RECOVERED: Final = "Recovered"
 REASON_STANDBY_YIELDED: Final = "StandbyYielded"
 REASON_STANDBY_NOT_CREATED: Final = "StandbyNotCreated"
 REASON_RENDEZVOUS_REPLACED: Final = "RendezvousReplaced"
+# A rank's failure (policies/failure.py): its exit code, an OOM kill, the backoffLimit spent, a pod
+# disrupted or failed, a stall (no synchronized step for the stall limit: retried like a lost peer).
+REASON_EXIT_CODE: Final = "ExitCode"
+REASON_OOM: Final = "OOMKilled"
+REASON_BACKOFF: Final = "BackoffLimitExceeded"
+REASON_EVICTED: Final = "Evicted"
+REASON_PREEMPTED: Final = "Preempted"
+REASON_POD_DELETED: Final = "PodDeleted"
+REASON_POD_FAILED: Final = "PodFailed"
+REASON_STALLED: Final = "Stalled"
+# The deadlines (policies/deadline.py): activeDeadlineSeconds; startupDeadlineSeconds, by what the wait was.
+REASON_DEADLINE: Final = "DeadlineExceeded"
+REASON_UNSCHEDULABLE: Final = "Unschedulable"
+REASON_IMAGE_PULL: Final = "ImagePullFailed"
+REASON_STARTUP_TIMEOUT: Final = "StartupTimeout"
+# An attempt that ended well (policies/success.py): every rank exited 0, or some hung after training.
+REASON_SUCCEEDED: Final = "AllRanksSucceeded"
+REASON_HUNG_AFTER_TRAINING: Final = "RanksHungAfterTraining"
 
 
 # While waiting for old pods to go (an attempt's, or a lost pod Kueue still counts), look again this

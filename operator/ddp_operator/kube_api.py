@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from urllib.parse import quote, urlencode
 
 from ddp_operator import names
@@ -131,6 +131,15 @@ def merge_patch_for(old: Mapping[str, Any], new: Mapping[str, Any]) -> JsonDict:
         if key not in new:
             patch[key] = None
     return patch
+
+
+class _Payload(TypedDict, total=False):
+    """What a request carries besides its verb and path: the query (None values left out), the body
+    and its content type (JSON unless said)."""
+
+    query: Mapping[str, Any] | None
+    body: Any
+    content_type: str
 
 
 def _child_path(namespace: str, kind: str, name: str | None = None) -> str:
@@ -261,13 +270,12 @@ class KubeApi:
         method: str,
         path: str,
         *,
-        query: Mapping[str, Any] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
         timeout: float | tuple[float, float | None] | None = 60.0,
+        **what: Unpack[_Payload],
     ) -> Any:
         """One request; returns the raw response (not read) or raises ApiError for a non-2xx answer."""
-        headers = {"Accept": "application/json", "Content-Type": content_type}
+        query, body = what.get("query"), what.get("body")
+        headers = {"Accept": "application/json", "Content-Type": what.get("content_type", "application/json")}
         method, url, headers, _, _ = self._client.param_serialize(
             method=method, resource_path=path, header_params=headers, auth_settings=["BearerToken"]
         )
@@ -284,17 +292,9 @@ class KubeApi:
             raise _status_message(response.status, response.reason, response.read())
         return response
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, Any] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-    ) -> JsonDict:
-        response = self._send(method, path, query=query, body=body, content_type=content_type)
-        data = response.read()
+    def request(self, method: str, path: str, **what: Unpack[_Payload]) -> JsonDict:
+        """One request, its JSON answer decoded ({} for an empty one)."""
+        data = self._send(method, path, **what).read()
         decoded: JsonDict = json.loads(data) if data else {}
         return decoded
 

@@ -26,6 +26,9 @@ from ddp_operator import builders, names, standbys
 from ddp_operator.decision import (
     DEFAULT_TIMING,
     REASON_CREATED,
+    REASON_DEADLINE,
+    REASON_HUNG_AFTER_TRAINING,
+    REASON_IMAGE_PULL,
     REASON_INVALID_SPEC,
     REASON_POD_CREATE_FORBIDDEN,
     REASON_POD_REPLACED,
@@ -33,8 +36,10 @@ from ddp_operator.decision import (
     REASON_RESUMED,
     REASON_RUNNING,
     REASON_SCHEDULED,
+    REASON_STARTUP_TIMEOUT,
     REASON_STRAGGLER_REPLACED,
     REASON_SUSPENDED,
+    REASON_UNSCHEDULABLE,
     RESTART_POLL_SECONDS,
     CreateRefusal,
     Creates,
@@ -51,7 +56,6 @@ from ddp_operator.observe import PodObservation, format_time, int_field, parse_t
 from ddp_operator.policies import (
     accounting,
     creation,
-    deadline,
     elastic,
     recovery,
     registry,
@@ -60,7 +64,6 @@ from ddp_operator.policies import (
     restart_events,
     stall,
     straggler,
-    success,
     ttl,
 )
 from ddp_operator.policies import attempt as attempt_policy
@@ -93,8 +96,8 @@ from ddp_operator.status import (
 
 # Reasons that end a job whose pods must stop consuming resources whatever cleanPodPolicy says.
 _STOP_REASONS: Final = frozenset(
-    {deadline.REASON_DEADLINE, deadline.REASON_UNSCHEDULABLE, deadline.REASON_IMAGE_PULL}
-    | {deadline.REASON_STARTUP_TIMEOUT, success.REASON_HUNG_AFTER_TRAINING}
+    {REASON_DEADLINE, REASON_UNSCHEDULABLE, REASON_IMAGE_PULL}
+    | {REASON_STARTUP_TIMEOUT, REASON_HUNG_AFTER_TRAINING}
     | {REASON_POD_CREATE_FORBIDDEN, REASON_INVALID_SPEC}
 )
 

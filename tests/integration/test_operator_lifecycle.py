@@ -25,7 +25,7 @@ from tests.integration.operator_harness import (
     wait_for,
 )
 
-from ddp_operator.policies.success import REASON_SUCCEEDED
+from ddp_operator.decision import REASON_SUCCEEDED
 
 pytestmark = pytest.mark.integration
 __all__ = ["kube", "namespace", "operator", "verbose_operator"]  # fixtures, imported for pytest

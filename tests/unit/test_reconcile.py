@@ -8,7 +8,7 @@ import pytest
 from tests.unit.kube_factories import at, job_spec, observe, pod, with_run_policy
 
 from ddp_operator import builders, names
-from ddp_operator.decision import CreateRefusal, Decision
+from ddp_operator.decision import REASON_HUNG_AFTER_TRAINING, CreateRefusal, Decision
 from ddp_operator.observe import format_time
 from ddp_operator.policies import success
 from ddp_operator.policies.attempt import judge_attempt
@@ -205,7 +205,7 @@ def test_a_rank_hung_after_rank_0_finished_ends_in_success_after_the_grace(clean
     late = run(job, live_status(), pods, now=100 + grace)
     assert late.report.status["phase"] == "Succeeded"
     succeeded = condition(late.report.status, "Succeeded")
-    assert succeeded is not None and succeeded["reason"] == success.REASON_HUNG_AFTER_TRAINING
+    assert succeeded is not None and succeeded["reason"] == REASON_HUNG_AFTER_TRAINING
     assert "rank(s) 1" in succeeded["message"]
     assert late.delete.pods == (("mnist-0-0",) if clean_pod_policy == "All" else ()) + ("mnist-1-0",)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Final
 
 from ddp_operator import builders
+from ddp_operator.decision import REASON_DEADLINE
 from ddp_operator.local.console import Console
 from ddp_operator.local.plan import Host, LocalAddresses, PlanError, ProcessSpec, find_trainer, plan_process
 from ddp_operator.local.ports import free_ports
@@ -32,7 +33,6 @@ from ddp_operator.policies import failure, stall, success
 from ddp_operator.policies.accounting import account, lost_seconds
 from ddp_operator.policies.attempt import AttemptVerdict, judge_attempt
 from ddp_operator.policies.budget import launcher_budget
-from ddp_operator.policies.deadline import REASON_DEADLINE
 from ddp_operator.policies.restart_events import describe_lost, restart_notice
 from ddp_operator.progress.render import (
     RankResult,

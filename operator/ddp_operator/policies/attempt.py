@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from ddp_operator import names
+from ddp_operator.decision import REASON_HUNG_AFTER_TRAINING, REASON_SUCCEEDED
 from ddp_operator.policies import failure, rule, success
 from ddp_operator.policies.rule import Attempt, Finish, Restart, Rule
 
@@ -60,7 +61,7 @@ def judge_attempt(
     ):
         return AttemptVerdict(
             "succeeded",
-            success.REASON_SUCCEEDED,
+            REASON_SUCCEEDED,
             success.elastic_success_message(len(frozenset(succeeded_ranks)), replicas, attempt),
         )
     if failures:
@@ -74,13 +75,9 @@ def judge_attempt(
         )
     if finish_grace_left is not None and finish_grace_left <= 0:
         hung = frozenset(running_ranks) - frozenset(succeeded_ranks)
-        return AttemptVerdict(
-            "succeeded", success.REASON_HUNG_AFTER_TRAINING, success.hung_message(hung, attempt)
-        )
+        return AttemptVerdict("succeeded", REASON_HUNG_AFTER_TRAINING, success.hung_message(hung, attempt))
     if frozenset(succeeded_ranks) >= frozenset(range(replicas)):
-        return AttemptVerdict(
-            "succeeded", success.REASON_SUCCEEDED, success.success_message(replicas, attempt)
-        )
+        return AttemptVerdict("succeeded", REASON_SUCCEEDED, success.success_message(replicas, attempt))
     return STILL_RUNNING
 
 

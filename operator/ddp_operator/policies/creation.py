@@ -11,9 +11,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from ddp_operator.decision import REASON_POD_DELETED
 from ddp_operator.observe import PodObservation, int_field
 from ddp_operator.policies.accounting import MODE_POD_REPLACED
-from ddp_operator.policies.failure import REASON_POD_DELETED, RankFailure
+from ddp_operator.policies.failure import RankFailure
 from ddp_operator.spec import JobSpec
 
 

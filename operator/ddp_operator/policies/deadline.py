@@ -16,15 +16,16 @@ from datetime import datetime
 from typing import Final
 
 from ddp_operator import names
+from ddp_operator.decision import (
+    REASON_DEADLINE,
+    REASON_IMAGE_PULL,
+    REASON_STARTUP_TIMEOUT,
+    REASON_UNSCHEDULABLE,
+)
 from ddp_operator.observe import IMAGE_PULL_FAILURES, PodObservation, parse_time
 from ddp_operator.policies import elastic
 from ddp_operator.policies.rule import LIVE, RESTARTING, Attempt, Finish, Outcome, Rule
 from ddp_operator.status import condition_ended_at, condition_time
-
-REASON_DEADLINE: Final = "DeadlineExceeded"
-REASON_UNSCHEDULABLE: Final = "Unschedulable"
-REASON_IMAGE_PULL: Final = "ImagePullFailed"
-REASON_STARTUP_TIMEOUT: Final = "StartupTimeout"
 
 
 def seconds_left(since: datetime | None, limit_seconds: int | None, now: datetime) -> float | None:

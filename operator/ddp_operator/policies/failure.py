@@ -25,18 +25,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
+from ddp_operator.decision import (
+    REASON_BACKOFF,
+    REASON_EXIT_CODE,
+    REASON_OOM,
+    REASON_POD_DELETED,
+    REASON_POD_FAILED,
+    REASON_STALLED,
+)
 from ddp_operator.observe import PodObservation
 from ddp_operator.policies.budget import restarts_left
-
-REASON_EXIT_CODE: Final = "ExitCode"
-REASON_OOM: Final = "OOMKilled"
-REASON_BACKOFF: Final = "BackoffLimitExceeded"
-REASON_EVICTED: Final = "Evicted"
-REASON_PREEMPTED: Final = "Preempted"
-REASON_POD_DELETED: Final = "PodDeleted"
-REASON_POD_FAILED: Final = "PodFailed"
-# No synchronized step for stallTimeoutSeconds: a hung collective, retried like a lost peer.
-REASON_STALLED: Final = "Stalled"
 
 FIRST_SIGNAL_CODE: Final = 128
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Final
 
 from ddp_operator import names
+from ddp_operator.decision import REASON_BACKOFF
 from ddp_operator.policies.budget import restarts_left
-from ddp_operator.policies.failure import REASON_BACKOFF
 from ddp_operator.policies.restart_events import describe
 from ddp_operator.policies.rule import Attempt, Finish, Outcome, Rule, never, no_facts
 

@@ -21,16 +21,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from ddp_operator.decision import RESTART_POLL_SECONDS, Deletes, deletable, lost_now
-from ddp_operator.policies import kueue
-from ddp_operator.policies.accounting import MODE_IN_PLACE
-from ddp_operator.policies.failure import (
+from ddp_operator.decision import (
     REASON_EVICTED,
     REASON_POD_DELETED,
     REASON_PREEMPTED,
-    RankFailure,
-    judge_failures,
+    RESTART_POLL_SECONDS,
+    Deletes,
+    deletable,
+    lost_now,
 )
+from ddp_operator.policies import kueue
+from ddp_operator.policies.accounting import MODE_IN_PLACE
+from ddp_operator.policies.failure import RankFailure, judge_failures
 from ddp_operator.policies.rule import Attempt, Hold, Outcome, ReplaceAlone, Rule, never
 from ddp_operator.spec import JobSpec
 

@@ -20,9 +20,9 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from ddp_operator import names, ranks
-from ddp_operator.decision import Deletes
+from ddp_operator.decision import REASON_STALLED, Deletes
 from ddp_operator.policies import elastic, recovery
-from ddp_operator.policies.failure import REASON_STALLED, RankFailure, judge_failures
+from ddp_operator.policies.failure import RankFailure, judge_failures
 from ddp_operator.policies.rule import Attempt, Finish, Outcome, ReplaceAlone, Restart, Rule
 
 # The ranks named in the message: enough to point at the culprit without listing a whole job.

@@ -16,8 +16,6 @@ from typing import Final
 
 from ddp_operator.observe import PodObservation
 
-REASON_SUCCEEDED: Final = "AllRanksSucceeded"
-REASON_HUNG_AFTER_TRAINING: Final = "RanksHungAfterTraining"
 # Ranks stop within seconds of each other; the grace covers a slow final checkpoint or log flush.
 FINISH_GRACE_SECONDS: Final = 120
 

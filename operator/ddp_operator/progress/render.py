@@ -18,44 +18,47 @@ def _decimal(value: float) -> str:
     return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.0f}"
 
 
+def _decimals(**values: float | None) -> dict[str, object]:
+    """The known ``values`` (None: not measured, left out of status), each as a short decimal."""
+    return {name: _decimal(value) for name, value in values.items() if value is not None}
+
+
+def _known(**values: object) -> dict[str, object]:
+    """The known ``values`` as they are (None: left out of status)."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
 def status_progress(view: ProgressView, health: HealthCheck | None = None) -> dict[str, object] | None:
     """``status.progress``, with rank 0's last gang health check (``health``) when one ran; None before
     the first synchronized step (a job that has not trained has no progress to show)."""
     if view.step is None or view.step <= 0 or view.observed_at is None:
         return None
-    progress: dict[str, object] = {"step": view.step, "observedTime": format_time(view.observed_at)}
-    if view.samples_per_second is not None:
-        progress["samplesPerSecond"] = _decimal(view.samples_per_second)
-    if view.loss is not None:
-        progress["loss"] = _decimal(view.loss)
-    if view.allreduce_p50 is not None:
-        progress["allreduceP50Seconds"] = _decimal(view.allreduce_p50)
-    if view.bus_bandwidth is not None:
-        progress["busBandwidthBytesPerSecond"] = _decimal(view.bus_bandwidth)
-    if view.last_sync is not None:
-        progress["lastSyncTime"] = format_time(view.last_sync)
-    if view.percent_complete is not None:
-        progress["percentComplete"] = view.percent_complete
-    if view.seconds_remaining is not None:
-        progress["estimatedSecondsRemaining"] = view.seconds_remaining
-    if health is not None:
-        progress["healthCheck"] = health_status(health)
-    return progress
+    return {
+        "step": view.step,
+        "observedTime": format_time(view.observed_at),
+        **_decimals(
+            samplesPerSecond=view.samples_per_second,
+            loss=view.loss,
+            allreduceP50Seconds=view.allreduce_p50,
+            busBandwidthBytesPerSecond=view.bus_bandwidth,
+        ),
+        **_known(
+            lastSyncTime=format_time(view.last_sync) if view.last_sync is not None else None,
+            percentComplete=view.percent_complete,
+            estimatedSecondsRemaining=view.seconds_remaining,
+            healthCheck=health_status(health) if health is not None else None,
+        ),
+    }
 
 
 def health_status(health: HealthCheck) -> dict[str, object]:
     """``status.progress.healthCheck``: when the last gang health check ended, what it measured and the
     rank (or link) it found far below the group's median, if any."""
-    shown: dict[str, object] = {"time": format_time(datetime.fromtimestamp(health.checked_at, UTC))}
-    if health.bus_bandwidth is not None:
-        shown["busBandwidthBytesPerSecond"] = _decimal(health.bus_bandwidth)
-    if health.seconds is not None:
-        shown["seconds"] = _decimal(health.seconds)
-    if health.slow_rank is not None:
-        shown["slowRank"] = health.slow_rank
-    if health.slow_link is not None:
-        shown["slowLink"] = health.slow_link
-    return shown
+    return {
+        "time": format_time(datetime.fromtimestamp(health.checked_at, UTC)),
+        **_decimals(busBandwidthBytesPerSecond=health.bus_bandwidth, seconds=health.seconds),
+        **_known(slowRank=health.slow_rank, slowLink=health.slow_link),
+    }
 
 
 def straggler_status(sighting: StragglerSighting, pod: str, node: str) -> dict[str, object]:

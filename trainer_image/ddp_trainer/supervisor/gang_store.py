@@ -92,7 +92,10 @@ class WaitingWatch:
         self._store, self._lost = None, False
 
     def stop(self) -> None:
+        """End the looks and wait for the one under way (bounded by LOOK_TIMEOUT): a thread left in a
+        store request while the interpreter exits would abort the process."""
         self._stop.set()
+        self._thread.join(LOOK_TIMEOUT.total_seconds() + 1)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):

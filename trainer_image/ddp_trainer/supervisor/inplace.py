@@ -61,7 +61,7 @@ from ddp_trainer.exitcodes import EXIT_OK, EXIT_PEER_LOST, EXIT_STOPPED, first_f
 from ddp_trainer.progress import launcher_status_line
 from ddp_trainer.supervisor import worker_forkserver
 from ddp_trainer.supervisor.addresses import AGENT_SERVES_STORE_ENV, loopback_listener
-from ddp_trainer.supervisor.gang_store import Connect, WaitingWatch, reconnect, set_if_absent
+from ddp_trainer.supervisor.gang_store import LOOK_TIMEOUT, Connect, WaitingWatch, reconnect, set_if_absent
 from ddp_trainer.supervisor.membership import Round
 from ddp_trainer.supervisor.rank_order import RankOrderMissingError, wait_for_key
 from ddp_trainer.supervisor.rendezvous import RoundsRendezvous
@@ -247,6 +247,9 @@ class Supervisor:
             else None
         )
         self._relinking: _Relinking | None = None
+        # Lines for the gang's books written while no store answered: added to the new store before
+        # this pod joins a round there, so the restart's record still has them.
+        self._unwritten: list[tuple[int, str, str]] = []
 
     @property
     def stopped(self) -> bool:
@@ -530,8 +533,7 @@ class Supervisor:
         assert self._watcher is not None and self._connect is not None
         if self._relinking is None:
             if self._watcher.lost and self._members > 0:
-                _status("store-lost", pod=self._pod_rank, time=f"{time.time():.6f}")
-                self._relinking = _Relinking(self._connect, self._init_timeout, lambda: self.stopped)
+                self._begin_relink(None)
             return
         if self._relinking.done:
             store, self._relinking = self._relinking.store, None
@@ -543,11 +545,7 @@ class Supervisor:
         go on with it; False where the store has no replacement (this job hosts none) or none came."""
         if self._connect is None:
             return False
-        if self._relinking is None:
-            _status("store-lost", pod=self._pod_rank, time=f"{time.time():.6f}")
-            log(f"the rendezvous store failed ({lost}); waiting for its replacement")
-            self._relinking = _Relinking(self._connect, self._init_timeout, lambda: self.stopped)
-        relinking = self._relinking
+        relinking = self._relinking if self._relinking is not None else self._begin_relink(lost)
         self._interruptible(relinking.wait)
         self._relinking = None
         if relinking.store is None:
@@ -563,6 +561,9 @@ class Supervisor:
             set_if_absent(store, GROWS_TOTAL_KEY, str(self._grows))
             set_if_absent(store, RESIZES_TOTAL_KEY, str(self._resizes))
             set_if_absent(_books(store, self._restarts), MEMBERS_KEY, str(self._members))
+        for restarts, key, value in self._unwritten:
+            _push(_books(store, restarts), key, value)
+        self._unwritten.clear()
         assert isinstance(self._handler, RoundsRendezvous)
         self._handler.adopt(store)
         self._gang_store = store
@@ -571,16 +572,30 @@ class Supervisor:
         _status("store-relinked", pod=self._pod_rank, restarts=self._restarts, time=f"{time.time():.6f}")
 
     def _write_books(self, key: str, value: str) -> None:
-        """Add to the gang's books of the current round; a store lost meanwhile is reconnected to first
-        (a record that cannot be written is only a poorer record: the restart goes on)."""
-        try:
-            _push(_books(self._gang_store, self._restarts), key, value)
-            return
-        except DistError as lost:
-            if not self._relink(lost):
-                log(f"the restart's books lost a line ({key}): the rendezvous store is gone")
+        """Add to the gang's books of the current round. Where the store does not answer, the line waits
+        for its replacement (``_adopt`` writes it there before this pod joins a round) and the
+        supervisor goes on with its workers meanwhile; a store this job cannot replace loses the line,
+        which only makes a poorer record."""
+        if self._relinking is None and not (self._watcher is not None and self._watcher.lost):
+            try:
+                _push(_books(self._gang_store, self._restarts), key, value)
                 return
-        _push(_books(self._gang_store, self._restarts), key, value)
+            except DistError as lost:
+                if self._connect is None:
+                    log(f"the restart's books lost a line ({key}): the rendezvous store is gone")
+                    return
+                self._begin_relink(lost)
+        self._unwritten.append((self._restarts, key, value))
+
+    def _begin_relink(self, lost: Exception | None) -> _Relinking:
+        """Start reconnecting to the rendezvous store in the background (``lost``: the failed request,
+        None when a look found it gone)."""
+        assert self._connect is not None
+        _status("store-lost", pod=self._pod_rank, time=f"{time.time():.6f}")
+        if lost is not None:
+            log(f"the rendezvous store failed ({lost}); waiting for its replacement")
+        self._relinking = _Relinking(self._connect, self._init_timeout, lambda: self.stopped)
+        return self._relinking
 
     def _failed(self, failed: dict[int, int]) -> _Outcome:
         seen = time.time()
@@ -693,6 +708,13 @@ class Supervisor:
         return None
 
     # --- ending ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the threads that talk to the rendezvous store, before the interpreter exits."""
+        if self._watcher is not None:
+            self._watcher.stop()
+        if self._relinking is not None:
+            self._relinking.wait(LOOK_TIMEOUT.total_seconds() + 1)
+
     def kill_workers(self) -> None:
         for worker in self._workers.values():
             _kill(worker.process)
@@ -733,8 +755,8 @@ class _Relinking:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
-    def wait(self) -> None:
-        self._thread.join()
+    def wait(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
 
 
 def _kill(process: BaseProcess) -> None:
@@ -894,6 +916,7 @@ def run_in_place(
     finally:
         if close_rendezvous:
             _close(handler)
+        supervisor.close()
     return code
 
 

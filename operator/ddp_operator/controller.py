@@ -21,12 +21,19 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from ddp_operator import builders, gang, kueue, names, ownership, standbys
-from ddp_operator.decision import DEFAULT_TIMING, REASON_INVALID_SPEC, CreateRefusal, Decision, TimingRules
+from ddp_operator.decision import (
+    DEFAULT_TIMING,
+    REASON_INVALID_SPEC,
+    CreateRefusal,
+    Decision,
+    KueueActions,
+    TimingRules,
+)
 from ddp_operator.kube_api import (
     ApiError,
     ChildInvalid,
@@ -41,7 +48,7 @@ from ddp_operator.observe import PodObservation, newest_per_rank, parse_time
 from ddp_operator.podcache import JobKey, PodCache
 from ddp_operator.policies import standby, straggler, topology
 from ddp_operator.progress.pull import ProgressScraper, Target
-from ddp_operator.reconcile import decide, decide_invalid_spec
+from ddp_operator.reconcile import decide, decide_deleted, decide_invalid_spec
 from ddp_operator.spec import JobSpec, SpecError, parse_job
 from ddp_operator.status_writes import COUNTER_KEYS, CounterWrites, HeldCounters
 from ddp_operator.versions import Freshness
@@ -228,7 +235,7 @@ class Controller:
         key = job_key(body)
         if event_type == "DELETED":
             self._forget(key)
-            self._release_orphaned_groups(key)
+            self._release_orphaned_groups(key, decide_deleted(self.pods.pods_of(key)).kueue)
             return
         # kopf's listing (its first, and one each time its watch reconnects) has no event type.
         if self._store(key, body, Freshness.listed if event_type is None else Freshness.watched):
@@ -268,16 +275,15 @@ class Controller:
         if key in self.jobs:
             self.queue.kick(key)
         else:
-            self._release_orphaned_groups(key)
+            self._release_orphaned_groups(key, decide_deleted(self.pods.pods_of(key)).kueue)
 
     # ---- Kueue groups of deleted jobs ----------------------------------------------------------
 
-    def _release_orphaned_groups(self, key: JobKey) -> None:
-        """Pods of a deleted job in a Kueue group keep Kueue's finalizer, and the group keeps its quota,
-        until Kueue's Workload for the group is deleted (docs/scheduling.md): delete it, once per group."""
-        pods = [p for p in self.pods.pods_of(key) if p.kueue_group and p.kueue_finalizer and p.owner_uid]
-        live = self.jobs[key].uid if key in self.jobs else None
-        groups = {(key[0], str(p.kueue_group), str(p.owner_uid)) for p in pods if p.owner_uid != live}
+    def _release_orphaned_groups(self, key: JobKey, actions: KueueActions) -> None:
+        """Delete the Kueue Workloads of the groups a deleted job left (``actions.release_orphaned``,
+        policies.kueue.orphaned_groups), once per group, in the background: a GET first tells whether
+        a job of that UID exists after all (its event not seen yet), and then its group stays."""
+        groups = {(key[0], group, owner_uid) for group, owner_uid in actions.release_orphaned}
         for group in groups - self._released_groups:
             self._released_groups.add(group)
             task = asyncio.get_running_loop().create_task(self._release_group(key, *group))
@@ -329,26 +335,28 @@ class Controller:
             decision = decide_invalid_spec(status, generation, str(error), self.clock())
             await self._write_status(key, state, status, decision)
             return
-        pods = self.pods.pods_of(key)
         observed = self.scraper.observation(key) if self.scraper is not None else None
-        queue = await self._queue_view(state, job, pods)
-        decision = decide(
-            job,
-            status,
-            pods,
-            self.clock(),
-            state.refusal,
-            self.rules,
-            observed,
-            queue,
-            standby_held_until=state.standby_held_until,
-        )
-        _log_decision(key, decision)
-        await self.execute(key, state, job, decision)
-        await self._record_placement(key, job, decision, pods)
+        carried_out = False
+        while not carried_out:
+            # Asked again when a standby a promotion named was gone: the cache no longer holds it, so
+            # policies.standby's plan gives its rank another pod (each round drops one such pod).
+            pods = self.pods.pods_of(key)
+            queue = await self._queue_view(state, job, pods)
+            decision = decide(
+                job,
+                status,
+                pods,
+                self.clock(),
+                state.refusal,
+                self.rules,
+                observed,
+                queue,
+                standby_held_until=state.standby_held_until,
+                nodes=await self._nodes_of(key, job, status, pods),
+            )
+            _log_decision(key, decision)
+            carried_out = await self.execute(key, state, job, decision)
         self._follow_progress(key, job, decision, pods)
-        # Pods of an earlier job of this name still in its Kueue group (the job was re-created).
-        self._release_orphaned_groups(key)
 
     async def _queue_view(
         self, state: JobState, job: JobSpec, pods: Sequence[PodObservation]
@@ -378,43 +386,22 @@ class Controller:
         state.queue_view = (now, view)
         return view
 
-    async def _record_placement(
-        self, key: JobKey, job: JobSpec, decision: Decision, pods: Sequence[PodObservation]
-    ) -> None:
-        """For a job that asks for a topology (policies.topology): the order key of each newly bound pod
-        (its launcher waits for it), and status.topology once every rank of the attempt is bound. A
-        node that cannot be read leaves both for the next reconcile (the pod's own updates bring one)."""
-        asked = job.scheduling.topology
-        if asked is None or decision.phase not in (names.PHASE_STARTING, names.PHASE_RUNNING):
-            return
-        current = {
-            rank: p
-            for rank, p in newest_per_rank(pods, decision.report.status.get("attempt")).items()
-            if not p.deleting
-        }
-        bound: dict[int, topology.Bound] = {}
-        for rank, pod in current.items():
-            if not pod.node:
-                continue
-            labels = await self._labels_of(key, pod.node)
-            if labels is None:
-                continue
-            bound[rank] = topology.Bound(pod.node, labels.get(asked.key, ""), pod.rank_order)
-        if topology.orders_ranks(job):
-            for rank, order in topology.keys_to_write(bound).items():
-                if await self._write_rank_order(key, job, current[rank].name, order):
-                    bound[rank] = replace(bound[rank], key=order)
-        if len(current) < job.min_replicas or len(bound) < len(current):
-            return
-        if topology.orders_ranks(job) and any(pod.key is None for pod in bound.values()):
-            return  # shown by the ranks the rendezvous gives, once every key is written
-        path = topology.job_path(job) or topology.PATH_POD_GROUP
-        shown = topology.status_of(asked.key, path, topology.placement(topology.domains_by_group_rank(bound)))
-        state = self.jobs.get(key)
-        if state is None or (state.body.get("status") or {}).get("topology") == shown:
-            return
-        stored = await self.api.patch_job_status(job.namespace, job.name, {"topology": shown})
-        self._store(key, stored, Freshness.answered)
+    async def _nodes_of(
+        self, key: JobKey, job: JobSpec, status: Mapping[str, Any], pods: Sequence[PodObservation]
+    ) -> dict[str, dict[str, str]]:
+        """The labels of the nodes the live attempt's rank pods are bound to, for where they landed
+        (policies.placement), read only for a job that asks for a topology; a node that cannot be read
+        is left out (its pod counts as not bound yet, and the pod's own updates bring another look)."""
+        attempt = status.get("attempt")
+        if job.scheduling.topology is None or status.get("phase") not in names.LIVE_PHASES:
+            return {}
+        bound = {p.node for p in pods if p.node and p.rank is not None and p.attempt == attempt}
+        found: dict[str, dict[str, str]] = {}
+        for node in sorted(bound):
+            labels = await self._labels_of(key, node)
+            if labels is not None:
+                found[node] = labels
+        return found
 
     async def _labels_of(self, key: JobKey, node: str) -> dict[str, str] | None:
         """A node's labels, read once per node (a topology label does not move while a node lives); None
@@ -431,17 +418,18 @@ class Controller:
             self._node_labels[node] = labels
         return labels
 
-    async def _write_rank_order(self, key: JobKey, job: JobSpec, pod: str, order: str) -> bool:
-        """Annotate a bound pod with its rendezvous order key; False when it could not be written now."""
-        patch = {"metadata": {"annotations": {names.ANNOTATION_RANK_ORDER: order}}}
-        try:
-            self.pods.remember(await self.api.patch_child(job.namespace, "Pod", pod, patch))
-        except ApiError as error:
-            if error.status != 404:
-                logger.warning("job=%s/%s could not write the rank order of %s: %s", *key, pod, error)
-            return False
-        logger.info("job=%s/%s action=rank-order pod=%s key=%s", *key, pod, order)
-        return True
+    async def _write_rank_orders(self, key: JobKey, job: JobSpec, decision: Decision) -> None:
+        """Annotate bound pods with their rendezvous order keys (policies.placement); a pod gone by now
+        is skipped (the next decision sees it gone), any other error retries the reconcile."""
+        for pod, order in decision.rank_orders:
+            patch = {"metadata": {"annotations": {names.ANNOTATION_RANK_ORDER: order}}}
+            try:
+                self.pods.remember(await self.api.patch_child(job.namespace, "Pod", pod, patch))
+            except ApiError as error:
+                if error.status != 404:
+                    raise
+                continue
+            logger.info("job=%s/%s action=rank-order pod=%s key=%s", *key, pod, order)
 
     def _follow_progress(
         self, key: JobKey, job: JobSpec, decision: Decision, pods: Sequence[PodObservation]
@@ -471,8 +459,9 @@ class Controller:
         )
         self.scraper.track(key, target)
 
-    async def execute(self, key: JobKey, state: JobState, job: JobSpec, decision: Decision) -> None:
-        """Carry out a Decision in the order decision.py fixes (its module docstring)."""
+    async def execute(self, key: JobKey, state: JobState, job: JobSpec, decision: Decision) -> bool:
+        """Carry out a Decision in the order decision.py fixes (its module docstring). False: a standby
+        pod a promotion named was gone, and the rest waits for a new decision (the pod cache says so)."""
         old_status: Mapping[str, Any] = state.body.get("status") or {}
         # Their node stopped reporting: no kubelet will honour a grace period (docs/restarts.md).
         await self._force_delete(key, job, decision.delete.lost_pods, "NodeLost")
@@ -486,8 +475,8 @@ class Controller:
         await self._release_from_kueue(key, job, decision)
         for event in decision.events:
             await self._post_event(state.body, event.type, event.reason, event.message)
-        if decision.create.promotions:
-            decision = await self._promote(key, job, decision)
+        if not await self._promote(key, job, decision):
+            return False
 
         if decision.create.rendezvous and not (decision.create.ranks or decision.create.replacements):
             # A lost rendezvous pod replaced alone: the ranks and the attempt's children are there.
@@ -498,10 +487,11 @@ class Controller:
                 # Decided on at once by the next reconcile; this decision's status is not written.
                 state.refusal = refusal
                 self.kick(key)
-                return
+                return True
             if state.waiting_for_foreign:
-                return  # a name is still held by an old job's object: the status waits with the creates
+                return True  # a name is still held by an old job's object: the status waits with the creates
 
+        await self._write_rank_orders(key, job, decision)
         await self._write_status(key, state, old_status, decision)
         if decision.phase in names.FINISHED_PHASES:
             state.refusal = None
@@ -509,15 +499,15 @@ class Controller:
         if decision.delete.job:
             logger.info("job=%s/%s uid=%s action=delete reason=TTLExpired", *key, job.uid)
             await self.api.delete_job(job.namespace, job.name, job.uid)
-            return
+            return True
         if decision.requeue_after is not None:
             self.kick_later(key, decision.requeue_after)
+        return True
 
-    async def _promote(self, key: JobKey, job: JobSpec, decision: Decision) -> Decision:
-        """Give each promotion's standby pod its rank (policies.standby); a standby that is gone by
-        now (deleted, its node lost) is replaced by a new pod of that rank, as without standbys.
-        Returns ``decision`` with those new pods among its replacements."""
-        fallback = []
+    async def _promote(self, key: JobKey, job: JobSpec, decision: Decision) -> bool:
+        """Give each promotion's standby pod its rank (policies.standby). False at the first standby
+        that is gone by now (deleted, its node lost): it leaves the pod cache, and the caller asks
+        ``decide()`` again, whose plan gives that rank another standby or a new pod."""
         for promotion in decision.create.promotions:
             patch = builders.standby_promotion(
                 promotion.rank, promotion.replacement, promotion.budget, self.clock()
@@ -528,13 +518,13 @@ class Controller:
                 if error.status != 404:
                     raise
                 logger.info(
-                    "job=%s/%s standby %s is gone: a new pod takes rank %d",
+                    "job=%s/%s standby %s is gone: rank %d is decided again",
                     *key,
                     promotion.pod,
                     promotion.rank,
                 )
-                fallback.append((promotion.rank, promotion.replacement))
-                continue
+                self.pods.gone(key, promotion.pod)
+                return False
             logger.info(
                 "job=%s/%s action=promote pod=%s rank=%d budget=%d",
                 *key,
@@ -542,10 +532,7 @@ class Controller:
                 promotion.rank,
                 promotion.budget,
             )
-        if not fallback:
-            return decision
-        create = decision.create
-        return replace(decision, create=replace(create, replacements=(*create.replacements, *fallback)))
+        return True
 
     async def _force_delete(self, key: JobKey, job: JobSpec, pods: Sequence[str], reason: str) -> None:
         """Delete with grace 0: pods no kubelet will confirm (their node is gone, or never answered)."""
@@ -555,7 +542,9 @@ class Controller:
         await self.api.delete_children(job.namespace, "Pod", list(pods), grace_seconds=0)
 
     async def _release_from_kueue(self, key: JobKey, job: JobSpec, decision: Decision) -> None:
-        """Old pods Kueue would still count, and a failed group Kueue would keep (policies/kueue.py)."""
+        """Old pods Kueue would still count, a failed group Kueue would keep, and the groups an earlier
+        job of the same name left (policies/kueue.py)."""
+        self._release_orphaned_groups(key, decision.kueue)
         await self._force_delete(key, job, decision.kueue.force_delete_pods, "DeletionUnconfirmed")
         if decision.kueue.release_group:
             group = names.kueue_pod_group_name(job.name, job.uid)

@@ -6,14 +6,16 @@ object) on create as success:
 - patch ``report.status`` when ``report.changed`` (before or after the creates: both orders are safe,
   reconcile.py says why), and post ``report.event`` when there is one (one per phase change, nothing
   else) and each of ``report.notices``;
-- delete ``delete.pods``, and carry out ``kueue`` (policies/kueue.py);
+- delete ``delete.pods``, and carry out ``kueue`` (policies/kueue.py; a deleted job's groups too);
 - create the Service if ``create.service``, the NetworkPolicy if ``create.network_policy`` and the
   checkpoint PVC if ``create.pvc``, then give ``create.promotions`` their ranks (a standby pod that is
-  gone by then is replaced by a new pod of that rank), then create the pods of ``create.ranks``, the
+  gone by then is marked gone in the pod cache and ``decide`` is asked again: policies.standby's plan
+  gives its rank another pod), then create the pods of ``create.ranks``, the
   replacements and the standby pods ``create.standbys`` (attempt ``create.attempt``) concurrently; a child the apiserver refuses for good (403 on a pod, 400/422 on any child) is not
   retried: the executor hands it to the next ``decide`` as a ``CreateRefusal``, which fails the job
   (but a standby pod: the job trains on without it, and ``decide`` holds the standbys back a while);
 - post ``events`` (what the executor does without a status change: standbys deleted for a rank);
+- write ``rank_orders`` (each bound pod's rendezvous order key) before the status;
 - delete the DDPJob when ``delete.job`` (TTL);
 - call ``decide`` again after ``requeue_after`` seconds when it is set (deadlines, TTL, restarts).
 
@@ -185,6 +187,9 @@ class KueueActions:
     mark_unretriable: tuple[str, ...] = ()
     # Delete the group's Kueue Workload (a suspended job gives its quota back; resuming queues again).
     release_group: bool = False
+    # Kueue groups left by a deleted job, (group, the deleted job's UID): their Workloads go, unless a
+    # job of that UID still exists (its event not yet seen), so Kueue lets go of their pods and quota.
+    release_orphaned: tuple[tuple[str, str], ...] = ()
 
 
 NO_KUEUE_ACTIONS: Final = KueueActions()
@@ -208,6 +213,9 @@ class Decision:
     # Events of what the executor does this time without a status change (standbys that yield to a
     # rank), posted after the deletes whether or not a status write is due.
     events: tuple[PhaseEvent, ...] = ()
+    # Rendezvous order keys to annotate bound rank pods with, (pod, key) (policies.placement): written
+    # before the status write, which may already show the ranks they give; a pod gone by then is skipped.
+    rank_orders: tuple[tuple[str, str], ...] = ()
 
     @property
     def phase(self) -> str:

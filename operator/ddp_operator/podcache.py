@@ -83,6 +83,16 @@ class PodCache:
         """An object from the operator's own create/delete answer."""
         self._apply("MODIFIED", pod, notify=False, take=Freshness.answered)
 
+    def gone(self, key: JobKey, name: str) -> None:
+        """A pod the apiserver answered 404 for: gone from the cache before its DELETED event comes
+        (its UID kept, so a late event or answer of that pod cannot bring it back)."""
+        pods = self._pods.get(key, {})
+        held = pods.pop(name, None)
+        if held is not None and held[1].uid:
+            self._tombstones.setdefault(key, {})[name] = held[1].uid
+        if not pods:
+            self._pods.pop(key, None)
+
     def forget_job(self, key: JobKey) -> None:
         """The job is gone; its pods go by garbage collection and their DELETED events may still come."""
         self._tombstones.pop(key, None)

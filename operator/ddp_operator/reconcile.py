@@ -57,6 +57,7 @@ from ddp_operator.policies import (
     accounting,
     creation,
     elastic,
+    placement,
     recovery,
     registry,
     rendezvous,
@@ -70,6 +71,7 @@ from ddp_operator.policies import attempt as attempt_policy
 from ddp_operator.policies import kueue as kueue_policy
 from ddp_operator.policies.budget import launcher_budget
 from ddp_operator.policies.failure import failure_of
+from ddp_operator.policies.placement import NodeLabels
 from ddp_operator.policies.rule import (
     LIVE,
     RESTARTING,
@@ -622,6 +624,7 @@ def decide(
     observed: ProgressObservation | None = None,
     queue: QueueObservation | None = None,
     standby_held_until: datetime | None = None,
+    nodes: NodeLabels | None = None,
 ) -> Decision:
     """The next step for one job.
 
@@ -629,10 +632,11 @@ def decide(
     apiserver refused for good since the last decision; ``rules``: how long to wait for late reports;
     ``observed``: what the operator read of the training from rank 0's metrics; ``queue``: what
     Kueue says of the job's group while it is queued; ``standby_held_until``: the apiserver refused a
-    standby pod, and no other is created before then.
+    standby pod, and no other is created before then; ``nodes``: the labels of the nodes the attempt's
+    pods are bound to (a job that asks for a topology: policies.placement).
     """
     old: Mapping[str, Any] = status or {}
-    decision = _decide(job, old, _ours(job, pods), now, refusal, rules, observed, queue)
+    decision = _decide(job, old, pods, now, refusal, rules, observed, queue, nodes or {})
     # The standby pods (no rank's until one takes a lost pod's, so not in _ours): policies.standby.
     decision = standbys.with_standbys(job, decision, _owned(job, pods), now, standby_held_until)
     # The rendezvous pods (no rank's, so not in _ours): the live attempt's, a lost one replaced alone.
@@ -640,6 +644,35 @@ def decide(
 
 
 def _decide(
+    job: JobSpec,
+    old: Mapping[str, Any],
+    pods: Sequence[PodObservation],
+    now: datetime,
+    refusal: CreateRefusal | None,
+    rules: TimingRules,
+    observed: ProgressObservation | None,
+    queue: QueueObservation | None,
+    nodes: NodeLabels,
+) -> Decision:
+    """The phase's decision for the job's rank pods, with where they landed (policies.placement) and
+    the Kueue groups an earlier job of the same name left (policies.kueue.orphaned_groups)."""
+    ours = _ours(job, pods)
+    decision = _by_phase(job, old, ours, now, refusal, rules, observed, queue)
+    decision = placement.with_placement(job, decision, ours, nodes)
+    orphans = kueue_policy.orphaned_groups(pods, job.uid) if job.uid else ()
+    if not orphans:
+        return decision
+    return replace(decision, kueue=replace(decision.kueue, release_orphaned=orphans))
+
+
+def decide_deleted(pods: Sequence[PodObservation]) -> Decision:
+    """A job key no job holds (the job was deleted, or its event has not come yet): nothing but the
+    Kueue groups its pods are left in (policies.kueue.orphaned_groups; the executor checks that no job
+    of the owner's UID exists before it deletes a group's Workload)."""
+    return Decision(report=Report({}, changed=False), kueue=kueue_policy.orphans(pods, None))
+
+
+def _by_phase(
     job: JobSpec,
     old: Mapping[str, Any],
     ours: Sequence[PodObservation],

@@ -65,6 +65,28 @@ def give_up(queued: bool, phase: str, pods: Sequence[PodObservation]) -> KueueAc
     return KueueActions(mark_unretriable=(min(p.name for p in managed),))
 
 
+def orphaned_groups(pods: Sequence[PodObservation], live_uid: str | None) -> tuple[tuple[str, str], ...]:
+    """The Kueue groups of a deleted job among ``pods`` (a job key's pods: the job's own, an earlier
+    job's of the same name), as (group, owner UID): pods owned by another job than ``live_uid`` (None:
+    no job holds the key now) that still hold Kueue's finalizer. Kueue keeps them, and the group its
+    quota, until the group's Workload is deleted (docs/scheduling.md)."""
+    return tuple(
+        sorted(
+            {
+                (p.kueue_group, p.owner_uid)
+                for p in pods
+                if p.kueue_group and p.kueue_finalizer and p.owner_uid and p.owner_uid != live_uid
+            }
+        )
+    )
+
+
+def orphans(pods: Sequence[PodObservation], live_uid: str | None) -> KueueActions:
+    """``orphaned_groups`` as the executor's actions (none: ``NONE``)."""
+    groups = orphaned_groups(pods, live_uid)
+    return KueueActions(release_orphaned=groups) if groups else NONE
+
+
 def suspend(queued: bool, pods: Sequence[PodObservation]) -> KueueActions:
     """Kueue keeps a group's quota while its pods are gone, waiting for replacements: a suspended job
     gives it back by ending the group (Kueue's Workload), and queues again when resumed."""

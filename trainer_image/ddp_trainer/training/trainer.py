@@ -45,6 +45,7 @@ from ddp_trainer.metrics import (
 )
 from ddp_trainer.progress import FinalResult, Progress, format_status_line
 from ddp_trainer.supervisor.addresses import AGENT_SERVES_STORE_ENV, loopback_listener
+from ddp_trainer.supervisor.group_abort import GroupAborter, default_nccl_error_handling
 from ddp_trainer.supervisor.membership import LeftReason, Membership
 from ddp_trainer.supervisor.membership import current as current_membership
 from ddp_trainer.supervisor.resume import KEPT_SECONDS_FIELD as KEPT
@@ -77,6 +78,10 @@ def setup(env: DistEnv, config: TrainConfig) -> DistContext:
     device = _device(env)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if backend == "nccl":
+        # Before the group is made, which reads it: NCCL's watchdog aborts a failed communicator and
+        # leaves the process alone (ddp_trainer.supervisor.group_abort), unless the user said otherwise.
+        default_nccl_error_handling()
     endpoint = f"{env.master_addr}:{env.master_port}"
     try:
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
@@ -233,6 +238,7 @@ class Trainer:
         held: Held | None = None,
         membership: Membership | None = None,
         watchdog: Watchdog | None = None,
+        aborter: GroupAborter | None = None,
     ) -> None:
         self.config = config
         self.env = env
@@ -245,8 +251,10 @@ class Trainer:
         self.endpoint = endpoint
         self.book = StepBook(context.rank)
         self.held = held if held is not None else hold(config, context.device)
-        # Under the pod's supervisor: the channel that asks this worker to leave at a stop check.
+        # Under the pod's supervisor: the channel that asks this worker to leave at a stop check, and
+        # what its control thread aborts the group with when the worker is blocked instead.
         self.membership = membership
+        self.aborter = aborter
         # Why the ranks agreed to stop at the last stop check (see _agree_to_stop).
         self.agreed: LeftReason = "stopped"
         self.kept_gauge = kept_step_seconds_gauge(0, endpoint.registry) if self.is_rank0 else None
@@ -295,6 +303,7 @@ class Trainer:
         offers: list[Any] = [None] * ctx.world_size
         with self._collective("the resume agreement"):
             dist.all_gather_object(offers, (held.step, disk_step))
+        self._ensure_intact("the resume agreement")
         best = max(max(offer) for offer in offers)
         if best < 0:
             inject(self.config.inject_fault, ctx.rank, "resume")
@@ -338,6 +347,7 @@ class Trainer:
                 device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
                 bucket_cap_mb=config.bucket_cap_mb,
             )
+        self._issued_update()  # the constructor's broadcast of rank 0's parameters
         features, labels = workload.train.tensors
         loss_fn = nn.CrossEntropyLoss()
         with self._collective("settling DDP's gradient buckets"):
@@ -356,6 +366,8 @@ class Trainer:
             ddp, optimizer, metrics, features, labels, sampler, batches_per_epoch, total_steps, place, loss_fn
         )
         self.book.loop_started()
+        if self.membership is not None:
+            self.membership.step_done()  # the stall clock of a leave request starts at the loop at most
         try:
             stop_requested = self._loop(run)
             run.metrics.flush()
@@ -472,6 +484,8 @@ class Trainer:
 
     def _book_step(self, step: int) -> None:
         self.book.step_done(step)
+        if self.membership is not None:
+            self.membership.step_done()
         self.held.kept_seconds = self.book.kept_seconds
         if self.kept_gauge is not None:
             self.kept_gauge.set(self.book.kept_seconds)
@@ -509,6 +523,7 @@ class Trainer:
             loss = run.loss_fn(run.ddp(inputs), targets)
             loss.backward()
             run.optimizer.step()
+        self._issued_update()
         seconds = time.perf_counter() - started
         place.step += 1
         place.batch = batch_index + 1
@@ -557,9 +572,23 @@ class Trainer:
         mine = STOP_FLAG if self.stop.requested else LEAVE_FLAG if leave else 0.0
         with self._collective("the stop-flag allreduce"):
             (flag,) = metrics.exchange([mine])
+        self._ensure_intact("the stop-flag allreduce")
+        if flag > 0 and self.membership is not None:
+            self.membership.leaving()  # agreed: the control thread stands down
         # The largest flag wins: a rank's own stop (its pod is going) over a supervisor's leave.
         self.agreed = "stopped" if flag >= STOP_FLAG else "asked"
         return flag > 0
+
+    def _issued_update(self) -> None:
+        """The host has queued an update of the state (under NCCL the device may run it later)."""
+        if self.aborter is not None:
+            self.aborter.fence.issued_update()
+
+    def _ensure_intact(self, what: str) -> None:
+        """Raise a lost peer where the group was aborted (here or by torch's NCCL watchdog): a
+        collective it flushed returns what its buffer held, which must decide nothing."""
+        if self.aborter is not None and not self.aborter.intact():
+            raise PeerLostError(f"rank {self.ctx.rank}: the process group was aborted in {what}")
 
     def _state(self, model: nn.Module, optimizer: torch.optim.Optimizer, place: _Place) -> dict[str, Any]:
         """The training state at ``place``, as a checkpoint holds it."""
@@ -595,6 +624,7 @@ class Trainer:
             return None
         path: str | None = None
         if self.is_rank0 and self.checkpoint_dir is not None:
+            self._ensure_intact("a checkpoint")  # never write what an aborted collective left
             state = self._state(ddp.module, optimizer, place)
             path = str(save_checkpoint(self.checkpoint_dir, place.step, state, self.config.keep_checkpoints))
         if final:
@@ -697,15 +727,22 @@ def _train_in_group(
     membership = current_membership()
     held: Held | None = None
     watchdog: Watchdog | None = None
+    # Under the supervisor: what the control thread aborts a blocked group with (group_abort).
+    aborter: GroupAborter | None = None
     while True:
         why: LeftReason = "peer-lost"
+        if aborter is not None:
+            aborter.new_round()
         try:
             context = setup(env, config)
             stop.install()
             if held is None:
                 held = hold(config, context.device)
             watchdog = watchdog or Watchdog(config.watchdog_timeout, context.rank)
-            return Trainer(config, env, context, stop, endpoint, held, membership, watchdog).train()
+            if membership is not None and aborter is None:
+                aborter = GroupAborter(context.backend, context.device)
+                membership.watch(aborter)
+            return Trainer(config, env, context, stop, endpoint, held, membership, watchdog, aborter).train()
         except LeaveGroupError as leave:
             log(f"rank {env.rank}: {leave}")
             why = leave.why
@@ -720,7 +757,8 @@ def _train_in_group(
             session.abandon()
             return EXIT_BAD_CONFIG
         except Exception as error:
-            code = exit_code_for(error)
+            # Whatever a group the control thread aborted raises is the lost peer it was aborted for.
+            code = EXIT_PEER_LOST if aborter is not None and aborter.aborted else exit_code_for(error)
             if code != EXIT_PEER_LOST:
                 log(
                     f"rank {env.rank}: an error of this rank's own code (exit {code}, permanent):\n"
@@ -732,6 +770,15 @@ def _train_in_group(
                 return code
             log(_peer_lost_message(env.rank, error))
             if membership is None:
+                return code
+            if aborter is not None and not aborter.state_is_exact():
+                # NCCL: an update queued behind the broken collective ran on its partial result, or
+                # may have (group_abort). Keeping this state would break the model's exactness.
+                log(
+                    f"rank {env.rank}: an update of this round may have run on an aborted collective: its "
+                    f"state is not kept; exiting {EXIT_PEER_LOST} (a new worker receives the state)"
+                )
+                membership.leaving()
                 return code
         # Here only under the supervisor, outside the handler (its traceback holds the round's DDP model).
         assert membership is not None
@@ -751,6 +798,7 @@ def _next_round(
 ) -> DistEnv | None:
     """Leave the broken or agreed-left group, keep ``held``, and wait for the supervisor's next round:
     the environment of this worker in it, or None when there is none."""
+    membership.leaving()  # before the group ends: the control thread must not abort it meanwhile
     session.leave()  # closes the round's instrumentation, frees the round's DDP model, ends the group
     session.left = None
     step = held.step if held is not None else -1

@@ -15,9 +15,18 @@
 4. A rank blocked on the device behind a kernel that does not finish (``torch.cuda._sleep`` standing in
    for a hung peer's NCCL allreduce): its /metrics must keep answering, as the operator's hang
    detection assumes (on the CPU the stand-in is a sleep).
-5. ``bench_hook_work.py --device cuda``: our comm hook's own work per step on NCCL, against torch's
+5. The abort path on NCCL (``ddp_trainer.supervisor.group_abort``), as far as this machine's GPUs allow.
+   One GPU: a collective queued behind a kernel that does not finish yet is aborted from a control
+   thread (the worker's control thread does that when its round changed): the device fence must see the
+   update in flight before the abort and call the state not exact, the host's wait must end, the next
+   collective on the aborted group must raise, the process must survive (TORCH_NCCL_ASYNC_ERROR_HANDLING
+   as the trainer defaults it) and form a new NCCL group itself. Two GPUs (the pair formed): the same
+   with rank 1 never joining the allreduce, a real blocked peer: the abort must end rank 0's wait.
+   A survivor of a lost NCCL peer keeping its process through a whole in-place restart needs two GPUs
+   and the trainer under the supervisor; this phase does not run that.
+6. ``bench_hook_work.py --device cuda``: our comm hook's own work per step on NCCL, against torch's
    own Python ``allreduce_hook``.
-6. ``bench_sync_overhead.py --device cuda``: the metrics' cost at a ~10 ms and a ~50 ms transformer
+7. ``bench_sync_overhead.py --device cuda``: the metrics' cost at a ~10 ms and a ~50 ms transformer
    step (plain DDP, torch's hook, detailed, detailed with the exchange, light).
 
 Everything is written to DIR (``summary.md``, one log per run, the reference's /metrics); the exit code is 0 when every check
@@ -99,6 +108,73 @@ if backend == "nccl":
 else:
     time.sleep(seconds)  # gloo's stand-in: a wait that releases the GIL, as a gloo collective's does
 print("unblocked", time.time(), flush=True)
+"""
+
+
+# One NCCL rank whose collective is pending on the device when its control thread aborts the group
+# (ddp_trainer.supervisor.group_abort). WORLD 1: the allreduce waits behind torch.cuda._sleep (one GPU
+# cannot hold a peer that never comes: NCCL refuses two ranks on one GPU). WORLD 2: rank 1 never joins.
+NCCL_ABORT = """
+import datetime, os, sys, threading, time, torch, torch.distributed as dist
+from ddp_trainer.supervisor.group_abort import GroupAborter, default_nccl_error_handling
+rank, world, port, port2 = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+default_nccl_error_handling()
+print("mode", os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING"), flush=True)
+device = torch.device("cuda", rank)
+torch.cuda.set_device(device)
+def group(port, world):
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
+group(port, world)
+x = torch.ones(1 << 20, device=device)
+dist.all_reduce(x)
+torch.cuda.synchronize()
+print("formed", x[0].item(), flush=True)
+try:
+    hertz = torch.cuda.clock_rate() * 1e6
+except Exception:
+    hertz = 1.98e9
+aborter = GroupAborter("nccl", device)
+torch.cuda._sleep(int(1.0 * hertz))
+aborter.fence.issued_update()
+pending = not aborter.fence.settled()
+torch.cuda.synchronize()
+print("fence", pending, aborter.fence.settled(), flush=True)
+if world == 2 and rank == 1:
+    time.sleep(40)  # the peer that never comes
+    os._exit(0)
+aborter.new_round()
+if world == 1:
+    torch.cuda._sleep(int(4.0 * hertz))  # holds the allreduce behind it on the device
+y = torch.ones(4, device=device)
+dist.all_reduce(y)
+aborter.fence.issued_update()
+threading.Timer(1.0, lambda: aborter(1.0)).start()
+started = time.monotonic()
+try:
+    torch.cuda.synchronize()
+    print("wait", "returned", round(time.monotonic() - started, 2), flush=True)
+except Exception as error:
+    print("wait", "raised", round(time.monotonic() - started, 2), type(error).__name__, flush=True)
+print("after", "settled", aborter.settled_before_abort, "intact", aborter.intact(), "exact", aborter.state_is_exact(), flush=True)
+try:
+    z = torch.ones(1, device=device)
+    dist.all_reduce(z)
+    torch.cuda.synchronize()
+    print("next", "returned", flush=True)
+except Exception as error:
+    print("next", "raised", type(error).__name__, str(error).splitlines()[0][:160] if str(error) else "", flush=True)
+time.sleep(3)  # time for torch's NCCL watchdog to act on the aborted group (mode 2: not the process)
+closer = threading.Thread(target=dist.destroy_process_group, daemon=True)
+closer.start()
+closer.join(30)
+print("destroyed", not closer.is_alive(), flush=True)
+group(port2, 1)
+w = torch.full((2,), 5.0, device=device)
+dist.all_reduce(w)
+torch.cuda.synchronize()
+print("regrouped", w[0].item(), os.getpid(), flush=True)
+dist.destroy_process_group()
 """
 
 
@@ -358,6 +434,77 @@ def blocked(report: Report, out: Path) -> None:
     )
 
 
+ABORT_LINES = ("mode", "formed", "fence", "wait", "after", "next", "destroyed", "regrouped")
+
+
+def _fields(text: str, key: str) -> list[str]:
+    """The words after ``key`` on the first line of ``text`` that starts with it."""
+    found = re.findall(rf"^{key} (.*)$", text, re.M)
+    return found[0].split() if found else []
+
+
+def nccl_abort(report: Report, out: Path, pair: bool) -> None:
+    """The abort path on NCCL (NCCL_ABORT): one rank with its collective queued behind a long kernel,
+    and, where the pair formed (two GPUs), rank 0 blocked on a rank 1 that never joins."""
+    for world in (1, 2) if pair else (1,):
+        _nccl_abort_run(report, out, world)
+
+
+def _nccl_abort_run(report: Report, out: Path, world: int) -> None:
+    report.say(f"\n## Aborting an NCCL group with a collective pending ({world} rank(s))\n")
+    ports = [str(port) for port in free_ports(2)]
+    log = out / f"nccl-abort-{world}.log"
+    with open(log, "w") as output:
+        ranks = [
+            subprocess.Popen(
+                [sys.executable, "-c", NCCL_ABORT, str(rank), str(world), *ports],
+                env=environment(),
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for rank in range(world)
+        ]
+        codes = []
+        for rank in ranks:
+            try:
+                codes.append(rank.wait(timeout=120))
+            except subprocess.TimeoutExpired:
+                rank.kill()
+                codes.append(rank.wait())
+    text = log.read_text()
+    shown = [line for line in text.splitlines() if line.split(" ")[0] in ABORT_LINES]
+    report.say("```\n" + "\n".join(shown)[-2000:] + "\n```")
+    mode, fence = _fields(text, "mode"), _fields(text, "fence")
+    wait, after, following = _fields(text, "wait"), _fields(text, "after"), _fields(text, "next")
+    destroyed, regrouped = _fields(text, "destroyed"), _fields(text, "regrouped")
+    report.check(f"{world}: TORCH_NCCL_ASYNC_ERROR_HANDLING defaults to 2", mode == ["2"], f"{mode}")
+    report.check(
+        f"{world}: the fence sees an update in flight, then done", fence == ["True", "True"], f"{fence}"
+    )
+    one_gpu = "" if world == 2 else " (one GPU: the kernel ahead of the allreduce ends the wait too)"
+    report.check(
+        f"{world}: the host's wait ends after the abort",
+        len(wait) > 1 and float(wait[1]) < 30,
+        (" ".join(wait) or "no line") + one_gpu,
+    )
+    report.check(
+        f"{world}: an update in flight at the abort makes the state not exact",
+        after[:6] == ["settled", "False", "intact", "False", "exact", "False"],
+        " ".join(after) or "no line",
+    )
+    report.check(
+        f"{world}: the next collective on the aborted group raises",
+        following[:1] == ["raised"],
+        " ".join(following) or "no line",
+    )
+    report.check(
+        f"{world}: the process survives and forms a new NCCL group itself",
+        codes[0] == 0 and destroyed == ["True"] and regrouped[:1] == ["5.0"],
+        f"exit {codes}; destroyed {destroyed}; regrouped {regrouped}",
+    )
+
+
 def bench(report: Report, out: Path, title: str, script: str, args: list[str], timeout: float) -> None:
     """One benchmark of benchmarks/ on the device, its table into the summary."""
     report.say(f"\n## {title} ({script} {' '.join(args)})\n")
@@ -390,16 +537,18 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--backend", default="nccl")
     parser.add_argument(
-        "--skip", nargs="*", default=[], help="machine, pair, trainer, blocked, hook, overhead"
+        "--skip", nargs="*", default=[], help="machine, pair, trainer, blocked, abort, hook, overhead"
     )
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
     report = Report(options.out)
+    pair: list[bool] = []
     phases: list[tuple[str, Callable[[], object]]] = [
         ("machine", lambda: machine(report)),
-        ("pair", lambda: nccl_pair(report)),
+        ("pair", lambda: pair.append(nccl_pair(report))),
         ("trainer", lambda: trainer(report, options.backend, options.out)),
         ("blocked", lambda: blocked(report, options.out)),
+        ("abort", lambda: nccl_abort(report, options.out, pair == [True])),
         ("hook", lambda: hook_work(report, options.out)),
         ("overhead", lambda: sync_overhead(report, options.out)),
     ]

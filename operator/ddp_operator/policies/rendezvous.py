@@ -40,7 +40,6 @@ class RendezvousPlan:
     replaced: tuple[str, str, str] | None = None
 
 
-
 def replacement_number(job: str, attempt: int, name: str) -> int | None:
     """``name``'s place among the attempt's rendezvous pods (0: the first), None for a pod of another
     attempt or job."""

@@ -557,13 +557,16 @@ def build_standby_pod(
     *,
     avoid_nodes: Sequence[str] = (),
     priority_class: str | None = names.DEFAULT_STANDBY_PRIORITY_CLASS,
+    waiting_cpu: str | None = None,
 ) -> dict[str, Any]:
     """The attempt's ``number``-th standby pod (runPolicy.standbyPods): a rank pod of no rank. Its own
     name and labels (names.ROLE_STANDBY), no hostname (a rank's DNS name stays its rank's), no rank in
     its env, and its assignment file; not in the in-tree gang (it must not hold the gang's minimum).
     It runs at ``priority_class`` (the operator's standby class, below the ranks: the scheduler
     preempts a standby for a rank pod; None or empty: the template's), and mounts the checkpoint claim
-    where the access mode allows it (policies.standby.checkpoint_mount), so it may take rank 0."""
+    where the access mode allows it (policies.standby.checkpoint_mount), so it may take rank 0. Its
+    trainer requests ``waiting_cpu`` where policies.standby.waiting_cpu allows, and the rank's request
+    is kept in names.ANNOTATION_RANK_CPU for the resize that gives it back."""
     pod = build_rank_pod(job, _STANDBY_TEMPLATE_RANK, attempt, avoid_nodes=avoid_nodes)
     metadata, pod_spec = pod["metadata"], pod["spec"]
     metadata["name"] = names.standby_pod_name(job.name, attempt, number)
@@ -577,6 +580,11 @@ def build_standby_pod(
         for key in _PRIORITY_FIELDS:
             pod_spec.pop(key, None)
     trainer = next(c for c in pod_spec["containers"] if c.get("name") == names.TRAINER_CONTAINER)
+    lower = standby.waiting_cpu(pod_spec, waiting_cpu)
+    if lower is not None:
+        requests = trainer["resources"]["requests"]
+        metadata.setdefault("annotations", {})[names.ANNOTATION_RANK_CPU] = str(requests["cpu"])
+        requests["cpu"] = lower
     if standby.checkpoint_mount(job) in (standby.MOUNT_ANYWHERE, standby.MOUNT_ON_NODE):
         _mount_checkpoint(job, attempt, metadata, pod_spec, trainer)
     env = [entry for entry in trainer["env"] if entry.get("name") not in _RANK_ENV]

@@ -139,13 +139,19 @@ class Controller:
         metrics: MetricsFactory | None = None,
         scraper: ScraperFactory | None = None,
         standby_priority_class: str | None = names.DEFAULT_STANDBY_PRIORITY_CLASS,
+        standby_waiting_cpu: str | None = names.DEFAULT_STANDBY_WAITING_CPU,
     ) -> None:
         """``leadership``: set by leader election while this process leads (None: act at once);
         ``metrics``: builds the operator's own series (None: none); ``scraper``: builds the reader of
         rank 0's metrics (None: no progress in status, no stall checks); ``standby_priority_class``:
-        the PriorityClass of standby pods (None or empty: the template's)."""
+        the PriorityClass of standby pods (None or empty: the template's); ``standby_waiting_cpu``:
+        the CPU request a standby waits with (None or empty: its rank's; also where the cluster
+        serves no pod resize, which discovery finds at start)."""
         self.api = api
         self.standby_priority_class = standby_priority_class or None
+        self.standby_waiting_cpu = standby_waiting_cpu or None
+        # Pods whose resize the apiserver refused for good: not asked again by this process.
+        self._resize_refused: set[tuple[str, str]] = set()
         # NetworkPolicyPeers that may reach the rank pods' metrics port (where Prometheus runs).
         self.metrics_allow_from = tuple(metrics_allow_from)
         self.jobs: dict[JobKey, JobState] = {}
@@ -202,7 +208,21 @@ class Controller:
             self.scraper.start()
 
     async def _discover(self) -> None:
-        """Which in-tree gang API the cluster serves (none: pods are scheduled one by one)."""
+        """Which in-tree gang API the cluster serves (none: pods are scheduled one by one), and whether
+        it resizes pods in place (none: standbys wait with their ranks' CPU request)."""
+        if self.standby_waiting_cpu is not None:
+            try:
+                served = "pods/resize" in await self.api.core_resources()
+            except ApiError as error:
+                served = False
+                logger.warning("API discovery of pods/resize failed (%s)", error)
+            if not served:
+                logger.warning(
+                    "the cluster does not resize pods in place (no pods/resize, Kubernetes < 1.33): "
+                    "standby pods wait with their ranks' CPU request, not %s",
+                    self.standby_waiting_cpu,
+                )
+                self.standby_waiting_cpu = None
         try:
             self.gang_version = gang.served_version(await self.api.group_versions())
         except ApiError as error:
@@ -477,6 +497,7 @@ class Controller:
             await self._post_event(state.body, event.type, event.reason, event.message)
         if not await self._promote(key, job, decision):
             return False
+        await self._resize(key, state, job, decision)
 
         if decision.create.rendezvous and not (decision.create.ranks or decision.create.replacements):
             # A lost rendezvous pod replaced alone: the ranks and the attempt's children are there.
@@ -533,6 +554,28 @@ class Controller:
                 promotion.budget,
             )
         return True
+
+    async def _resize(self, key: JobKey, state: JobState, job: JobSpec, decision: Decision) -> None:
+        """Give each standby that holds a rank its rank's CPU request back, in place. A refusal never
+        stops the job: the rank trains on with the standby's waiting CPU, and one Event says why."""
+        for pod, cpu in decision.create.resizes:
+            if (job.namespace, pod) in self._resize_refused:
+                continue
+            try:
+                self.pods.remember(
+                    await self.api.resize_cpu(job.namespace, pod, names.TRAINER_CONTAINER, cpu)
+                )
+            except ApiError as error:
+                if error.status >= 500:
+                    raise  # retried like any other write
+                if error.status in (404, 409):
+                    continue  # the pod is gone (the cache will say so), or changed: the next decision
+                self._resize_refused.add((job.namespace, pod))
+                logger.warning("job=%s/%s resize of %s refused: %s", *key, pod, error)
+                event = standbys.not_resized(pod, cpu, error.message or error.reason)
+                await self._post_event(state.body, event.type, event.reason, event.message)
+                continue
+            logger.info("job=%s/%s action=resize pod=%s cpu=%s", *key, pod, cpu)
 
     async def _force_delete(self, key: JobKey, job: JobSpec, pods: Sequence[str], reason: str) -> None:
         """Delete with grace 0: pods no kubelet will confirm (their node is gone, or never answered)."""
@@ -771,6 +814,7 @@ class Controller:
                 number,
                 avoid_nodes=avoid,
                 priority_class=self.standby_priority_class,
+                waiting_cpu=self.standby_waiting_cpu,
             )
             for number in decision.create.standbys
         ]

@@ -55,9 +55,11 @@ REASON_RESIZED: Final = "Resized"
 REASON_POD_REPLACED: Final = "PodReplaced"
 REASON_RECOVERED: Final = "Recovered"
 # Standby pods (policies.standby): deleted because a rank's pod found no node; or refused by the
-# apiserver (the job trains on without them).
+# apiserver (the job trains on without them); or a standby that took a rank whose CPU request the
+# apiserver would not give back in place (the rank trains on with the standby's waiting CPU).
 REASON_STANDBY_YIELDED: Final = "StandbyYielded"
 REASON_STANDBY_NOT_CREATED: Final = "StandbyNotCreated"
+REASON_STANDBY_NOT_RESIZED: Final = "StandbyNotResized"
 REASON_RENDEZVOUS_REPLACED: Final = "RendezvousReplaced"
 # A rank's failure (policies/failure.py): its exit code, an OOM kill, the backoffLimit spent, a pod
 # disrupted or failed, a stall (no synchronized step for the stall limit: retried like a lost peer).
@@ -145,6 +147,9 @@ class Creates:
     # creates; and the numbers of the attempt's new standby pods, created with the other pods.
     promotions: tuple[standby_policy.Promotion, ...] = ()
     standbys: tuple[int, ...] = ()
+    # (pod, CPU): standbys that hold a rank, given the rank's CPU request back in place after the
+    # promotions (policies.standby.resizes).
+    resizes: tuple[tuple[str, str], ...] = ()
     # The attempt's rendezvous pod to create (policies.rendezvous): its first, or one that replaces a
     # lost one; created before the ranks, which meet at it.
     rendezvous: str | None = None

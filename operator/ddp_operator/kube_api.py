@@ -331,6 +331,17 @@ class KubeApi:
             content_type="application/merge-patch+json",
         )
 
+    def resize_cpu_blocking(self, namespace: str, pod: str, container: str, cpu: str) -> JsonDict:
+        """Set one container's CPU request through the pod's resize subresource (in-place resize: the
+        kubelet changes the running container's CPU shares; no restart)."""
+        patch = {"spec": {"containers": [{"name": container, "resources": {"requests": {"cpu": cpu}}}]}}
+        return self.request(
+            "PATCH",
+            f"{_child_path(namespace, 'Pod', pod)}/resize",
+            body=patch,
+            content_type="application/strategic-merge-patch+json",
+        )
+
     def delete_blocking(
         self, namespace: str, kind: str, name: str, grace_seconds: int | None = None
     ) -> JsonDict | None:
@@ -494,6 +505,15 @@ class KubeApi:
         return text
 
     # ---- asyncio wrappers ----------------------------------------------------------------------
+
+    async def resize_cpu(self, namespace: str, pod: str, container: str, cpu: str) -> JsonDict:
+        result: JsonDict = await self._run(self.resize_cpu_blocking, namespace, pod, container, cpu)
+        return result
+
+    async def core_resources(self) -> list[str]:
+        """The core API's resources and subresources the apiserver serves (discovery), e.g. "pods/resize"."""
+        answer: JsonDict = await self._run(lambda: self.request("GET", "/api/v1"))
+        return [str(resource.get("name")) for resource in answer.get("resources") or []]
 
     async def group_versions(self) -> list[str]:
         """Every API group version the apiserver serves (discovery), e.g. "scheduling.k8s.io/v1alpha2"."""

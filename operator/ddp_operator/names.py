@@ -52,6 +52,13 @@ ANNOTATION_ASSIGNMENT: Final = "ddp.dev/assignment"
 # so a standby that took a hung pod's rank is not taken for hung by the same stall (policies.stall).
 ANNOTATION_ASSIGNED_AT: Final = "ddp.dev/assigned-at"
 ASSIGNMENT_FILE: Final = "assignment"
+# The CPU request of the rank's trainer container on a standby that waits with less (its waiting CPU:
+# --standby-waiting-cpu, policies.standby.waiting_cpu): what the operator resizes it to in place when it
+# takes a rank. Absent on a standby that waits with its rank's request.
+ANNOTATION_RANK_CPU: Final = "ddp.dev/rank-cpu"
+# A waiting standby's CPU request unless the operator is told otherwise: low, so that the CPU shares
+# it holds while it starts are a small fraction of its ranks' (docs/restarts.md, "Standby pods").
+DEFAULT_STANDBY_WAITING_CPU: Final = "10m"
 # The PriorityClass of standby pods unless the operator is told otherwise (--standby-priority-class; the
 # chart installs it under this name for a release named ddp-operator, and passes its own name): below
 # the ranks' priority, so the scheduler preempts a standby for any rank pod (docs/restarts.md).

@@ -137,6 +137,10 @@ class PodObservation:
     standby_waiting: bool = False
     # When a standby pod was given its rank (names.ANNOTATION_ASSIGNED_AT): for the group, its start.
     assigned_at: datetime | None = None
+    # The trainer container's CPU request in the pod's spec, and on a standby that waits with less
+    # (policies.standby.waiting_cpu) the request of its rank (names.ANNOTATION_RANK_CPU).
+    cpu_request: str | None = None
+    rank_cpu: str | None = None
     # The rendezvous order key the operator wrote on the bound pod (names.ANNOTATION_RANK_ORDER,
     # policies.topology.order_key); None until then, and on a job whose ranks are not ordered.
     rank_order: str | None = None
@@ -393,7 +397,17 @@ def observe_pod(pod: Mapping[str, Any]) -> PodObservation:
         standby=_int_label(labels, names.LABEL_STANDBY),
         standby_waiting=labels.get(names.LABEL_ROLE) == names.ROLE_STANDBY,
         assigned_at=parse_time(annotations.get(names.ANNOTATION_ASSIGNED_AT)),
+        cpu_request=_trainer_cpu(pod.get("spec") or {}),
+        rank_cpu=str(annotations.get(names.ANNOTATION_RANK_CPU) or "") or None,
     )
+
+
+def _trainer_cpu(spec: Mapping[str, Any]) -> str | None:
+    for container in spec.get("containers") or []:
+        if container.get("name") == names.TRAINER_CONTAINER:
+            value = ((container.get("resources") or {}).get("requests") or {}).get("cpu")
+            return None if value is None else str(value)
+    return None
 
 
 def _priority(spec: Mapping[str, Any]) -> int | None:

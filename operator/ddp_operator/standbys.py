@@ -7,7 +7,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from ddp_operator.decision import REASON_STANDBY_NOT_CREATED, REASON_STANDBY_YIELDED, Decision, PhaseEvent
+from ddp_operator.decision import (
+    REASON_STANDBY_NOT_CREATED,
+    REASON_STANDBY_NOT_RESIZED,
+    REASON_STANDBY_YIELDED,
+    Decision,
+    PhaseEvent,
+)
 from ddp_operator.observe import PodObservation
 from ddp_operator.policies import standby
 from ddp_operator.spec import JobSpec
@@ -59,6 +65,7 @@ def with_standbys(
             replacements=plan.replacements,
             promotions=plan.promotions,
             standbys=plan.create,
+            resizes=plan.resize,
         ),
         delete=replace(decision.delete, pods=decision.delete.pods + plan.delete),
         events=events,
@@ -71,4 +78,13 @@ def refused(pod: str, message: str) -> PhaseEvent:
         type="Warning",
         reason=REASON_STANDBY_NOT_CREATED,
         message=standby.refusal_message(pod, message, standby.REFUSAL_RETRY_SECONDS),
+    )
+
+
+def not_resized(pod: str, cpu: str, message: str) -> PhaseEvent:
+    """The Event of a standby holding a rank whose CPU request the apiserver would not give back."""
+    return PhaseEvent(
+        type="Warning",
+        reason=REASON_STANDBY_NOT_RESIZED,
+        message=standby.not_resized_message(pod, cpu, message),
     )

@@ -14,9 +14,9 @@ from ddp_operator.local.plan import (
     PlanError,
     expand,
     local_argv,
-    parse_quantity,
     plan_process,
 )
+from ddp_operator.quantity import parse_quantity
 from ddp_operator.spec import JobSpec, parse_job
 
 pytestmark = pytest.mark.unit

@@ -28,9 +28,9 @@ def checkpoint(*modes: str) -> dict[str, Any]:
     return {"checkpoint": {"volumeClaimTemplate": claim}}
 
 
-def promoted(number: int, rank: int, replacement: int, assigned: float = 20) -> dict[str, Any]:
+def promoted(number: int, rank: int, replacement: int, assigned: float = 20, **state: Any) -> dict[str, Any]:
     """A standby pod that took ``rank`` at ``assigned``: the rank's labels, its standby number kept."""
-    made = standby_pod(number)
+    made = standby_pod(number, **state)
     made["metadata"]["annotations"] = {names.ANNOTATION_ASSIGNED_AT: format_time(at(assigned))}
     labels = made["metadata"]["labels"]
     del labels[names.LABEL_ROLE]
@@ -252,3 +252,104 @@ def test_a_standby_that_took_a_hung_pods_rank_is_not_taken_for_hung_by_the_same_
     decision = decide(job, status, pods, at(101), observed=progress)
     assert decision.delete.hung_pods == () and decision.create.promotions == ()
     assert decision.create.replacements == () and decision.report.status["phase"] == "Running"
+
+
+def _spec(*containers: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"containers": list(containers), **extra}
+
+
+def _trainer(requests: dict[str, str] | None = None, limits: dict[str, str] | None = None) -> dict[str, Any]:
+    resources = {k: v for k, v in (("requests", requests), ("limits", limits)) if v is not None}
+    return {"name": "trainer", "resources": resources}
+
+
+@pytest.mark.parametrize(
+    ("pod_spec", "waiting", "expected"),
+    [
+        pytest.param(_spec(_trainer({"cpu": "250m", "memory": "1Gi"})), "10m", "10m", id="burstable-waits-with-10m"),
+        pytest.param(_spec(_trainer({"cpu": "2"}, {"cpu": "4"})), "100m", "100m", id="a-cpu-limit-is-kept-and-still-burstable"),
+        pytest.param(_spec(_trainer({"cpu": "250m"})), None, None, id="no-waiting-cpu-keeps-the-ranks"),
+        pytest.param(_spec(_trainer({"cpu": "250m"})), "", None, id="empty-waiting-cpu-keeps-the-ranks"),
+        pytest.param(_spec(_trainer({"memory": "1Gi"})), "10m", None, id="no-cpu-request-adds-none"),
+        pytest.param(_spec(_trainer({"cpu": "10m"})), "10m", None, id="a-request-no-higher-than-waiting"),
+        pytest.param(_spec(_trainer({"cpu": "5m"})), "0.01", None, id="a-request-below-waiting-in-cores"),
+        pytest.param(
+            _spec(_trainer({"cpu": "1", "memory": "1Gi"}, {"cpu": "1", "memory": "1Gi"})), "10m", None,
+            id="guaranteed-keeps-its-qos-class",
+        ),
+        pytest.param(
+            _spec(_trainer(None, {"cpu": "1", "memory": "1Gi"})), "10m", None,
+            id="guaranteed-by-limits-alone",
+        ),
+        pytest.param(
+            _spec(_trainer({"cpu": "1", "memory": "1Gi"}, {"cpu": "1", "memory": "1Gi"}), {"name": "sidecar"}),
+            "10m", "10m", id="a-container-without-limits-makes-it-burstable",
+        ),
+        pytest.param(
+            _spec(_trainer({"cpu": "1"}), resources={"requests": {"cpu": "1"}}), "10m", None,
+            id="pod-level-resources-are-left-alone",
+        ),
+    ],
+)  # fmt: skip
+def test_a_standby_waits_with_little_cpu_where_a_resize_gives_it_back(
+    pod_spec: dict[str, Any], waiting: str | None, expected: str | None
+) -> None:
+    assert standby.waiting_cpu(pod_spec, waiting) == expected
+
+
+def test_the_standby_pod_keeps_its_ranks_cpu_request_for_the_resize() -> None:
+    resources = {"requests": {"cpu": "250m", "memory": "512Mi"}, "limits": {"memory": "512Mi"}}
+    template = {
+        "spec": {"containers": [{"name": "trainer", "image": "ddp-trainer:1", "resources": resources}]}
+    }
+    job = job_spec(template=template, **ONE)
+    made = builders.build_standby_pod(job, 0, 1, waiting_cpu="10m")
+    [trainer] = made["spec"]["containers"]
+    assert trainer["resources"]["requests"] == {"cpu": "10m", "memory": "512Mi"}
+    assert trainer["resources"]["limits"] == {"memory": "512Mi"}
+    assert made["metadata"]["annotations"][names.ANNOTATION_RANK_CPU] == "250m"
+    # The rank pods keep their request, and so does a standby without a waiting CPU.
+    assert builders.build_rank_pod(job, 1, 0)["spec"]["containers"][0]["resources"] == resources
+    plain = builders.build_standby_pod(job, 0, 1)
+    assert plain["spec"]["containers"][0]["resources"] == resources
+    assert names.ANNOTATION_RANK_CPU not in (plain["metadata"].get("annotations") or {})
+
+
+def waiting_standby(number: int, **state: Any) -> dict[str, Any]:
+    """A standby built with a waiting CPU of 10m for a rank that requests 250m."""
+    made = standby_pod(number, **state)
+    made["metadata"].setdefault("annotations", {})[names.ANNOTATION_RANK_CPU] = "250m"
+    made["spec"]["containers"] = [{"name": "trainer", "resources": {"requests": {"cpu": "10m"}}}]
+    return made
+
+
+def resized(made: dict[str, Any], cpu: str) -> dict[str, Any]:
+    made["metadata"].setdefault("annotations", {})[names.ANNOTATION_RANK_CPU] = "250m"
+    made["spec"]["containers"] = [{"name": "trainer", "resources": {"requests": {"cpu": cpu}}}]
+    return made
+
+
+@pytest.mark.parametrize(
+    ("pods", "replacements", "expected"),
+    [
+        pytest.param([pod(0), pod(1, deleting_at=20), waiting_standby(1)], [(1, 1)], (("mnist-standby1-0", "250m"),), id="promoted-now-resized-now"),
+        pytest.param([pod(0), resized(promoted(1, 1, 1), "10m")], [], (("mnist-standby1-0", "250m"),), id="a-resize-not-done-is-asked-again"),
+        pytest.param([pod(0), resized(promoted(1, 1, 1), "250m")], [], (), id="resized-already"),
+        pytest.param([pod(0), pod(1), waiting_standby(1)], [], (), id="a-waiting-standby-keeps-its-waiting-cpu"),
+        pytest.param([pod(0), resized(promoted(1, 1, 1, phase="Failed"), "10m")], [], (), id="an-ended-pod-is-not-resized"),
+        pytest.param([pod(0), pod(1, deleting_at=20), standby_pod(1)], [(1, 1)], (), id="a-standby-with-its-ranks-cpu-needs-none"),
+    ],
+)  # fmt: skip
+def test_a_standby_that_takes_a_rank_gets_its_cpu_back(
+    pods: list[dict[str, Any]], replacements: list[tuple[int, int]], expected: tuple[tuple[str, str], ...]
+) -> None:
+    job = job_spec(**ONE)
+    assert standby.plan(job, "Running", 0, replacements, 2, observe(*pods)).resize == expected
+
+
+def test_decide_resizes_the_standby_it_promotes() -> None:
+    job = job_spec(**ONE)
+    pods = observe(pod(0), pod(1, deleting_at=20), waiting_standby(1))
+    decision = decide(job, live_status(restarts=1), pods, at(30))
+    assert [p.pod for p in decision.create.promotions] == ["mnist-standby1-0"]
+    assert decision.create.resizes == (("mnist-standby1-0", "250m"),)

@@ -78,6 +78,10 @@ watches); the same rules go into the ClusterRole (cluster-wide) or each namespac
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["create", "delete", "get", "list", "watch", "patch"]
+# A standby pod that took a rank gets the rank's CPU request back in place (--standby-waiting-cpu).
+- apiGroups: [""]
+  resources: ["pods/resize"]
+  verbs: ["patch"]
 # The headless Service and the checkpoint PVC: created once (get checks an existing one is ours);
 # the Service's ports are patched when a job resumes with new ones.
 - apiGroups: [""]

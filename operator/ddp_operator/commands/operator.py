@@ -175,7 +175,31 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "scheduler preempts a standby for a rank pod; the chart installs it. '' keeps the template's class "
         f"(default {names.DEFAULT_STANDBY_PRIORITY_CLASS}; docs/restarts.md)",
     )
+    parser.add_argument(
+        "--standby-waiting-cpu",
+        type=waiting_cpu,
+        metavar="QUANTITY",
+        default=names.DEFAULT_STANDBY_WAITING_CPU,
+        help="the CPU request a standby pod waits with, so that its start takes little of a busy node's "
+        "CPU from the ranks; it gets its rank's request back, resized in place, when it takes a rank. "
+        f"'' keeps the rank's request (default {names.DEFAULT_STANDBY_WAITING_CPU}; docs/restarts.md)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def waiting_cpu(text: str) -> str:
+    """--standby-waiting-cpu: a CPU quantity, or '' for the ranks' own request."""
+    from ddp_operator.quantity import parse_quantity
+
+    if text.strip():
+        try:
+            if parse_quantity(text) <= 0:
+                raise ValueError(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"not a positive CPU quantity: {text!r} (for instance 10m; '' for the ranks' own request)"
+            ) from None
+    return text.strip()
 
 
 def metrics_allow_from(text: str) -> tuple[dict[str, Any], ...]:
@@ -256,6 +280,7 @@ def build_controller(
         metrics=OperatorMetrics,
         scraper=scraper,
         standby_priority_class=args.standby_priority_class,
+        standby_waiting_cpu=args.standby_waiting_cpu,
     )
 
 

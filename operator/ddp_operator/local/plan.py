@@ -16,6 +16,7 @@ from typing import Any
 
 from ddp_operator.builders import CONTRACT_ENV
 from ddp_operator.names import TRAINER_CONTAINER
+from ddp_operator.quantity import parse_quantity
 
 LOCALHOST = "127.0.0.1"
 
@@ -96,31 +97,6 @@ def expand(text: str, variables: Mapping[str, str]) -> str:
         out.append(char)
         i += 1
     return "".join(out)
-
-
-_QUANTITY = re.compile(r"^([+-]?\d+(?:\.\d+)?)([a-zA-Z]*)$")
-_SUFFIXES = {
-    "": 1.0,
-    "m": 1e-3,
-    "k": 1e3,
-    "M": 1e6,
-    "G": 1e9,
-    "T": 1e12,
-    "P": 1e15,
-    "Ki": 2.0**10,
-    "Mi": 2.0**20,
-    "Gi": 2.0**30,
-    "Ti": 2.0**40,
-    "Pi": 2.0**50,
-}
-
-
-def parse_quantity(text: str | int | float) -> float:
-    """A Kubernetes resource quantity (``500m``, ``2``, ``4Gi``) as a number."""
-    match = _QUANTITY.match(str(text).strip())
-    if not match or match.group(2) not in _SUFFIXES:
-        raise ValueError(f"not a resource quantity: {text!r}")
-    return float(match.group(1)) * _SUFFIXES[match.group(2)]
 
 
 def _label_key(path: str, prefix: str) -> str | None:

@@ -19,6 +19,11 @@ being created: the operator labels it as the rank's newest pod and writes its as
   second pod do so (``checkpoint_mount``), so it can take rank 0, the rank that writes checkpoints.
   A ReadWriteOncePod claim lets none do so: the CRD refuses standbys with it; should such a job exist
   anyway, rank 0 goes to a new pod.
+- **It waits with little CPU.** A standby's start (the interpreter, torch, the forkserver's imports) is
+  the most CPU it ever uses, and the kubelet shares a busy node's CPU by the pods' requests: a standby
+  requesting its rank's CPU takes a rank's share of the node while it starts. It waits with the
+  operator's waiting CPU instead (``waiting_cpu``), and the rank's request is written back in place
+  (the pod's resize subresource) as soon as it holds a rank (``plan``'s ``resize``).
 - At most ``standbyPods`` wait at once; a new one's number (names.LABEL_STANDBY) follows the highest of
   the attempt's pods that still exist, so no name is reused while a pod holds it (a preempted standby
   that is gone may see its number again: standbys are never in a Kueue group, whose finalizers are
@@ -29,10 +34,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from ddp_operator import names
 from ddp_operator.observe import PodObservation, newest_per_rank
+from ddp_operator.quantity import parse_quantity
 from ddp_operator.spec import ACCESS_MODE_ROX, ACCESS_MODE_RWO, ACCESS_MODE_RWOP, ACCESS_MODE_RWX, JobSpec
 
 # How a job's standbys hold its checkpoint claim (``checkpoint_mount``).
@@ -74,6 +80,59 @@ def pins_to_checkpoint_node(job: JobSpec) -> bool:
     return job.run_policy.standby_pods > 0 and checkpoint_mount(job) == MOUNT_ON_NODE
 
 
+def waiting_cpu(pod_spec: Mapping[str, Any], waiting: str | None) -> str | None:
+    """The CPU request a standby's trainer container waits with instead of its rank's (None: the
+    rank's). None where a lower request cannot be given back in place: no ``waiting`` (the operator's
+    flag is empty, or the cluster serves no pod resize), a trainer that requests no CPU or no more than
+    ``waiting``, a pod with pod-level resources, or a Guaranteed pod (a resize never changes a pod's QoS
+    class, and a lower request would)."""
+    if not waiting or pod_spec.get("resources"):
+        return None
+    trainer = next(c for c in pod_spec.get("containers") or [] if c.get("name") == names.TRAINER_CONTAINER)
+    requested = ((trainer.get("resources") or {}).get("requests") or {}).get("cpu")
+    if requested is None or _guaranteed(pod_spec):
+        return None
+    try:
+        lower = parse_quantity(waiting) < parse_quantity(requested)
+    except ValueError:
+        return None  # not a quantity: the apiserver refuses the pod with a clear error anyway
+    return waiting if lower else None
+
+
+def _guaranteed(pod_spec: Mapping[str, Any]) -> bool:
+    """Whether the pod's QoS class is Guaranteed: every container limits CPU and memory and requests
+    what it limits (a request left out defaults to the limit)."""
+    containers = [*(pod_spec.get("initContainers") or []), *(pod_spec.get("containers") or [])]
+    for container in containers:
+        resources = container.get("resources") or {}
+        limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+        for resource in ("cpu", "memory"):
+            if resource not in limits:
+                return False
+            if resource in requests and parse_quantity(requests[resource]) != parse_quantity(
+                limits[resource]
+            ):
+                return False
+    return bool(containers)
+
+
+def resizes(pods: Sequence[PodObservation], attempt: object) -> tuple[tuple[str, str], ...]:
+    """(pod, CPU) for each of the attempt's live pods that holds a rank (a standby that took one) and
+    still requests its waiting CPU: the rank's request it is given back (names.ANNOTATION_RANK_CPU)."""
+    return tuple(
+        sorted(
+            (p.name, p.rank_cpu)
+            for p in pods
+            if p.rank_cpu is not None
+            and p.cpu_request != p.rank_cpu
+            and not p.standby_waiting
+            and p.attempt == attempt
+            and not p.deleting
+            and not p.terminal
+        )
+    )
+
+
 @dataclass(frozen=True)
 class Promotion:
     """Standby pod ``pod`` becomes rank ``rank``'s ``replacement``-th replacement, with ``budget``."""
@@ -106,10 +165,12 @@ class StandbyPlan:
     create: tuple[int, ...] = ()  # the numbers of new standby pods
     delete: tuple[str, ...] = ()
     yielded: Yield | None = None
+    # (pod, CPU): standbys that hold a rank, given its CPU request back in place (``resizes``).
+    resize: tuple[tuple[str, str], ...] = ()
 
     @property
     def changes(self) -> bool:
-        return bool(self.promotions or self.create or self.delete)
+        return bool(self.promotions or self.create or self.delete or self.resize)
 
 
 def plan(
@@ -138,6 +199,10 @@ def plan(
         else:
             left.append((rank, replacement))
     promoted = {promotion.pod for promotion in promotions}
+    # A standby promoted now is resized in the same decision (its observation still says waiting).
+    resize = resizes(pods, attempt) + tuple(
+        (p.name, p.rank_cpu) for p in kept if p.name in promoted and p.rank_cpu is not None
+    )
     ranks = [
         p
         for p in (newest_per_rank(pods, attempt if isinstance(attempt, int) else None).values())
@@ -175,6 +240,7 @@ def plan(
         create=create,
         delete=tuple(sorted(delete)),
         yielded=yielded,
+        resize=tuple(sorted(resize)),
     )
 
 
@@ -199,6 +265,16 @@ def refusal_message(pod: str, message: str, retry_seconds: float) -> str:
     return (
         f"standby pod {pod} was not created: {message}; the job trains on without it, and a standby is "
         f'tried again in {retry_seconds:g} s (docs/restarts.md, "Standby pods")'
+    )
+
+
+def not_resized_message(pod: str, cpu: str, message: str) -> str:
+    """The Event of a standby that took a rank and could not be given the rank's CPU request."""
+    return (
+        f"standby pod {pod} holds a rank but still requests its waiting CPU: the resize to the rank's "
+        f"{cpu} was refused ({message}); the rank trains on with less CPU weight. Allow pods/resize "
+        "(the operator's ClusterRole, a quota), or run the operator with --standby-waiting-cpu='' "
+        'so that standbys wait with their ranks\' request (docs/restarts.md, "Standby pods")'
     )
 
 

@@ -21,7 +21,8 @@ The job is the digits example on 2 ranks (restartMode InPlace, a checkpoint volu
 in turn) and ``mix`` (all but the freeze). ``--standby-pods 1`` gives the job a standby pod;
 ``--node tight`` first fills the node with a pod of the ranks' priority that leaves room for the ranks
 and the standbys only (a replacement then finds no room unless a standby yields: the case of issue 45),
-``--node room`` leaves it as it is. Every run must end with the clean run's parameters (rank 0's
+``--node room`` leaves it as it is (``--waiting-cpu``: the operator's ``--standby-waiting-cpu``, which
+a waiting standby requests). Every run must end with the clean run's parameters (rank 0's
 ``params`` line, the digest of its model's state).
 
 A fault waits for its target to be Running and training again (a fault on a pod still starting is not
@@ -51,7 +52,7 @@ from typing import Any
 
 from bench_recovery_kind import Kube, manifest, rank0_metrics, wait_for
 from ddp_harness import kind_faults
-from ddp_operator import builders
+from ddp_operator import builders, names
 
 NAMESPACE = "bench-recovery"
 FAULTS = ("worker-kill", "pod-delete", "rank-0-pod-delete", "hard-kill")
@@ -368,6 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hang", action="store_true", help="also one faulty run with a single freeze")
     parser.add_argument("--standby-pods", type=int, default=0, help="runPolicy.standbyPods of the job [0]")
     parser.add_argument(
+        "--waiting-cpu",
+        default=names.DEFAULT_STANDBY_WAITING_CPU,
+        help="the operator's --standby-waiting-cpu, for the room --node tight leaves "
+        f"('' : the ranks' request) [{names.DEFAULT_STANDBY_WAITING_CPU}]",
+    )
+    parser.add_argument(
         "--no-checkpoint", action="store_true", help="no checkpoint volume (a standby may then take rank 0)"
     )
     args = parser.parse_args(argv)
@@ -379,7 +386,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.node == "tight":
         request = _millicores("250m" if options.standby_pods else "500m")
         rendezvous = _millicores(builders.RENDEZVOUS_RESOURCES["requests"]["cpu"])
-        filler = fill_node(kube, args.image, request * (2 + options.standby_pods) + rendezvous)
+        # A standby waits with the operator's waiting CPU (--waiting-cpu: what the chart was given).
+        standby = _millicores(args.waiting_cpu) if args.waiting_cpu else request
+        filler = fill_node(kube, args.image, request * 2 + standby * options.standby_pods + rendezvous)
     print(f"faults {','.join(faults)}; node {args.node} (filler {filler}m)", file=sys.stderr, flush=True)
     clean: list[Outcome] = []
     faulty: list[Outcome] = []

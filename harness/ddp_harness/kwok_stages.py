@@ -110,6 +110,8 @@ phase: Running
 """
 )
 
+# A running container's resources, as a kubelet with in-place resize (Kubernetes >= 1.33) reports them:
+# the apiserver allows a resize only of pods whose running containers report theirs.
 _POD_READY = """\
 {{ $now := Now }}
 conditions:
@@ -137,6 +139,7 @@ containerStatuses:
   ready: true
   started: true
   restartCount: 0
+  resources: {{ toJson (or .resources dict) }}
   state:
     running:
       startedAt: {{ $now | Quote }}

@@ -418,9 +418,11 @@ def test_standby_pods_take_a_frozen_pods_rank_then_a_deleted_ones(
     operator_release: str,  # noqa: F811
     restricted_namespace: str,  # noqa: F811
 ) -> None:
-    """runPolicy.standbyPods 1: once the job runs, a standby pod starts and waits with torch imported.
-    Rank 1's pod frozen from the node (no stallTimeoutSeconds): the hang is found and the standby takes
-    rank 1, and is not itself taken for hung by the same stall; a second standby starts. Then the pod
+    """runPolicy.standbyPods 1: once the job runs, a standby pod starts and waits with torch imported,
+    requesting the operator's waiting CPU. Rank 1's pod frozen from the node (no stallTimeoutSeconds):
+    the hang is found and the standby takes rank 1, gets the rank's CPU request back in place (the
+    kubelet applies it to the running container), and is not itself taken for hung by the same stall;
+    a second standby starts. Then the pod
     that now holds rank 1 is deleted: the second standby takes it. No new pod is ever created for the
     rank, rank 0 keeps its pod, and the job Succeeds with the example's accuracy having redone no step."""
     namespace, job = restricted_namespace, "standby"
@@ -443,6 +445,8 @@ def test_standby_pods_take_a_frozen_pods_rank_then_a_deleted_ones(
     )
     before = _pod_uids(cluster, namespace, job)
     assert first not in before, "a standby is no rank's pod until it takes one"
+    # It waits with the operator's waiting CPU (the kubelet set its container's shares by it).
+    assert _trainer_cpu(cluster, namespace, first) == ("10m", "10m")
     kind_faults.freeze_pod(KIND_CLUSTER, namespace, f"{job}-1-0")
     suite.wait_for(
         "the first standby given rank 1", lambda: "event=assigned pod=1 " in log_of(first), timeout=300
@@ -456,6 +460,14 @@ def test_standby_pods_take_a_frozen_pods_rank_then_a_deleted_ones(
         lambda: "launcher event=started pod=1 " in log_of(first),
         timeout=300,
     )
+    # Holding rank 1, it got the rank's CPU request back in place: in its spec, and applied by the
+    # kubelet to the running container (which did not restart).
+    suite.wait_for(
+        "the first standby resized to rank 1's CPU",
+        lambda: _trainer_cpu(cluster, namespace, first) == ("250m", "250m") or None,
+        timeout=120,
+    )
+    assert _trainer_restarts(cluster, namespace, first) == 0
     cluster.kubectl_run("delete", "pod", first, "-n", namespace, "--wait=false")
     status = suite.wait_phase(cluster, namespace, job, "Succeeded", timeout=900)
     after = _pod_uids(cluster, namespace, job)
@@ -472,6 +484,32 @@ def test_standby_pods_take_a_frozen_pods_rank_then_a_deleted_ones(
     replaced = [e["message"] for e in events if e.get("reason") == "PodReplaced"]
     assert any("no synchronized step" in m for m in replaced if f"standby pod {first}" in m), replaced
     suite.TIMINGS.record("standby_took_rank1_resumed_s", float(record["resumedSeconds"]))
+
+
+def _trainer_status(
+    cluster: suite.ExternalCluster, namespace: str, pod: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The pod's trainer container: its spec and its status ({} for what is not there)."""
+    found = cluster.kubectl_run("get", "pod", pod, "-n", namespace, "-o", "json", check=False)
+    if found.returncode != 0:
+        return {}, {}
+    body = json.loads(found.stdout)
+    spec = next((c for c in body["spec"]["containers"] if c["name"] == "trainer"), {})
+    statuses = body.get("status", {}).get("containerStatuses") or []
+    return spec, next((s for s in statuses if s.get("name") == "trainer"), {})
+
+
+def _trainer_cpu(cluster: suite.ExternalCluster, namespace: str, pod: str) -> tuple[str | None, str | None]:
+    """The trainer's CPU request in the pod's spec, and the one the kubelet reports applied."""
+    spec, status = _trainer_status(cluster, namespace, pod)
+    wanted = ((spec.get("resources") or {}).get("requests") or {}).get("cpu")
+    applied = ((status.get("resources") or {}).get("requests") or {}).get("cpu")
+    return wanted, applied
+
+
+def _trainer_restarts(cluster: suite.ExternalCluster, namespace: str, pod: str) -> int | None:
+    restarts = _trainer_status(cluster, namespace, pod)[1].get("restartCount")
+    return restarts if isinstance(restarts, int) else None
 
 
 def _trainer_running(cluster: suite.ExternalCluster, namespace: str, pod: str) -> bool:

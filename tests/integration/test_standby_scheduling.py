@@ -4,8 +4,9 @@ rank, and takes any rank, rank 0 included.
 - On a full node a rank pod of default priority preempts the standby (the standby PriorityClass the chart
   installs: below the ranks, preempting nothing); the job whose standby it was trains on, its next
   standby waits Pending without holding anything, and runs once the room is free again.
-- A job with a ReadWriteOnce checkpoint claim: its standby mounts the claim on rank 0's node, and takes
-  rank 0 when rank 0's pod is lost; the next standby follows it onto that node.
+- A job with a ReadWriteOnce checkpoint claim: its standby mounts the claim on rank 0's node, waits
+  with the operator's waiting CPU, and takes rank 0 when rank 0's pod is lost, resized in place to the
+  rank's CPU request; the next standby follows it onto that node.
 - The standby class missing: the apiserver refuses the standby pod, the job trains on without one and
   says so in an Event.
 
@@ -47,6 +48,12 @@ def running(kube: Kube, namespace: str, name: str) -> dict[str, Any] | None:
     found = pod_or_none(kube, namespace, name)
     alive = found and not found["metadata"].get("deletionTimestamp")
     return found if alive and found.get("status", {}).get("phase") == "Running" else None
+
+
+def trainer_cpu(pod: dict[str, Any]) -> str | None:
+    trainer = next(c for c in pod["spec"]["containers"] if c["name"] == names.TRAINER_CONTAINER)
+    cpu = ((trainer.get("resources") or {}).get("requests") or {}).get("cpu")
+    return None if cpu is None else str(cpu)
 
 
 def uids(pods: list[dict[str, Any]]) -> list[str]:
@@ -155,6 +162,9 @@ def test_a_standby_takes_rank_0_of_a_job_with_a_read_write_once_checkpoint(
         assert mounts_claim(first, "ckpt") and mounts_claim(rank0, "ckpt")
         assert not mounts_claim(ranks[1], "ckpt")
         assert first["spec"]["nodeName"] == rank0["spec"]["nodeName"], "one node holds the claim's attachment"
+        # It waits with the operator's waiting CPU, its rank's request kept beside it.
+        assert trainer_cpu(first) == names.DEFAULT_STANDBY_WAITING_CPU and trainer_cpu(rank0) == "100m"
+        assert first["metadata"]["annotations"][names.ANNOTATION_RANK_CPU] == "100m"
 
         kube.run("delete", "pod", rank0["metadata"]["name"], "-n", namespace, "--wait=false")
 
@@ -166,6 +176,13 @@ def test_a_standby_takes_rank_0_of_a_job_with_a_read_write_once_checkpoint(
         promoted = wait_for("the standby given rank 0", taken, timeout=90)
         assert promoted["metadata"]["annotations"][names.ANNOTATION_ASSIGNMENT].startswith("rank=0 ")
         assert promoted["metadata"]["labels"][names.LABEL_RANK] == "0"
+        # The rank's CPU request is given back in place: the same pod (its UID), the rank's request.
+        resized = wait_for(
+            "the standby resized to its rank's CPU",
+            lambda: (p := pod_or_none(kube, namespace, "ckpt-standby1-0")) and trainer_cpu(p) == "100m" and p,
+            timeout=60,
+        )
+        assert resized["metadata"]["uid"] == first["metadata"]["uid"]
         second = wait_for(
             "the next standby running", lambda: running(kube, namespace, "ckpt-standby2-0"), timeout=90
         )

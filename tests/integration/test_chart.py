@@ -40,6 +40,7 @@ OPERATOR_RULES: dict[tuple[str, str], set[str]] = {
     ("ddp.dev", "ddpjobs/finalizers"): {"update"},
     # patch: Kueue's finalizer off an old pod Kueue would still count; a failed group's mark.
     ("", "pods"): {"create", "delete", "get", "list", "watch", "patch"},
+    ("", "pods/resize"): {"patch"},
     ("", "services"): {"create", "get", "patch"},
     ("", "persistentvolumeclaims"): {"create", "get"},
     ("", "events"): {"create"},

@@ -90,10 +90,10 @@ def waiting_cpu(pod_spec: Mapping[str, Any], waiting: str | None) -> str | None:
         return None
     trainer = next(c for c in pod_spec.get("containers") or [] if c.get("name") == names.TRAINER_CONTAINER)
     requested = ((trainer.get("resources") or {}).get("requests") or {}).get("cpu")
-    if requested is None or _guaranteed(pod_spec):
+    if requested is None:
         return None
     try:
-        lower = parse_quantity(waiting) < parse_quantity(requested)
+        lower = parse_quantity(waiting) < parse_quantity(requested) and not _guaranteed(pod_spec)
     except ValueError:
         return None  # not a quantity: the apiserver refuses the pod with a clear error anyway
     return waiting if lower else None

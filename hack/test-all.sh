@@ -181,7 +181,15 @@ pending=("$lane_a_pid" "$lane_b_pid")
 while ((${#pending[@]})); do
   finished=
   if ! wait -n -p finished "${pending[@]}"; then
-    echo "error: a lane failed (logs: $logs/lane-a.log, $logs/lane-b.log); the other is stopped" >&2
+    # The other lane's teardown prints as it stops, so the failed lane's end is printed after it: the
+    # last lines of the run say what failed.
+    failed_lane=B failed_log=$logs/lane-b.log
+    [[ $finished == "$lane_a_pid" ]] && failed_lane=A failed_log=$logs/lane-a.log
+    stop_lanes "${running[@]}"
+    running=()
+    echo >&2
+    echo "error: lane $failed_lane failed and the other was stopped; the end of its log ($failed_log):" >&2
+    tail -n 80 "$failed_log" | sed 's/^/['"$failed_lane"'] /' >&2
     exit 1
   fi
   left=()

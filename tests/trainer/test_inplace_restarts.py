@@ -80,6 +80,28 @@ def kill_worker(pod: TrainerProcess, rank: int) -> float:
     return time.time()
 
 
+def freeze_workers(pods: list[TrainerProcess]) -> list[int]:
+    """SIGSTOP every worker of ``pods`` (not their supervisors); returns their pids for ``thaw``."""
+    pids = [pid for pod in pods for pid in pod.worker_pids().values()]
+    assert len(pids) == len(pods), describe(pods)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return pids
+
+
+def thaw(pids: list[int]) -> None:
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
+
+
+def wait_for_a_step_after(pod: TrainerProcess, step: int, timeout: float = 120.0) -> None:
+    """Until ``pod`` prints a progress line past ``step``; fails if it exits first."""
+    deadline = time.monotonic() + timeout
+    while not any(p.step > step for p in pod.progress()):
+        assert pod.process.poll() is None and time.monotonic() < deadline, describe([pod])
+        time.sleep(0.1)
+
+
 def killed_pid(pod: TrainerProcess, rank: int) -> int:
     """The pid the worker of ``rank`` had in the pod's first round."""
     return rounds_of_workers(pod)[0][rank]
@@ -363,15 +385,23 @@ def test_the_rendezvous_pod_lost_is_one_more_lost_pod(
     env = {**IN_PLACE, "DDP_RENDEZVOUS_ENDPOINT": f"127.0.0.1:{port}", "POD_IP": "127.0.0.1"}
     pods = gangs.pods(3, 1, in_place_args(tmp_path / "ckpt", "--metrics-linger", "120"), env=env)
     pods[0].wait_for_stdout(r"^progress step=35 ")
+    # The workers are frozen while the supervisors find the store lost (and, first, relink to the new
+    # one): a new store's interpreter may take longer to start on a loaded machine than the steps left
+    # take to run, and a group that finished has nothing to relink. The supervisors are not frozen.
+    frozen = freeze_workers(pods)
     first.end()  # the rendezvous pod lost: SIGKILL
     if store_back_first:
         rendezvous_store(gangs, port, "rendezvous-again")
         for pod in pods:
             pod.wait_for_stdout(r"^launcher event=store-relinked pod=\d+ restarts=0 ")
+        last = pods[0].progress()[-1].step
+        thaw(frozen)
+        wait_for_a_step_after(pods[0], last)  # the group trains on with the new store
         killed = kill_worker(pods[2], rank=2)
     else:
         for pod in pods:  # every supervisor found its store gone
             pod.wait_for_stdout(r"^launcher event=store-lost ")
+        thaw(frozen)
         killed = kill_worker(pods[2], rank=2)
         for pod in pods[:2]:  # the survivors left the broken group while no store answers
             pod.wait_for_stdout(r"^launcher event=left ")

@@ -164,7 +164,14 @@ builds &
 builder=$!
 declare -a running=("$builder")
 # The kind suite deletes its cluster when done; a run that stops before leaves none behind either.
-trap 'stop_lanes "${running[@]}"; hack/kind-cluster.sh down "$KIND_CLUSTER" || true' EXIT
+cleaned=0
+clean_up() {
+  ((cleaned)) && return 0
+  cleaned=1
+  stop_lanes "${running[@]}"
+  hack/kind-cluster.sh down "$KIND_CLUSTER" || true
+}
+trap clean_up EXIT
 
 step - "lint + format" $MAKE --no-print-directory lint
 step - "mypy --strict" $MAKE --no-print-directory typecheck
@@ -185,8 +192,7 @@ while ((${#pending[@]})); do
     # last lines of the run say what failed.
     failed_lane=B failed_log=$logs/lane-b.log
     [[ $finished == "$lane_a_pid" ]] && failed_lane=A failed_log=$logs/lane-a.log
-    stop_lanes "${running[@]}"
-    running=()
+    clean_up
     echo >&2
     echo "error: lane $failed_lane failed and the other was stopped; the end of its log ($failed_log):" >&2
     tail -n 80 "$failed_log" | sed 's/^/['"$failed_lane"'] /' >&2

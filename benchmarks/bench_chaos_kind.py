@@ -40,10 +40,12 @@ Needs a kind cluster with both images loaded and the chart installed (docs/bench
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -97,6 +99,78 @@ class Outcome:
     faults: list[Fault]
     status: dict[str, Any]
     digest: str | None = None
+    # Rank 0's (time, step) at each `progress`/`resumed` line, on the node's clock, across its pods.
+    steps: list[tuple[float, int]] = field(default_factory=list)
+
+
+class StepLog:
+    """Rank 0's log followed across its pods (`ddpjob logs -f --timestamps`, the product's follower),
+    kept as the times of its steps: what the within-run estimate of the lost time reads."""
+
+    def __init__(self, kube: Kube, job: str) -> None:
+        command = [
+            sys.executable, "-m", "ddp_operator", "logs", job, "-f", "--rank", "0", "--timestamps",
+            "--context", kube.context, "-n", NAMESPACE,
+        ]  # fmt: skip
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.steps: list[tuple[float, int]] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            stamp, _, text = line.partition(" ")
+            if text.startswith(("progress step=", "resumed step=")):
+                step = int(text.split("step=", 1)[1].split()[0])
+                self.steps.append(
+                    (datetime.fromisoformat(stamp[:26].rstrip("Z") + "+00:00").timestamp(), step)
+                )
+
+    def finish(self, timeout: float = 60) -> list[tuple[float, int]]:
+        """The steps, once the follower has read every pod's log to its end (it ends by itself after
+        the job finished) or ``timeout`` passed."""
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.reader.join(timeout=10)
+        return sorted(self.steps)
+
+
+@dataclass(frozen=True)
+class WithinRun:
+    """The time a run lost to its faults, against its own undisturbed steps: ``lost_s`` = the span
+    from rank 0's first to its last step, less those steps at the run's undisturbed rate (the
+    ``step_s`` of every interval between two step lines that no fault's first ``settle`` seconds
+    touch). Clean runs of one manifest differ by a few percent here (the machine's pace drifts), as
+    much as the faults cost; this estimate compares a run with itself."""
+
+    lost_s: float
+    step_s: float
+    quiet_steps: int
+
+
+def within_run(
+    steps: Sequence[tuple[float, int]], faults: Sequence[float], settle: float
+) -> WithinRun | None:
+    """``steps``: (time, step) in time order; ``faults``: their times on the same clock. None when
+    there are too few undisturbed steps to say."""
+    if len(steps) < 3:
+        return None
+    quiet_time, quiet_steps = 0.0, 0
+    for (t0, s0), (t1, s1) in itertools.pairwise(steps):
+        if s1 <= s0:
+            continue  # a resume (its step line repeats or goes back): not a rate
+        if all(f + settle <= t0 or f >= t1 for f in faults):
+            quiet_time += t1 - t0
+            quiet_steps += s1 - s0
+    if quiet_steps < 100:
+        return None
+    step_s = quiet_time / quiet_steps
+    first, last = steps[0], max(steps, key=lambda p: (p[1], p[0]))
+    return WithinRun((last[0] - first[0]) - (last[1] - first[1]) * step_s, step_s, quiet_steps)
 
 
 def _job_manifest(name: str, epochs: int, image: str, options: JobOptions) -> dict[str, Any]:
@@ -244,6 +318,7 @@ def run_job(
     kube.run("delete", "ddpjob", job, "-n", NAMESPACE, "--ignore-not-found", "--wait=true")
     applied = time.time()
     kube.run("apply", "-f", "-", stdin=json.dumps(_job_manifest(job, epochs, image, options)))
+    log = StepLog(kube, job)
     done: list[Fault] = []
     last = 0.0
     if faults:
@@ -272,7 +347,7 @@ def run_job(
         time.sleep(0.5)
     wall = time.time() - applied
     _collect(status, done)
-    return Outcome(wall, done, status, final_digest(kube, job))
+    return Outcome(wall, done, status, final_digest(kube, job), log.finish())
 
 
 def _collect(status: dict[str, Any], faults: list[Fault]) -> None:
@@ -298,24 +373,67 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+# A fault's disturbance, at most: its critical path, then a fresh standby's start beside the ranks.
+SETTLE_S = 15.0
+
+
+def _within(run: Outcome, faults: Sequence[float]) -> WithinRun | None:
+    return within_run(run.steps, faults, SETTLE_S)
+
+
+def _pair_row(index: int, clean_run: Outcome | None, run: Outcome) -> tuple[str, float | None, float | None]:
+    """A faulty run's row, its ETTR against its clean run (None: none) and its within-run ETTR."""
+    ettr = lost = None
+    same = "unread"
+    if clean_run is not None:
+        ettr = clean_run.wall_s / run.wall_s
+        lost = (run.wall_s - clean_run.wall_s) / len(run.faults) if run.faults else 0.0
+        if run.digest is not None:
+            same = "yes" if run.digest == clean_run.digest else "NO"
+    faults = [f.at for f in run.faults]
+    own = _within(run, faults)
+    within_ettr = None if own is None else (run.wall_s - own.lost_s) / run.wall_s
+    floor = None
+    if clean_run is not None and clean_run.steps and run.steps:
+        # The clean run read as if it had taken the faulty run's faults at the same offsets: what the
+        # estimate says of a run that lost nothing (its floor).
+        shift = clean_run.steps[0][0] - run.steps[0][0]
+        floor = _within(clean_run, [at + shift for at in faults])
+    per_fault = len(run.faults) or 1
+
+    def fmt(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    row = (
+        f"| {index + 1} | {fmt(clean_run.wall_s if clean_run else None, '.1f')} | {run.wall_s:.1f} | "
+        f"{len(run.faults)} | {fmt(ettr, '.3f')} | {fmt(lost, '.1f')} | "
+        f"{fmt(within_ettr, '.3f')} | {fmt(None if own is None else own.lost_s / per_fault, '.2f')} | "
+        f"{fmt(None if floor is None else floor.lost_s / per_fault, '.2f')} | "
+        f"{fmt(None if own is None else own.step_s * 1000, '.1f')} | "
+        f"{run.status.get('goodput', '-')} | {same} |"
+    )
+    return row, ettr, within_ettr
+
+
 def report(clean: list[Outcome], faulty: list[Outcome], every: float, hang: Outcome | None) -> str:
     lines = [
-        "| run | clean wall s | faulty wall s | faults | ETTR | lost s per fault | status.goodput (faulty) "
-        "| parameters as clean |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| run | clean wall s | faulty wall s | faults | ETTR | lost s per fault | ETTR within the run "
+        "| lost s per fault, within | the same read on the clean run | undisturbed ms a step "
+        "| status.goodput (faulty) | parameters as clean |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    ratios = []
-    for index, (clean_run, run) in enumerate(zip(clean, faulty, strict=True)):
-        base = clean_run.wall_s
-        ettr = base / run.wall_s
-        ratios.append(ettr)
-        lost = (run.wall_s - base) / len(run.faults) if run.faults else 0.0
-        same = "unread" if run.digest is None else ("yes" if run.digest == clean_run.digest else "NO")
-        lines.append(
-            f"| {index + 1} | {base:.1f} | {run.wall_s:.1f} | {len(run.faults)} | {ettr:.3f} | {lost:.1f} | "
-            f"{run.status.get('goodput', '-')} | {same} |"
-        )
-    lines.append(f"\nmedian ETTR {statistics.median(ratios):.3f} at a fault every {every:.0f} s\n")
+    ratios, withins = [], []
+    for index, run in enumerate(faulty):
+        row, ettr, within_ettr = _pair_row(index, clean[index] if index < len(clean) else None, run)
+        lines.append(row)
+        ratios += [ettr] if ettr is not None else []
+        withins += [within_ettr] if within_ettr is not None else []
+    medians = []
+    if ratios:
+        medians.append(f"median ETTR {statistics.median(ratios):.3f}")
+    if withins:
+        medians.append(f"within the run {statistics.median(withins):.3f}")
+    lines.append(f"\n{', '.join(medians) or 'no ETTR'} at a fault every {every:.0f} s\n")
     lines += [
         "| fault | n | detection s | stopped s | re-formed s | resumed s | steps redone | modes |",
         "|---|---:|---:|---:|---:|---:|---:|---|",
@@ -366,6 +484,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--min-faults", type=int, default=0, help="fail a faulty run with fewer faults [0]")
     parser.add_argument("--runs", type=int, default=3, help="clean and faulty pairs [3]")
+    parser.add_argument(
+        "--clean-runs",
+        type=int,
+        default=None,
+        help="clean runs, the first of each pair (fewer: the later faulty runs are read within the run "
+        "only) [--runs]",
+    )
     parser.add_argument("--hang", action="store_true", help="also one faulty run with a single freeze")
     parser.add_argument("--standby-pods", type=int, default=0, help="runPolicy.standbyPods of the job [0]")
     parser.add_argument(
@@ -392,15 +517,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"faults {','.join(faults)}; node {args.node} (filler {filler}m)", file=sys.stderr, flush=True)
     clean: list[Outcome] = []
     faulty: list[Outcome] = []
+    clean_runs = args.runs if args.clean_runs is None else min(args.clean_runs, args.runs)
     for index in range(args.runs):
-        base = run_job(
-            kube, args.cluster, "chaos-clean", args.epochs, args.image, [], args.every, options=options
-        )
-        print(
-            f"clean run {index + 1}: {base.wall_s:.1f} s {base.status.get('phase')}",
-            file=sys.stderr,
-            flush=True,
-        )
+        base = None
+        if index < clean_runs:
+            base = run_job(
+                kube, args.cluster, "chaos-clean", args.epochs, args.image, [], args.every, options=options
+            )
+            print(
+                f"clean run {index + 1}: {base.wall_s:.1f} s {base.status.get('phase')}",
+                file=sys.stderr,
+                flush=True,
+            )
         # Each run starts the cycle one class later, so short runs still take every class.
         cycle = faults[index % len(faults) :] + faults[: index % len(faults)]
         run = run_job(
@@ -411,10 +539,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-        if base.status.get("phase") != "Succeeded" or run.status.get("phase") != "Succeeded":
-            print(json.dumps({"clean": base.status, "faulty": run.status}, indent=1), file=sys.stderr)
+        if run.status.get("phase") != "Succeeded" or (base and base.status.get("phase") != "Succeeded"):
+            print(
+                json.dumps({"clean": base and base.status, "faulty": run.status}, indent=1), file=sys.stderr
+            )
             return 1
-        clean.append(base)
+        if base is not None:
+            clean.append(base)
         faulty.append(run)
     hang = None
     if args.hang:

@@ -19,6 +19,8 @@ from tests.integration.operator_fixtures import kube, namespace, wait_phase
 from tests.integration.operator_harness import Kube, OperatorProcess, ddpjob, running_ranks, wait_for
 from tests.integration.test_faults import operators, start_operator
 
+from ddp_operator import jobview
+
 pytestmark = pytest.mark.integration
 __all__ = ["kube", "namespace", "operators"]  # fixtures, imported for pytest
 
@@ -107,6 +109,8 @@ def test_logs_follow_ranks_across_a_replaced_pod_and_a_new_attempt(
     started(kube, namespace, tmp_path, operators, ddpjob("follow", replicas=2))
     kube.write_pod_log(namespace, "follow-0-0", "before the follower\n")
     follower = Command(kube, namespace, "logs", "follow", "--rank", "0", "--rank", "1", "-f")
+    # The same rank 1 followed with the kubelet's timestamps kept (what a benchmark times steps by).
+    stamped = Command(kube, namespace, "logs", "follow", "--rank", "1", "-f", "--timestamps")
     try:
         say(kube, namespace, "follow-0-0", follower, "rank 0 first pod line 1")
         say(kube, namespace, "follow-1-0", follower, "rank 1 first pod line 1")
@@ -149,8 +153,18 @@ def test_logs_follow_ranks_across_a_replaced_pod_and_a_new_attempt(
         assert {"[rank 0 attempt 1] rank 0 last line", "[rank 1 attempt 1] rank 1 last line"} <= set(
             follower.out
         )
+
+        assert stamped.wait(timeout=60) == 0, "\n".join(stamped.err)
+        rank1 = [line.split("] ", 1)[1] for line in follower.out if line.startswith("[rank 1 ")]
+        times, texts = zip(*(line.split(" ", 1) for line in stamped.out), strict=True)
+        assert list(texts) == rank1, "the same lines, in the same order, each behind its time"
+        assert all(jobview.split_log_line(f"{t} x")[0] is not None for t in times), times
+        once = run(kube, namespace, "logs", "follow", "--rank", "1", "--timestamps")
+        # Rank 1's newest pod (attempt 1) printed two lines: the same two, with the same times.
+        assert once.returncode == 0 and once.stdout.splitlines() == stamped.out[-2:], once.stdout
     finally:
         follower.stop()
+        stamped.stop()
 
 
 def test_wait_answers_for_succeeded_and_failed_and_describe_says_why(

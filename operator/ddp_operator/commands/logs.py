@@ -45,6 +45,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prefix", action="store_true", help="prefix lines with rank and attempt even for one rank"
     )
+    parser.add_argument(
+        "--timestamps",
+        action="store_true",
+        help="begin each line with the time its container wrote it, as the kubelet recorded it (RFC 3339)",
+    )
     cluster_access.add_connection_args(parser)
 
 
@@ -74,8 +79,10 @@ class Follower:
         tail: int | None,
         out: TextIO,
         err: TextIO,
+        timestamps: bool = False,
     ) -> None:
         self.session, self.job, self.prefix, self.tail = session, job, prefix, tail
+        self.timestamps = timestamps
         self.out, self.err = out, err
         self.ranks: dict[int, _Rank] = {}
         self.lock = threading.Lock()
@@ -95,7 +102,7 @@ class Follower:
                     if key <= followed.last.get(pod.name, ("", -1)):
                         continue
                     followed.last[pod.name] = key
-                self._print(prefix + text, self.out)
+                self._print(prefix + (line if self.timestamps else text), self.out)
         except Exception as error:  # a broken connection: the next poll opens the log again
             self._print(f"ddpjob: rank {followed.rank}: log of {pod.name} interrupted: {error}", self.err)
 
@@ -194,7 +201,7 @@ def _print_once(session: cluster_access.Session, args: argparse.Namespace, wante
             session.namespace, pod.name, names.TRAINER_CONTAINER, follow=False, tail_lines=args.tail
         )
         for line in stream.lines():
-            text = jobview.split_log_line(line)[1]
+            text = line if args.timestamps else jobview.split_log_line(line)[1]
             print((jobview.log_prefix(rank, pod) if prefix else "") + text)
     return cluster_access.EXIT_OK
 
@@ -211,7 +218,7 @@ def main(args: argparse.Namespace) -> int:
         if session.api.get_job_blocking(session.namespace, args.job) is None:
             return cluster_access.no_such_job(session, args.job)
         prefix = args.prefix or wanted is None or len(wanted) > 1
-        follower = Follower(session, args.job, prefix, args.tail, sys.stdout, sys.stderr)
+        follower = Follower(session, args.job, prefix, args.tail, sys.stdout, sys.stderr, args.timestamps)
         while not follower.poll(wanted):
             time.sleep(POLL_SECONDS)
         return cluster_access.EXIT_OK

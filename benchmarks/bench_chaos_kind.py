@@ -26,7 +26,14 @@ a waiting standby requests). Every run must end with the clean run's parameters 
 ``params`` line, the digest of its model's state).
 
 A fault waits for its target to be Running and training again (a fault on a pod still starting is not
-the fault measured). ETTR = clean wall time / faulty wall time. Each fault's cost is split from the
+the fault measured). ETTR = clean wall time / faulty wall time. Clean runs of one manifest differ by a
+few percent on a small machine (its pace drifts), as much as the faults cost, so each run is also read
+against itself: rank 0's log, followed across its pods with the kubelet's timestamps (`ddpjob logs -f
+--timestamps`), gives the time of every 50th step; the *lost time within the run* is the span from its
+first to its last step less those steps at the run's own undisturbed pace (the intervals no fault's
+first 15 s touch), and *ETTR within the run* = (wall - that) / wall. The same reading of the clean run,
+at the faulty run's fault offsets, is the estimate's floor: what it says of a run that lost nothing.
+``--clean-runs`` fewer than ``--runs`` leaves the later faulty runs with that reading only. Each fault's cost is split from the
 operator's record of it (``status.lastRestart``, docs/restarts.md "Every restart measured"): *detection*
 (the fault to ``failureTime``), *stop* (to ``stoppedSeconds``), *re-form* (to ``reformedSeconds``:
 for a replaced pod this holds the new pod's start), *resume* (to ``resumedSeconds``: the state hand-off
@@ -525,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 kube, args.cluster, "chaos-clean", args.epochs, args.image, [], args.every, options=options
             )
             print(
-                f"clean run {index + 1}: {base.wall_s:.1f} s {base.status.get('phase')}",
+                f"clean run {index + 1}: {base.wall_s:.1f} s {base.status.get('phase')}, params {base.digest}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -535,7 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             kube, args.cluster, "chaos-faulty", args.epochs, args.image, cycle, args.every, options=options
         )
         print(
-            f"faulty run {index + 1}: {run.wall_s:.1f} s {run.status.get('phase')}, {len(run.faults)} faults",
+            f"faulty run {index + 1}: {run.wall_s:.1f} s {run.status.get('phase')}, {len(run.faults)} faults, "
+            f"params {run.digest}",
             file=sys.stderr,
             flush=True,
         )

@@ -82,3 +82,17 @@ def test_a_resumed_run_with_dropout_draws_what_the_uninterrupted_run_drew(
     assert wait_all(resumed) == [0, 0], describe(resumed)
     assert resumed[0].wait_for_stdout(r"^resumed step=5 epoch=\d+ from=disk")
     assert {digest for rank in resumed for digest in rank.digests().values()} == {reference}
+
+
+def test_a_gang_restarted_after_the_last_step_trains_nothing_more(gangs: Gangs, tmp_path: Path) -> None:
+    """A whole gang restarted once training is over (a pod lost after the last step: found on kind)
+    resumes from the final checkpoint, whose place is past the last epoch, and ends there with the same
+    model: not one epoch more."""
+    epochs = ["--epochs", "2", "--seed", "11", "--progress-every", "15"]  # 2 epochs of 15 steps, no cap
+    directory = tmp_path / "ckpt"
+    done = run_to_end(gangs, [*epochs, "--checkpoint-dir", str(directory)], 3, "done")
+    again = gangs.ranks(3, [*epochs, "--checkpoint-dir", str(directory)], tag="again")
+    assert wait_all(again) == [0, 0, 0], describe(again)
+    assert again[0].wait_for_stdout(r"^resumed step=30 epoch=2 from=disk")
+    assert again[0].wait_for_stdout(r"^final accuracy=\S+ loss=\S+ steps=30$")
+    assert {digest for rank in again for digest in rank.digests().values()} == {done}

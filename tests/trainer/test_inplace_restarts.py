@@ -496,6 +496,40 @@ def test_a_standby_takes_the_lost_pods_rank_and_the_survivors_keep_theirs(
     assert assert_survivors_kept_their_processes(survivors) == 2
 
 
+@pytest.mark.parametrize("late", ["replacement", "standby"])
+def test_a_pod_that_comes_after_the_last_step_ends_0_and_trains_nothing(
+    gangs: Gangs, tmp_path: Path, late: str
+) -> None:
+    """A rank's pod lost after the group's last step, whose loss the operator saw before the job's end
+    (a kubelet reports late), gets a replacement or a standby takes its rank: that pod comes to a
+    group that finished. It must end 0, so every rank's newest pod exited 0 and the job succeeds; with
+    170 (a lost peer) the operator restarted the whole gang, which trained again (found on kind)."""
+    env = {**IN_PLACE, **rendezvous_pod(gangs)}
+    args = in_place_args(tmp_path / "ckpt")
+    pods = gangs.pods(2, 1, args, env=env)
+    assignment = tmp_path / "placement" / "assignment"
+    standby = None
+    if late == "standby":
+        assignment.parent.mkdir()
+        standby_env = {"WORLD_SIZE": "2", "NNODES": "2", "NPROC_PER_NODE": "1", **env}
+        standby_env |= {"MASTER_PORT": pods[0].env["MASTER_PORT"], "DDP_STANDBY_FILE": str(assignment)}
+        standby = gangs.start("standby", standby_env, args, free_port())
+        standby.wait_for_stdout(r"^launcher event=standby ")
+    assert wait_all(pods) == [0, 0], describe(pods)
+    if standby is None:
+        comer = gangs.again(pods[1], "pod1-late")
+    else:
+        written = assignment.with_name(".assignment.new")
+        written.write_text("rank=1 budget=2\n")
+        written.rename(assignment)
+        comer = standby
+    assert comer.wait() == 0, describe([*pods, comer])
+    assert (
+        "the group had trained to its last step when this pod came to join it; exiting 0" in comer.stderr
+    ), describe([comer])
+    assert not comer.digests(), "it trained nothing"
+
+
 def test_a_standby_stopped_before_any_assignment_exits_0(gangs: Gangs, tmp_path: Path) -> None:
     """The job ended (or its standby is no longer wanted): SIGTERM ends the waiting standby cleanly."""
     env = {**IN_PLACE, **rendezvous_pod(gangs)}

@@ -38,7 +38,14 @@ PARSE_CASES = [
         id="wait-any-case",
     ),
     pytest.param(["wait", "j", "--for=phase=Running"], {"phase": "Running"}, id="wait-kubectl-style"),
-    pytest.param(["logs", "j"], {"rank": None, "all_ranks": False, "follow": False}, id="logs-defaults"),
+    pytest.param(
+        ["logs", "j"],
+        {"rank": None, "all_ranks": False, "follow": False, "timestamps": False},
+        id="logs-defaults",
+    ),
+    pytest.param(
+        ["logs", "j", "-f", "--timestamps"], {"follow": True, "timestamps": True}, id="logs-timestamps"
+    ),
     pytest.param(
         ["logs", "j", "--rank", "1", "--rank", "3", "-f"], {"rank": [1, 3], "follow": True}, id="logs-ranks"
     ),

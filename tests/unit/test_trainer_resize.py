@@ -81,7 +81,10 @@ def test_without_a_resize_the_total_steps_are_an_uninterrupted_runs(
     per_epoch = batches_per_epoch(SAMPLES, world, BATCH)
     expected = uninterrupted(per_epoch, epochs, max_steps)
     # Every place an uninterrupted run (or a resume at its world size) can be at.
-    for step in range(0, min(expected, per_epoch * epochs) + 1, 7):
+    # The end itself included: a resume from the final checkpoint (a gang restarted after it) is there.
+    for step in sorted(
+        {*range(0, min(expected, per_epoch * epochs) + 1, 7), min(expected, per_epoch * epochs)}
+    ):
         epoch, batch = divmod(step, per_epoch)
         assert total_steps(step, epoch, batch, per_epoch, epochs, max_steps) == expected
         if batch == 0 and epoch > 0:  # a checkpoint at an epoch's end says (epoch - 1, all batches)
@@ -96,6 +99,8 @@ def test_without_a_resize_the_total_steps_are_an_uninterrupted_runs(
         pytest.param(40, 1, 10, 12, 3, 0, 40 + 2 + 12, id="2-to-3-to-the-end"),
         pytest.param(40, 1, 10, 12, 3, 45, 45, id="2-to-3-capped"),
         pytest.param(30, 2, 12, 12, 3, 0, 30, id="last-epoch-done"),
+        pytest.param(36, 3, 0, 12, 3, 0, 36, id="past-the-last-epoch"),
+        pytest.param(30, 3, 0, 12, 3, 0, 30, id="past-the-last-epoch-after-a-resize"),
     ],
 )
 def test_total_steps_after_a_resize(

@@ -893,14 +893,21 @@ def run_in_place(
         ledger=ledger,
         connect=connect if env.rendezvous_endpoint is not None else None,
     )
-    close_rendezvous = True
+    close_rendezvous, finished = True, False
     try:
         code = supervisor.run()
+        finished = code == EXIT_OK
         if supervisor.stopped and code != EXIT_OK:
             # This pod was stopped (deleted): the others go on without it, so the rendezvous stays open.
             close_rendezvous = False
     except Exception as error:
         supervisor.kill_workers()
+        if not supervisor.joined and isinstance(error, RendezvousClosedError) and _finished(handler):
+            # This rank's pod was lost after the last step, and this pod (its replacement, or the standby
+            # that took the rank) came after the group had finished: nothing is left to train.
+            close_rendezvous = False
+            log("the group had trained to its last step when this pod came to join it; exiting 0")
+            return EXIT_OK
         if env.elastic and not supervisor.joined and isinstance(error, _GROUP_GONE):
             # An elastic group may finish without a pod that came late: it took no part (docs/elastic.md).
             log(
@@ -915,9 +922,18 @@ def run_in_place(
         code = EXIT_PEER_LOST
     finally:
         if close_rendezvous:
-            _close(handler)
+            _close(handler, finished)
         supervisor.close()
     return code
+
+
+def _finished(handler: RendezvousHandler) -> bool:
+    """Whether the group finished training (its rendezvous closed as finished); False where that cannot
+    be read (the store gone: the operator then restarts the gang, which resumes at the end)."""
+    try:
+        return isinstance(handler, RoundsRendezvous) and handler.finished()
+    except (RendezvousConnectionError, DistError, OSError):
+        return False
 
 
 def _where(env: DistEnv) -> str:
@@ -928,10 +944,13 @@ def _where(env: DistEnv) -> str:
     return f"the rendezvous at MASTER_ADDR:MASTER_PORT = {host}:{port}"
 
 
-def _close(handler: RendezvousHandler) -> None:
-    """Close the rendezvous so the other pods stop waiting for this one (best effort: its host may be
-    gone already)."""
+def _close(handler: RendezvousHandler, finished: bool) -> None:
+    """Close the rendezvous so the other pods stop waiting for this one, as finished where this pod's
+    workers trained to the end (best effort: its host may be gone already)."""
     try:
-        handler.shutdown()
+        if finished and isinstance(handler, RoundsRendezvous):
+            handler.finish()
+        else:
+            handler.shutdown()
     except Exception as error:
         log(f"could not close the rendezvous ({type(error).__name__}: {error})")

@@ -28,7 +28,7 @@ was superseded by its replacement and leaves. In an elastic round the waiting me
 every second, and the completion after ``last_call`` drops those whose beat stopped (a pod lost while it
 waited). A fixed-size round needs every pod rank, so a lost member is superseded instead.
 
-Keys, under ``ddp/rendezvous/<run id>/``: ``closed``; ``open`` (the newest round a new member tries
+Keys, under ``ddp/rendezvous/<run id>/``: ``closed`` (``finished`` or ``ended``); ``open`` (the newest round a new member tries
 first); per round ``r<R>/joins``, ``r<R>/m<ticket>``, ``r<R>/beat<ticket>`` and ``r<R>/result``
 (tickets in rank order, comma-separated, or ``closed``) and ``r<R>/done``.
 """
@@ -55,6 +55,12 @@ from torch.distributed.elastic.rendezvous.api import (
 
 BACKEND: Final = "ddp"
 CLOSED: Final = "closed"
+# What the ``closed`` key holds: the group trained to its end (its pods exited 0), or it ended otherwise
+# (a permanent failure, a pod that gave up). The first close is kept. A pod that comes to join a group
+# that finished has nothing left to train (its rank's pod was lost after the last step, and the
+# operator replaced it before it saw the job finish).
+FINISHED: Final = "finished"
+ENDED: Final = "ended"
 # How often a waiting member of an elastic round beats, and how many beats it may miss before the
 # completion drops it.
 BEAT_SECONDS: Final = 1.0
@@ -164,8 +170,8 @@ class RoundsRendezvous(RendezvousHandler):
     def is_closed(self) -> bool:
         return bool(self._store.check([self._key("closed")]))
 
-    def set_closed(self) -> None:
-        self._store.set(self._key("closed"), "1")
+    def set_closed(self, why: str = ENDED) -> None:
+        self._store.compare_set(self._key("closed"), "", why)
         # Wake the members waiting in the open round (and the next one of this member's).
         rounds = {self._open()} | ({self._round + 1} if self._round is not None else set())
         for number in rounds:
@@ -175,6 +181,15 @@ class RoundsRendezvous(RendezvousHandler):
     def shutdown(self) -> bool:
         self.set_closed()
         return True
+
+    def finish(self) -> None:
+        """Close the rendezvous as finished: this pod's workers trained to the last step."""
+        self.set_closed(FINISHED)
+
+    def finished(self) -> bool:
+        """Whether the rendezvous was closed by a group that trained to its end."""
+        with _store_failures():
+            return self.is_closed() and self._store.get(self._key("closed")).decode() == FINISHED
 
     def num_nodes_waiting(self) -> int:
         key = self.waiting_key()

@@ -44,6 +44,8 @@ def total_steps(step: int, epoch: int, batch: int, per_epoch: int, epochs: int, 
 
     Without a resize, ``step`` is ``epoch x per_epoch + batch`` and this is ``per_epoch x epochs``
     (capped), the count of an uninterrupted run."""
-    left = max(per_epoch - batch, 0) + per_epoch * max(epochs - epoch - 1, 0)
+    # A place past the last epoch (the loop's own at its end, which the final checkpoint records as
+    # (epochs, 0)) has nothing left, not a batch of one more epoch.
+    left = (max(per_epoch - batch, 0) + per_epoch * (epochs - epoch - 1)) if epoch < epochs else 0
     total = step + left
     return min(total, max_steps) if max_steps else total

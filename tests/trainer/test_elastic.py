@@ -193,7 +193,15 @@ def test_a_grow_after_the_last_stop_check_finds_the_job_done(gangs: Gangs, tmp_p
     assert "final accuracy=" in pods[0].stdout
     # The group ended without it: it took no part, so it is no failure of the job.
     assert late.wait() == 0, describe([*pods, late])
-    assert "the elastic group had ended when this pod came to join it (" in late.stderr
+    # Either way it took no part: the rendezvous read closed as finished, or its host (pod 0's
+    # launcher) already gone.
+    assert any(
+        line in late.stderr
+        for line in (
+            "the group had trained to its last step when this pod came to join it; exiting 0",
+            "the elastic group had ended when this pod came to join it (",
+        )
+    ), late.stderr
 
 
 def test_below_min_members_the_survivor_does_not_train_alone(gangs: Gangs, tmp_path: Path) -> None:
